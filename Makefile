@@ -1,0 +1,27 @@
+# The README's two set-up commands: `make run` (install + a real small training run) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test lint install install-test bench
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install -q -e .
+
+install-test: $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+
+# Main job: a real training run on the embedded defaults (small ResNet, digits, 1 shard, 2 workers).
+run: install
+	$(BIN)/cmdare train
+
+test: install-test
+	$(BIN)/ruff check src tests bench
+	$(BIN)/python -m pytest -q
+
+lint: install-test
+	$(BIN)/ruff check src tests bench

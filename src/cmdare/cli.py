@@ -1,0 +1,45 @@
+"""The ``cmdare`` command.
+
+Each concern registers its own commands from a ``commands`` module (``register(app)``), so this
+file only composes them. Heavy imports (torch, ray) happen inside commands, keeping ``--help`` fast.
+Every :class:`~cmdare.errors.CmdareError` becomes a one-line message and exit status 1.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+from rich.console import Console
+
+from cmdare.errors import CmdareError
+
+app = typer.Typer(
+    name="cmdare",
+    help="Train on transient cloud GPU servers: measure, predict, plan.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# One module per concern; each defines ``register(app: typer.Typer) -> None``.
+COMMAND_MODULES: tuple[str, ...] = (
+)
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+err_console = Console(stderr=True)
+
+
+def main() -> None:
+    """Entry point: run the Typer app, turning cmdare errors into one-line messages."""
+    try:
+        app()
+    except CmdareError as err:
+        err_console.print(f"[bold red]error:[/] {err}", highlight=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)

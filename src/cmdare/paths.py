@@ -1,0 +1,41 @@
+"""Where cmdare keeps its files: the measurement store, checkpoints and saved models.
+
+``CMDARE_HOME`` overrides the data directory (default ``$XDG_DATA_HOME/cmdare`` or
+``~/.local/share/cmdare``); ``CMDARE_DB_URL`` overrides the store with any SQLAlchemy URL.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def data_dir() -> Path:
+    """The user's cmdare data directory (created on first use)."""
+    home = os.environ.get("CMDARE_HOME")
+    if home:
+        path = Path(home).expanduser()
+    else:
+        base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        path = Path(base) / "cmdare"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def default_db_url() -> str:
+    """``CMDARE_DB_URL`` if set, else a SQLite file in :func:`data_dir`."""
+    return os.environ.get("CMDARE_DB_URL") or f"sqlite:///{data_dir() / 'cmdare.db'}"
+
+
+def checkpoint_root() -> Path:
+    """Directory holding one sub-directory of checkpoints per run."""
+    path = data_dir() / "checkpoints"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def models_dir() -> Path:
+    """Directory holding fitted performance models."""
+    path = data_dir() / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
