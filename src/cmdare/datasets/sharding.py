@@ -1,0 +1,139 @@
+"""Deterministic sharding of the training data across workers: :class:`BatchStream`.
+
+Epoch ``e`` draws one permutation of the training indices from ``(seed, e)``; worker ``w`` of ``K``
+takes ``perm[w::K]`` and cuts it into batches of ``batch_size`` in order, dropping the incomplete tail.
+Every worker gets the same number of batches per epoch, ``(N // K) // batch_size``. So:
+
+* the stream is a pure function of ``(seed, worker_index, num_workers, batch_size, position)``, and a
+  worker can resume anywhere with :meth:`BatchStream.skip` or ``start_batch``;
+* with ``K = 1`` it is exactly the batch sequence a single-process loop gets from the same class;
+* for synchronous training, batch ``t`` of the ``K`` workers together holds exactly the samples of
+  batch ``t`` of a single stream with ``batch_size * K`` (interleaved), so ``K`` synchronous workers
+  averaging their gradients see the same data as one process with the ``K`` times larger batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cmdare.errors import UserInputError
+
+if TYPE_CHECKING:
+    import torch
+
+    from cmdare.datasets.base import Dataset
+
+__all__ = ["BatchStream", "epoch_permutation"]
+
+
+def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
+    """The permutation of ``range(num_samples)`` for ``epoch`` (numpy PCG64 seeded by ``[seed, epoch]``)."""
+    return np.random.default_rng([seed, epoch]).permutation(num_samples)
+
+
+class BatchStream(Iterator[tuple["torch.Tensor", "torch.Tensor"]]):
+    """An infinite, deterministic iterator of one worker's ``(x, y)`` training batches.
+
+    Args:
+        data: a :class:`~cmdare.datasets.Dataset` (its training split is used) or a tuple ``(x, y)``
+            of tensors with the same first dimension.
+        worker_index: this worker's index in ``[0, num_workers)``.
+        num_workers: number of workers sharing the data.
+        batch_size: samples per batch.
+        seed: non-negative seed of the per-epoch permutations (the same on every worker).
+        start_batch: position to start at (batches already consumed), e.g. from a checkpoint.
+
+    Raises:
+        UserInputError: bad indices or sizes, or a shard smaller than one batch.
+    """
+
+    def __init__(
+        self,
+        data: Dataset | tuple[torch.Tensor, torch.Tensor],
+        worker_index: int,
+        num_workers: int,
+        batch_size: int,
+        seed: int,
+        *,
+        start_batch: int = 0,
+    ):
+
+        x, y = (data.train_x, data.train_y) if hasattr(data, "train_x") else data  # type: ignore[union-attr, misc]
+        if len(x) != len(y):
+            raise UserInputError(f"x and y differ in length: {len(x)} vs {len(y)}")
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise UserInputError(f"num_workers must be >= 1, got {num_workers!r}")
+        if not isinstance(worker_index, int) or not 0 <= worker_index < num_workers:
+            raise UserInputError(f"worker_index must be in [0, {num_workers}), got {worker_index!r}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise UserInputError(f"batch_size must be >= 1, got {batch_size!r}")
+        if not isinstance(seed, int) or seed < 0:
+            raise UserInputError(f"seed must be a non-negative integer, got {seed!r}")
+        if start_batch < 0:
+            raise UserInputError(f"start_batch must be >= 0, got {start_batch}")
+        self.x, self.y = x, y
+        self.worker_index, self.num_workers = worker_index, num_workers
+        self.batch_size, self.seed = batch_size, seed
+        self.num_samples = int(len(x))
+        self.batches_per_epoch = (self.num_samples // num_workers) // batch_size
+        if self.batches_per_epoch == 0:
+            raise UserInputError(
+                f"{self.num_samples} samples over {num_workers} workers give less than one batch "
+                f"of {batch_size}"
+            )
+        self._position = int(start_batch)
+        self._epoch_cached = -1
+        self._shard: torch.Tensor | None = None
+
+    @property
+    def position(self) -> int:
+        """Batches consumed so far (across epochs); the next batch has this index."""
+        return self._position
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next batch."""
+        return self._position // self.batches_per_epoch
+
+    def skip(self, n_batches: int) -> BatchStream:
+        """Advance ``n_batches`` without building them; returns ``self``."""
+        if n_batches < 0:
+            raise UserInputError(f"cannot skip a negative number of batches: {n_batches}")
+        self._position += int(n_batches)
+        return self
+
+    def seek(self, position: int) -> BatchStream:
+        """Jump to absolute batch ``position`` (as from :attr:`position`); returns ``self``."""
+        if position < 0:
+            raise UserInputError(f"position must be >= 0, got {position}")
+        self._position = int(position)
+        return self
+
+    def batch_indices(self, position: int) -> torch.Tensor:
+        """Training-set indices (int64) of the batch at ``position``."""
+        import torch
+
+        epoch, b = divmod(position, self.batches_per_epoch)
+        if epoch != self._epoch_cached:
+            perm = epoch_permutation(self.num_samples, self.seed, epoch)
+            self._shard = torch.from_numpy(perm[self.worker_index :: self.num_workers].astype(np.int64))
+            self._epoch_cached = epoch
+        assert self._shard is not None
+        return self._shard[b * self.batch_size : (b + 1) * self.batch_size]
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self.batch_indices(self._position)
+        self._position += 1
+        return self.x[idx], self.y[idx]
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchStream(worker {self.worker_index}/{self.num_workers}, batch {self.batch_size}, "
+            f"seed {self.seed}, position {self._position}, {self.batches_per_epoch} batches/epoch)"
+        )

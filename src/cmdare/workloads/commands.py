@@ -1,0 +1,83 @@
+"""``cmdare workloads``: the model zoo with its profiler figures, as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from cmdare.errors import UserInputError
+
+_FORMATS = ("table", "json")
+
+
+def _parse_shape(text: str) -> tuple[int, int, int]:
+    parts = [p.strip() for p in text.replace("x", ",").split(",") if p.strip()]
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        raise UserInputError(f"--input-shape must look like 3,32,32, got {text!r}") from None
+    if len(shape) != 3:
+        raise UserInputError(f"--input-shape must have 3 values C,H,W, got {text!r}")
+    return shape  # type: ignore[return-value]
+
+
+def workloads(
+    input_shape: Annotated[str, typer.Option("--input-shape", help="C,H,W of one sample.")] = "3,32,32",
+    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    models: Annotated[
+        list[str] | None, typer.Option("--model", "-m", help="Only these models (repeatable).")
+    ] = None,
+    num_classes: Annotated[int, typer.Option("--num-classes", help="Classifier outputs.")] = 10,
+) -> None:
+    """List the CNN zoo with FLOPs, parameters, tensor sizes and checkpoint bytes per model."""
+    from cmdare.workloads import describe_model, list_models, profile_model
+
+    if fmt not in _FORMATS:
+        raise UserInputError(f"--format must be one of {', '.join(_FORMATS)}, got {fmt!r}")
+    shape = _parse_shape(input_shape)
+    names = list(models) if models else list_models()
+    profiles = [profile_model(name, shape, num_classes) for name in names]  # raises on unknown names
+    if fmt == "json":
+        rows = [dict(p.to_dict(), description=describe_model(p.name)) for p in profiles]
+        typer.echo(json.dumps(rows, indent=2))
+        return
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"cmdare workloads at input {'x'.join(map(str, shape))} "
+        "(train FLOPs = 3 x forward; MB = MiB of parameter tensors)",
+    )
+    for col in (
+        "model",
+        "GFLOPs/sample fwd",
+        "GFLOPs/sample train",
+        "params",
+        "tensors",
+        "avg tensor MB",
+        "max tensor MB",
+        "checkpoint MB",
+        "description",
+    ):
+        table.add_column(col, justify="left" if col in ("model", "description") else "right")
+    for p in profiles:
+        table.add_row(
+            p.name,
+            f"{p.flops_per_sample_forward / 1e9:.3f}",
+            f"{p.flops_per_sample_train / 1e9:.3f}",
+            f"{p.num_params:,}",
+            str(p.num_tensors),
+            f"{p.avg_tensor_mb:.4f}",
+            f"{p.max_tensor_mb:.4f}",
+            f"{p.checkpoint_bytes / 2**20:.2f}",
+            describe_model(p.name),
+        )
+    Console(width=200).print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``cmdare workloads`` to the main app."""
+    app.command("workloads")(workloads)

@@ -1,0 +1,174 @@
+"""Workload profiler: FLOPs, parameters, tensor sizes and checkpoint bytes of a model.
+
+FLOPs are counted with forward hooks on ``Conv2d``, ``Linear`` and ``BatchNorm`` modules, one
+multiply-add = 2 FLOPs: a convolution counts ``2 * (C_in / groups) * k_h * k_w`` per output element
+(+1 with a bias), a linear layer ``2 * in_features`` per output (+1 with a bias), a batch norm 2 per
+element (its folded scale and shift). Activations, pooling, residual additions and the Shake-Shake
+mix are not counted (they are a few percent at most). The hooked forward runs on the ``meta``
+device, so profiling even the largest model costs no arithmetic.
+
+Training FLOPs use the usual convention backward ~= 2 x forward, so ``flops_per_sample_train =
+3 * flops_per_sample_forward``. (Tensor2Tensor's "Model FLOPs" in the CM-DARE data follow the same
+3x convention: ``t2t_resnet15`` profiles at ~0.63 GFLOPs per sample trained vs. the data's 0.631.)
+
+Tensor sizes are those of the trainable parameter tensors, in MiB (2**20 bytes, as in the CM-DARE
+data); ``checkpoint_bytes`` is measured: ``torch.save`` of the ``state_dict`` (including BN running
+statistics) into a ``BytesIO``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import io
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from cmdare.errors import UserInputError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["WorkloadProfile", "count_flops_forward", "profile_model"]
+
+_MIB = float(2**20)
+
+
+@dataclass(frozen=True)
+class WorkloadProfile:
+    """Static figures of one model at one input shape (per sample, float32)."""
+
+    name: str
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    flops_per_sample_forward: int
+    flops_per_sample_train: int
+    num_params: int
+    num_tensors: int
+    avg_tensor_mb: float
+    max_tensor_mb: float
+    checkpoint_bytes: int
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of the trainable parameters (float32)."""
+        return 4 * self.num_params
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict of all fields (``input_shape`` as a list)."""
+        out = asdict(self)
+        out["input_shape"] = list(self.input_shape)
+        return out
+
+
+def _check_shape(input_shape: Any) -> tuple[int, int, int]:
+    try:
+        shape = tuple(int(v) for v in input_shape)
+    except (TypeError, ValueError):
+        raise UserInputError(f"input shape must be C,H,W integers, got {input_shape!r}") from None
+    if len(shape) != 3 or shape[0] < 1 or min(shape[1:]) < 8:
+        raise UserInputError(f"input shape must be C,H,W with C >= 1 and H, W >= 8, got {input_shape!r}")
+    return shape  # type: ignore[return-value]
+
+
+def count_flops_forward(model: nn.Module, input_shape: tuple[int, int, int]) -> int:
+    """Forward FLOPs for one sample (see the module docstring for what counts).
+
+    The model is copied to the ``meta`` device, so the caller's model is untouched and nothing is computed.
+    """
+    import torch
+    from torch import nn
+
+    meta = copy.deepcopy(model).to("meta").eval()
+    total = 0
+
+    def conv_hook(mod: nn.Conv2d, _inp: Any, out: torch.Tensor) -> None:
+        nonlocal total
+        k = mod.kernel_size[0] * mod.kernel_size[1] * (mod.in_channels // mod.groups)
+        total += out.numel() * (2 * k + (1 if mod.bias is not None else 0))
+
+    def linear_hook(mod: nn.Linear, _inp: Any, out: torch.Tensor) -> None:
+        nonlocal total
+        total += out.numel() * (2 * mod.in_features + (1 if mod.bias is not None else 0))
+
+    def bn_hook(_mod: nn.Module, _inp: Any, out: torch.Tensor) -> None:
+        nonlocal total
+        total += 2 * out.numel()
+
+    handles = []
+    for mod in meta.modules():
+        if isinstance(mod, nn.Conv2d):
+            handles.append(mod.register_forward_hook(conv_hook))
+        elif isinstance(mod, nn.Linear):
+            handles.append(mod.register_forward_hook(linear_hook))
+        elif isinstance(mod, nn.modules.batchnorm._BatchNorm):
+            handles.append(mod.register_forward_hook(bn_hook))
+    try:
+        with torch.no_grad():
+            meta(torch.empty((1, *input_shape), device="meta"))
+    finally:
+        for h in handles:
+            h.remove()
+    return int(total)
+
+
+def _profile_module(
+    name: str, model: nn.Module, shape: tuple[int, int, int], num_classes: int
+) -> WorkloadProfile:
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    sizes_bytes = [p.numel() * p.element_size() for p in params]
+    num_params = sum(p.numel() for p in params)
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    fwd = count_flops_forward(model, shape)
+    return WorkloadProfile(
+        name=name,
+        input_shape=shape,
+        num_classes=num_classes,
+        flops_per_sample_forward=fwd,
+        flops_per_sample_train=3 * fwd,
+        num_params=int(num_params),
+        num_tensors=len(params),
+        avg_tensor_mb=(sum(sizes_bytes) / len(params) / _MIB) if params else 0.0,
+        max_tensor_mb=(max(sizes_bytes) / _MIB) if params else 0.0,
+        checkpoint_bytes=buf.getbuffer().nbytes,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _profile_by_name(name: str, shape: tuple[int, int, int], num_classes: int) -> WorkloadProfile:
+    import torch
+
+    from cmdare.workloads.registry import build_model
+
+    with torch.random.fork_rng(devices=[]):  # profiling must not disturb the caller's RNG stream
+        torch.manual_seed(0)
+        model = build_model(name, num_classes=num_classes, in_channels=shape[0])
+    return _profile_module(name, model, shape, num_classes)
+
+
+def profile_model(
+    name_or_module: str | nn.Module, input_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10
+) -> WorkloadProfile:
+    """Profile a registered model by name (cached) or a given module (not cached).
+
+    Args:
+        name_or_module: a name from :func:`~cmdare.workloads.list_models` or a ``torch.nn.Module``.
+        input_shape: ``(C, H, W)`` of one sample; ``C`` is also the model's ``in_channels``.
+        num_classes: classifier outputs (for a name; a module keeps its own).
+
+    Returns:
+        A frozen :class:`WorkloadProfile`.
+
+    Raises:
+        UnknownNameError: unknown model name.
+        UserInputError: a malformed ``input_shape`` (needs C, H, W with H, W >= 8).
+    """
+    from torch import nn
+
+    shape = _check_shape(input_shape)
+    if isinstance(name_or_module, nn.Module):
+        return _profile_module(type(name_or_module).__name__, name_or_module, shape, num_classes)
+    return _profile_by_name(str(name_or_module), shape, int(num_classes))

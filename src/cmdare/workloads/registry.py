@@ -1,0 +1,100 @@
+"""The model registry: names to builders, with one clear error for an unknown name.
+
+A builder is any callable ``builder(num_classes, in_channels) -> torch.nn.Module``. Families register
+themselves when :mod:`cmdare.workloads` is imported, so ``build_model("resnet32")`` works from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cmdare.errors import UnknownNameError, UserInputError
+
+if TYPE_CHECKING:
+    import torch
+
+Builder = Callable[[int, int], "torch.nn.Module"]
+
+__all__ = ["Builder", "ModelSpec", "build_model", "describe_model", "list_models", "register_model"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered model: its name, how to build it and a one-line description."""
+
+    name: str
+    builder: Builder
+    description: str = ""
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register_model(name: str, builder: Builder, description: str = "", *, replace: bool = False) -> ModelSpec:
+    """Register ``builder`` under ``name``.
+
+    Args:
+        name: registry key, e.g. ``"resnet32"``.
+        builder: ``builder(num_classes, in_channels) -> torch.nn.Module``.
+        description: one line shown by ``cmdare workloads``.
+        replace: allow overwriting an existing name (otherwise a duplicate raises).
+
+    Returns:
+        The stored :class:`ModelSpec`.
+
+    Raises:
+        UserInputError: ``name`` is empty or already registered and ``replace`` is false.
+    """
+    if not name or not isinstance(name, str):
+        raise UserInputError(f"model name must be a non-empty string, got {name!r}")
+    if name in _REGISTRY and not replace:
+        raise UserInputError(f"model {name!r} is already registered")
+    spec = ModelSpec(name, builder, description)
+    _REGISTRY[name] = spec
+    return spec
+
+
+def list_models() -> list[str]:
+    """Names of all registered models, in registration order (families grouped)."""
+    return list(_REGISTRY)
+
+
+def _spec(name: str) -> ModelSpec:
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise UnknownNameError("model", str(name), list(_REGISTRY)) from None
+
+
+def describe_model(name: str) -> str:
+    """The one-line description of a registered model.
+
+    Raises:
+        UnknownNameError: ``name`` is not registered.
+    """
+    return _spec(name).description
+
+
+def build_model(name: str, num_classes: int = 10, in_channels: int = 3) -> torch.nn.Module:
+    """Build a fresh, randomly initialised model by name (uses torch's global RNG).
+
+    Args:
+        name: a name from :func:`list_models`.
+        num_classes: size of the classifier output.
+        in_channels: channels of the input images (1 for digits, 3 for CIFAR).
+
+    Returns:
+        A ``torch.nn.Module`` in training mode, on the CPU. It accepts any input of spatial size >= 8
+        (global average pooling before the classifier).
+
+    Raises:
+        UnknownNameError: ``name`` is not registered (the message lists the valid names).
+        UserInputError: ``num_classes`` or ``in_channels`` is not a positive integer.
+    """
+    spec = _spec(name)
+    for label, value in (("num_classes", num_classes), ("in_channels", in_channels)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UserInputError(f"{label} must be a positive integer, got {value!r}")
+    return spec.builder(num_classes, in_channels)

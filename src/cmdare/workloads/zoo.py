@@ -1,0 +1,49 @@
+"""Registers the built-in model families (imported once by :mod:`cmdare.workloads`)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from torch import nn
+
+from cmdare.workloads.registry import register_model
+from cmdare.workloads.resnet import CUSTOM_RESNETS, HE_RESNETS, CifarResNet
+from cmdare.workloads.shake_shake import SHAKE_SHAKE_WIDTHS, ShakeShakeNet
+
+
+def _he(blocks: tuple[int, int, int], num_classes: int, in_channels: int) -> nn.Module:
+    return CifarResNet(blocks, (16, 32, 64), num_classes, in_channels, style="he")
+
+
+def _t2t(
+    blocks: tuple[int, int, int], widths: tuple[int, int, int], num_classes: int, in_channels: int
+) -> nn.Module:
+    return CifarResNet(blocks, widths, num_classes, in_channels, style="t2t")
+
+
+def _shake(width: int, num_classes: int, in_channels: int) -> nn.Module:
+    return ShakeShakeNet(width, num_classes, in_channels, depth=26)
+
+
+def register_builtin_models() -> None:
+    """Register every built-in model name (idempotent)."""
+    for name, blocks in HE_RESNETS.items():
+        depth = 6 * blocks[0] + 2
+        extra = " (Tensor2Tensor's name for n=2)" if name == "resnet15" else ""
+        register_model(
+            name,
+            partial(_he, blocks),
+            f"ResNet-{depth} He et al. CIFAR, {blocks[0]} blocks/stage, 16/32/64 ch{extra}",
+            replace=True,
+        )
+    for name, (blocks, widths) in CUSTOM_RESNETS.items():
+        origin = "CM-DARE/T2T" if widths == (32, 64, 128) else "cmdare width extension"
+        blocks_s, widths_s = "/".join(map(str, blocks)), "/".join(map(str, widths))
+        register_model(
+            name,
+            partial(_t2t, blocks, widths),
+            f"pre-act ResNet, blocks {blocks_s}, {widths_s} ch ({origin})",
+            replace=True,
+        )
+    for name, width in SHAKE_SHAKE_WIDTHS.items():
+        register_model(name, partial(_shake, width), f"Shake-Shake-26 2x{width}d", replace=True)
