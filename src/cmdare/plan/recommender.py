@@ -1,0 +1,308 @@
+"""Which cluster to rent: enumerate configurations, simulate them, keep the time/cost Pareto front.
+
+How a plan stays fast (``bench/planner.py`` measures it):
+
+1. **Exact where nothing is random.** On-demand configurations cannot be revoked; one analytic run is
+   their exact result, so they cost no Monte Carlo at all.
+2. **Cache.** Cluster speed depends on the membership (GPU counts, #PS), not on the region, the
+   pricing or the run; the speed model is asked once per membership for the whole plan.
+3. **Prune dominated configurations.** Before simulating a transient configuration we bound it from
+   below: its time is at least the revocation-free time of its fastest sub-membership, and its cost
+   at least the steps times the cheapest USD-per-step of any sub-membership (revocations only remove
+   workers; replacements bill while they start and add nothing). If an already simulated option is
+   at least as fast and cheap as both bounds, the configuration cannot reach the expected-value
+   front and is skipped. Configurations are visited in increasing bound order so the front fills early.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from cmdare.errors import UserInputError
+from cmdare.plan.pareto import pareto_front
+from cmdare.plan.simulator import Simulator
+from cmdare.plan.spec import ClusterSpec, JobSpec, PlanModels, SimSummary, WorkerGroup
+
+__all__ = ["PlanOption", "Recommendation", "enumerate_clusters", "recommend", "format_duration"]
+
+
+@dataclass(frozen=True)
+class PlanOption:
+    """One evaluated configuration."""
+
+    cluster: ClusterSpec
+    summary: SimSummary
+
+    @property
+    def point(self) -> tuple[float, float]:
+        """(mean time s, mean cost USD)."""
+        return (self.summary.time_mean_s, self.summary.cost_mean_usd)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The plan: every simulated option, the Pareto front, the choice and why."""
+
+    options: tuple[PlanOption, ...]
+    front: tuple[PlanOption, ...]
+    choice: PlanOption | None
+    constraint_met: bool
+    message: str
+    reasons: tuple[str, ...] = ()
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def format_duration(seconds: float) -> str:
+    """``5400`` -> ``1h 30m``; ``600`` -> ``10 min``; ``42`` -> ``42 s``."""
+    if not math.isfinite(seconds):
+        return "never"
+    s = round(seconds)
+    if s < 120:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s / 60:.0f} min"
+    h, m = divmod(round(s / 60), 60)
+    return f"{h}h {m:02d}m"
+
+
+def enumerate_clusters(
+    gpus: Sequence[str],
+    regions: Sequence[str],
+    max_workers: int,
+    max_ps: int = 3,
+    mixes: bool = True,
+    replacement: str = "same",
+) -> list[ClusterSpec]:
+    """Every configuration to consider.
+
+    Homogeneous clusters of 1..``max_workers`` workers of each GPU type, mixes of two types
+    (any split, at most ``max_workers`` in all), 1..``max_ps`` PS, transient or on-demand workers, in
+    each region; plus single-server training (one worker, no PS).
+    """
+    if max_workers < 1:
+        raise UserInputError(f"max workers must be at least 1, got {max_workers}")
+    if not 1 <= max_ps <= 8:
+        raise UserInputError(f"max PS must be between 1 and 8, got {max_ps}")
+    out: list[ClusterSpec] = []
+    shapes: list[tuple[tuple[str, int], ...]] = []
+    for gpu in gpus:
+        shapes += [((gpu, n),) for n in range(1, max_workers + 1)]
+    if mixes:
+        for a, b in itertools.combinations(gpus, 2):
+            for na in range(1, max_workers):
+                shapes += [((a, na), (b, nb)) for nb in range(1, max_workers - na + 1)]
+    for region in regions:
+        for transient in (True, False):
+            for shape in shapes:
+                groups = tuple(WorkerGroup(g, n, transient, region) for g, n in shape)
+                n_workers = sum(n for _, n in shape)
+                ps_choices = ([0] if n_workers == 1 else []) + list(range(1, max_ps + 1))
+                for ps in ps_choices:
+                    out.append(ClusterSpec(groups, ps=ps, region=region, replacement=replacement))
+    return out
+
+
+def _lower_bounds(sim: Simulator) -> tuple[float, float]:
+    """(time, cost) no run of ``sim``'s configuration can beat (see the module docstring)."""
+    c = sim.cluster
+    full = tuple(c.gpu_counts.values())
+    gpu_price_s = [
+        sum(sim._price_s[(s.gpu, s.transient, s.region)] for s in sim._slots if s.gpu == i) / full[i]
+        for i in range(len(full))
+    ]
+    ps_cost_s = c.ps * sim._ps_price_s
+    best_rate, best_usd_per_step = 0.0, math.inf
+    for counts in itertools.product(*(range(n + 1) for n in full)):
+        if not any(counts):
+            continue
+        usd_s = ps_cost_s + sum(n * p for n, p in zip(counts, gpu_price_s, strict=True))
+        for chief, n in enumerate(counts):
+            if n:
+                rate = sim.rate(counts, chief)
+                best_rate = max(best_rate, rate)
+                best_usd_per_step = min(best_usd_per_step, usd_s / rate)
+    steps = sim.job.total_steps
+    return steps / best_rate, steps * best_usd_per_step
+
+
+def evaluate(
+    job: JobSpec,
+    clusters: Sequence[ClusterSpec],
+    models: PlanModels,
+    runs: int = 100,
+    seed: int = 0,
+    prune: bool = True,
+) -> tuple[list[PlanOption], dict[str, float]]:
+    """Simulate ``clusters`` (pruning dominated ones when ``prune``); return options and counts."""
+    t0 = time.perf_counter()
+    sims = [Simulator(job, c, models) for c in clusters]
+    options: list[PlanOption] = []
+    pending: list[tuple[float, float, Simulator]] = []
+    for sim in sims:
+        if not sim.cluster.any_transient:
+            options.append(PlanOption(sim.cluster, sim.summarize(1, seed)))
+        elif prune and sim.cluster.replacement == "same":
+            t_low, c_low = _lower_bounds(sim)
+            pending.append((t_low, c_low, sim))
+        else:
+            pending.append((0.0, 0.0, sim))
+    pending.sort(key=lambda p: p[0] * p[1])
+    pruned = 0
+    for t_low, c_low, sim in pending:
+        if prune and any(o.point[0] <= t_low and o.point[1] <= c_low for o in options):
+            pruned += 1
+            continue
+        options.append(PlanOption(sim.cluster, sim.summarize(runs, seed)))
+    stats = {
+        "configurations": len(clusters),
+        "simulated_monte_carlo": len(pending) - pruned,
+        "exact_on_demand": len(clusters) - len(pending),
+        "pruned_dominated": pruned,
+        "runs_per_configuration": runs,
+        "seconds": time.perf_counter() - t0,
+    }
+    return options, stats
+
+
+def _speed(models: PlanModels, counts: dict[str, int], ps: int) -> float:
+    return models.speed.cluster_steps_per_s(counts, ps)
+
+
+def _saturation_workers(models: PlanModels, gpu: str, ps: int, up_to: int = 16) -> int | None:
+    """Smallest worker count after which one more worker adds under 10% speed with ``ps`` PS."""
+    prev = _speed(models, {gpu: 1}, ps)
+    for n in range(2, up_to + 1):
+        cur = _speed(models, {gpu: n}, ps)
+        if cur < prev * (1 + 0.1 / (n - 1)) and cur < prev * 1.1:
+            return n - 1
+        prev = cur
+    return None
+
+
+def explain(choice: PlanOption, options: Sequence[PlanOption], models: PlanModels) -> list[str]:
+    """Reasons for a choice, from its neighbours in configuration space."""
+    c = choice.cluster
+    reasons: list[str] = []
+    counts = c.gpu_counts
+    if c.ps >= 2:
+        fewer = _speed(models, counts, c.ps - 1)
+        more = _speed(models, counts, c.ps)
+        gpu = max(counts, key=counts.get)
+        sat = _saturation_workers(models, gpu, c.ps - 1)
+        ordinal = {2: "2nd", 3: "3rd"}.get(c.ps, f"{c.ps}th")
+        where = f"{gpu.upper()} workers saturate {c.ps - 1} PS at {sat}-{sat + 1} workers; " if sat else ""
+        reasons.append(f"a {ordinal} PS: {where}{fewer:.1f} -> {more:.1f} steps/s")
+    elif c.ps == 0:
+        reasons.append("single server: no PS to pay for, and one worker gains nothing from one")
+    if any(g.transient for g in c.workers):
+        twin = _twin(choice, options, transient=False)
+        if twin is not None:
+            saving = 1 - choice.summary.cost_mean_usd / twin.summary.cost_mean_usd
+            slower = choice.summary.time_mean_s / twin.summary.time_mean_s - 1
+            reasons.append(
+                f"transient: {saving:.0%} cheaper than on-demand for {slower:+.0%} time "
+                f"({choice.summary.revocations_mean:.1f} revocations expected)"
+            )
+    else:
+        twin = _twin(choice, options, transient=True)
+        if twin is not None and twin.summary.time_mean_s > choice.summary.time_mean_s:
+            reasons.append(
+                f"on-demand: transient would take {format_duration(twin.summary.time_mean_s)} "
+                f"(P95 {format_duration(twin.summary.time_p95_s)}) with "
+                f"{twin.summary.revocations_mean:.1f} revocations"
+            )
+    if len(counts) == 1:
+        (gpu,) = counts
+        per_step = {
+            g: models.prices.price_per_hour_usd(g, c.region, c.workers[0].transient)
+            / models.speed.worker_steps_per_s(g)
+            for g in {o.cluster.workers[0].gpu for o in options}
+        }
+        if min(per_step, key=per_step.get) == gpu and len(per_step) > 1:
+            reasons.append(f"{gpu.upper()}: lowest cost per step of the GPU types considered")
+    return reasons
+
+
+def _twin(choice: PlanOption, options: Sequence[PlanOption], transient: bool) -> PlanOption | None:
+    c = choice.cluster
+    want = tuple((g.gpu, g.count, transient, g.region) for g in c.workers)
+    for o in options:
+        oc = o.cluster
+        if oc.ps == c.ps and oc.region == c.region and tuple(
+            (g.gpu, g.count, g.transient, g.region) for g in oc.workers
+        ) == want:
+            return o
+    return None
+
+
+def recommend(
+    job: JobSpec,
+    clusters: Sequence[ClusterSpec],
+    models: PlanModels,
+    deadline_s: float | None = None,
+    budget_usd: float | None = None,
+    runs: int = 100,
+    seed: int = 0,
+    prune: bool = True,
+) -> Recommendation:
+    """Simulate the configurations and pick one.
+
+    With a deadline: the cheapest option whose expected time meets it (and the budget, if given).
+    With only a budget: the fastest option whose expected cost fits. With neither: the option with the
+    smallest time x cost. When nothing meets the constraints the answer names the closest option.
+
+    Raises:
+        UserInputError: for a non-positive deadline, a negative budget or no configurations.
+    """
+    if deadline_s is not None and deadline_s <= 0:
+        raise UserInputError(f"the deadline must be in the future, got {deadline_s:.0f} s from now")
+    if budget_usd is not None and budget_usd < 0:
+        raise UserInputError(f"the budget must not be negative, got ${budget_usd}")
+    if not clusters:
+        raise UserInputError("no configurations to consider")
+    options, stats = evaluate(job, clusters, models, runs, seed, prune)
+    front = [options[i] for i in pareto_front([o.point for o in options])]
+    fastest = front[0]
+    cheapest = front[-1]
+    ok_time = [o for o in front if deadline_s is None or o.summary.time_mean_s <= deadline_s]
+    ok = [o for o in ok_time if budget_usd is None or o.summary.cost_mean_usd <= budget_usd]
+
+    def desc(o: PlanOption) -> str:
+        s = o.summary
+        return (
+            f"{o.cluster.label()}: {format_duration(s.time_mean_s)} (P95 {format_duration(s.time_p95_s)}), "
+            f"${s.cost_mean_usd:.2f} (P95 ${s.cost_p95_usd:.2f})"
+        )
+
+    if deadline_s is not None:
+        if not ok_time:
+            msg = f"no configuration meets {format_duration(deadline_s)}; fastest is {desc(fastest)}"
+            return Recommendation(tuple(options), tuple(front), fastest, False, msg, (), stats)
+        if not ok:
+            best = min(ok_time, key=lambda o: o.summary.cost_mean_usd)
+            msg = (
+                f"no configuration meets {format_duration(deadline_s)} within ${budget_usd:.2f}; "
+                f"cheapest that meets the deadline is {desc(best)}"
+            )
+            return Recommendation(tuple(options), tuple(front), best, False, msg, (), stats)
+        choice = min(ok, key=lambda o: (o.summary.cost_mean_usd, o.summary.time_mean_s))
+        msg = f"cheapest meeting {format_duration(deadline_s)}: {desc(choice)}"
+    elif budget_usd is not None:
+        if not ok:
+            msg = f"no configuration fits ${budget_usd:.2f}; cheapest is {desc(cheapest)}"
+            return Recommendation(tuple(options), tuple(front), cheapest, False, msg, (), stats)
+        choice = min(ok, key=lambda o: (o.summary.time_mean_s, o.summary.cost_mean_usd))
+        msg = f"fastest within ${budget_usd:.2f}: {desc(choice)}"
+    else:
+        choice = min(front, key=lambda o: o.summary.time_mean_s * o.summary.cost_mean_usd)
+        msg = f"best time x cost: {desc(choice)}"
+    return Recommendation(
+        tuple(options), tuple(front), choice, True, msg, tuple(explain(choice, options, models)), stats
+    )
+
+
+

@@ -1,0 +1,273 @@
+"""What the planner simulates: job and cluster specs, the model protocols it needs, and its results.
+
+The simulator depends only on the small protocols below (:class:`SpeedModel`, :class:`LifetimeSampler`,
+:class:`StartupSampler`, :class:`PriceBook`), so unit tests drive it with deterministic toy models and
+the CLI drives it with adapters over ``cmdare.predict``, ``cmdare.measure`` and ``cmdare.cloud``
+(see :mod:`cmdare.plan.adapters`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from cmdare.errors import UnknownNameError, UserInputError
+
+__all__ = [
+    "MAX_PS",
+    "REPLACEMENT_POLICIES",
+    "ClusterSpec",
+    "JobSpec",
+    "LifetimeSampler",
+    "PlanModels",
+    "PriceBook",
+    "RunResult",
+    "SimSummary",
+    "SpeedModel",
+    "StartupSampler",
+    "WorkerGroup",
+    "parse_workers",
+]
+
+#: Most parameter-server shards a configuration may have (the recommender explores 1..3).
+MAX_PS = 8
+#: What to do when a transient worker is revoked: start the same type, start the most cost-efficient
+#: type of the cluster, or carry on without it.
+REPLACEMENT_POLICIES = ("same", "cheapest", "none")
+#: The server type name used for parameter servers (CPU-only VMs, as in CM-DARE).
+PS_SERVER = "cpu"
+
+
+@runtime_checkable
+class SpeedModel(Protocol):
+    """Training speed of a live membership."""
+
+    def cluster_steps_per_s(self, gpus: Mapping[str, int], ps: int) -> float:
+        """Global steps/s with ``gpus`` workers and ``ps`` shards (``ps=0``: single-server training)."""
+        ...
+
+    def worker_steps_per_s(self, gpu: str) -> float:
+        """Steps/s of one worker of type ``gpu`` on its own (used to weigh the chief's share)."""
+        ...
+
+
+@runtime_checkable
+class LifetimeSampler(Protocol):
+    """Lifetimes of transient servers."""
+
+    def sample(self, rng: np.random.Generator, server: str, region: str, size: int) -> np.ndarray:
+        """``size`` lifetimes in seconds of transient ``server`` servers in ``region``."""
+        ...
+
+
+@runtime_checkable
+class StartupSampler(Protocol):
+    """Delay from requesting a server to it training (provisioning + staging + booting + framework)."""
+
+    def sample(self, rng: np.random.Generator, server: str, transient: bool, region: str) -> float:
+        """One startup delay in seconds."""
+        ...
+
+
+@runtime_checkable
+class PriceBook(Protocol):
+    """Whole-VM prices."""
+
+    def price_per_hour_usd(self, server: str, region: str, transient: bool) -> float:
+        """USD per hour of one ``server`` VM (a GPU name, or ``"cpu"`` for a parameter server)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PlanModels:
+    """The models one simulation needs, for one workload.
+
+    Attributes:
+        speed: cluster and worker speed.
+        lifetimes: lifetimes of transient servers.
+        startup: replacement startup delays.
+        prices: whole-VM prices.
+        checkpoint_s: time one checkpoint of the workload takes (saved by the chief).
+        source: where the models come from, for reports.
+    """
+
+    speed: SpeedModel
+    lifetimes: LifetimeSampler
+    startup: StartupSampler
+    prices: PriceBook
+    checkpoint_s: float
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A training job: which workload, how many global steps, and how often the chief checkpoints.
+
+    The default checkpoint interval, 1,000 steps, is Tensor2Tensor's ``local_eval_frequency``, which
+    CM-DARE's runs used as ``save_checkpoints_steps``.
+    """
+
+    workload: str
+    total_steps: int
+    checkpoint_every_steps: int = 1000
+    batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.total_steps <= 0:
+            raise UserInputError(f"steps must be positive, got {self.total_steps}")
+        if self.checkpoint_every_steps <= 0:
+            raise UserInputError(f"checkpoint interval must be positive, got {self.checkpoint_every_steps}")
+        if self.batch_size is not None and self.batch_size <= 0:
+            raise UserInputError(f"batch size must be positive, got {self.batch_size}")
+
+
+@dataclass(frozen=True)
+class WorkerGroup:
+    """``count`` workers of one GPU type, region and pricing."""
+
+    gpu: str
+    count: int
+    transient: bool = True
+    region: str = "us-east1"
+
+    def __post_init__(self) -> None:
+        if self.count <= 0:
+            raise UserInputError(f"a worker group needs at least 1 worker, got {self.gpu}:{self.count}")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A cluster to rent: worker groups, parameter-server shards and the replacement policy.
+
+    ``ps=0`` means single-server training (one worker, no parameter server), the ICAC 2019 baseline.
+    Parameter servers are CPU VMs in ``region``; the coordinator (head) runs on the first of them.
+    """
+
+    workers: tuple[WorkerGroup, ...]
+    ps: int = 1
+    region: str = "us-east1"
+    ps_transient: bool = False
+    replacement: str = "same"
+
+    def __post_init__(self) -> None:
+        if not self.workers or self.n_workers == 0:
+            raise UserInputError("a cluster needs at least 1 worker")
+        if self.ps < 0 or self.ps > MAX_PS:
+            raise UserInputError(f"ps must be between 0 and {MAX_PS}, got {self.ps}")
+        if self.ps == 0 and self.n_workers != 1:
+            raise UserInputError(f"ps=0 (single-server training) needs 1 worker, got {self.n_workers}")
+        if self.replacement not in REPLACEMENT_POLICIES:
+            raise UnknownNameError("replacement policy", self.replacement, REPLACEMENT_POLICIES)
+
+    @property
+    def n_workers(self) -> int:
+        """Number of workers."""
+        return sum(g.count for g in self.workers)
+
+    @property
+    def gpu_counts(self) -> dict[str, int]:
+        """Workers per GPU type, in first-seen order."""
+        counts: dict[str, int] = {}
+        for g in self.workers:
+            counts[g.gpu] = counts.get(g.gpu, 0) + g.count
+        return counts
+
+    @property
+    def any_transient(self) -> bool:
+        """Whether any server can be revoked."""
+        return self.ps_transient or any(g.transient for g in self.workers)
+
+    def label(self) -> str:
+        """Short human-readable name, e.g. ``8xK80 spot + 1 PS @us-east1``."""
+        parts = []
+        for g in self.workers:
+            kind = "spot" if g.transient else "on-demand"
+            parts.append(f"{g.count}x{g.gpu.upper()} {kind}")
+        ps = "no PS" if self.ps == 0 else f"{self.ps} PS" + (" spot" if self.ps_transient else "")
+        return f"{' + '.join(parts)} + {ps} @{self.region}"
+
+
+def parse_workers(text: str, transient: bool, region: str) -> tuple[WorkerGroup, ...]:
+    """Parse ``"v100:1,p100:1,k80:2"`` (a bare ``k80`` means one) into worker groups.
+
+    Raises:
+        UserInputError: on an empty or malformed mix or a count below 1.
+    """
+    groups: list[WorkerGroup] = []
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        name, _, count_text = item.partition(":")
+        try:
+            count = int(count_text) if count_text else 1
+        except ValueError:
+            raise UserInputError(f"bad worker count in {item!r}; expected GPU:COUNT, e.g. k80:8") from None
+        if count < 1:
+            raise UserInputError(f"need at least 1 worker of {name.strip()}, got {count}")
+        groups.append(WorkerGroup(name.strip().lower(), count, transient, region))
+    if not groups:
+        raise UserInputError(f"no workers in {text!r}; expected e.g. k80:8 or v100:1,p100:1,k80:2")
+    return tuple(groups)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One simulated run. ``finished`` is False when the job could not finish within the horizon."""
+
+    wall_time_s: float
+    cost_usd: float
+    revocations: int
+    replacements: int
+    steps_lost: float
+    finished: bool = True
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else math.nan
+
+
+@dataclass(frozen=True)
+class SimSummary:
+    """Statistics over many seeded runs of one configuration."""
+
+    runs: int
+    time_mean_s: float
+    time_p50_s: float
+    time_p95_s: float
+    cost_mean_usd: float
+    cost_p50_usd: float
+    cost_p95_usd: float
+    revocations_mean: float
+    replacements_mean: float
+    steps_lost_mean: float
+    finished_fraction: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_runs(cls, results: Sequence[RunResult]) -> SimSummary:
+        """Summarize runs (time and cost statistics over all runs, unfinished ones at their horizon)."""
+        t = np.array([r.wall_time_s for r in results], dtype=float)
+        c = np.array([r.cost_usd for r in results], dtype=float)
+        return cls(
+            runs=len(results),
+            time_mean_s=float(t.mean()),
+            time_p50_s=_pct(t, 50),
+            time_p95_s=_pct(t, 95),
+            cost_mean_usd=float(c.mean()),
+            cost_p50_usd=_pct(c, 50),
+            cost_p95_usd=_pct(c, 95),
+            revocations_mean=float(np.mean([r.revocations for r in results])),
+            replacements_mean=float(np.mean([r.replacements for r in results])),
+            steps_lost_mean=float(np.mean([r.steps_lost for r in results])),
+            finished_fraction=float(np.mean([r.finished for r in results])),
+        )
+
+    def to_dict(self) -> dict[str, float]:
+        """Plain JSON-ready dictionary."""
+        out = {k: v for k, v in self.__dict__.items() if k != "extra"}
+        out.update(self.extra)
+        return out
