@@ -1,0 +1,245 @@
+"""Evaluation protocols: every model beside its published baseline, on the same splits.
+
+Protocols: ``random`` (80/20 split repeated over seeds 0..R-1, errors pooled over the repeats),
+``kfold`` (10-fold, shuffled, seed 0), ``loco`` (leave one CNN out: a model never seen in
+training), ``logo`` (leave one GPU type out) and ``loo`` (leave one configuration out, for cluster
+speed). Errors: MAE (target units), MAPE (%) and the largest absolute percentage error (%), overall
+and per GPU type where the task has one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from sklearn.base import clone
+from sklearn.model_selection import KFold, train_test_split
+
+from cmdare.predict import data as _data
+from cmdare.predict.checkpoint import CheckpointModel, SizeOnlyRegression
+from cmdare.predict.cluster_speed import CLUSTER_COLUMNS, OptimusModel, PSQueueModel, SumOfWorkers
+from cmdare.predict.features import CHECKPOINT_COLUMNS, INDEX_KB_PER_TENSOR, STEP_COLUMNS
+from cmdare.predict.step_time import FlopsRatioLinear, PerGPUFlopsRegression, StepTimeModel
+
+__all__ = ["TASKS", "Task", "evaluate", "evaluate_task", "metrics", "task_data"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prediction target with its models (first = cmdare's, second = published baseline)."""
+
+    name: str
+    target: str
+    unit: str
+    models: dict[str, Callable[[], object]]
+    protocols: tuple[str, ...]
+    main_protocol: str
+    repeats: int = 20
+
+
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in (
+        Task(
+            "step_time",
+            "Step Time (s)",
+            "s",
+            {
+                "cmdare StepTimeModel": StepTimeModel,
+                "published SVR on normalized FLOPs (per GPU)": lambda: PerGPUFlopsRegression("svr"),
+                "published linear on normalized FLOPs (per GPU)": lambda: PerGPUFlopsRegression("linear"),
+                "published linear on FLOPs/TFLOPS": FlopsRatioLinear,
+            },
+            ("random", "kfold", "loco", "logo"),
+            "loco",
+        ),
+        Task(
+            "cluster_speed",
+            "Speed (steps/sec)",
+            "steps/s",
+            {
+                "cmdare PSQueueModel": PSQueueModel,
+                "sum of workers": SumOfWorkers,
+                "Optimus f(p,w)": OptimusModel,
+            },
+            ("loo", "random", "kfold", "loco", "logo"),
+            "loo",
+            repeats=10,
+        ),
+        Task(
+            "checkpoint_remote",
+            "Duration",
+            "s",
+            {
+                "cmdare CheckpointModel": CheckpointModel,
+                "published SVR on size": lambda: SizeOnlyRegression("svr"),
+                "published linear on size": lambda: SizeOnlyRegression("linear"),
+            },
+            ("random", "kfold", "loco"),
+            "random",
+            repeats=50,
+        ),
+        Task(
+            "checkpoint_local",
+            "Local duration",
+            "s",
+            {
+                "cmdare CheckpointModel": CheckpointModel,
+                "published SVR on size": lambda: SizeOnlyRegression("svr"),
+                "published linear on size": lambda: SizeOnlyRegression("linear"),
+            },
+            ("random", "kfold", "loco"),
+            "random",
+            repeats=50,
+        ),
+    )
+}
+
+
+def task_data(name: str) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
+    """``(X, y, meta)`` of a task; ``meta`` has columns ``cnn`` and ``gpu`` (may be empty)."""
+    if name == "step_time":
+        df = _data.load_single_gpu_speed()
+        cols, meta = STEP_COLUMNS, df[["cnn", "gpu"]]
+    elif name == "cluster_speed":
+        df = _data.load_cluster_speed()
+        cols, meta = CLUSTER_COLUMNS, df[["cnn", "gpu", "Workers"]]
+    elif name.startswith("checkpoint"):
+        df = _data.load_checkpoint().copy()
+        df["Number of Tensors"] = df["Number of Tensors"].fillna(df["Index File Size"] / INDEX_KB_PER_TENSOR)
+        cols, meta = CHECKPOINT_COLUMNS, df[["Model"]].rename(columns={"Model": "cnn"}).assign(gpu="")
+    else:
+        from cmdare.errors import UnknownNameError
+
+        raise UnknownNameError("model task", name, list(TASKS))
+    return df[list(cols)].to_numpy(float), df[TASKS[name].target].to_numpy(float), meta.reset_index(drop=True)
+
+
+def metrics(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
+    """MAE, MAPE (%) and max absolute percentage error (%)."""
+    ape = np.abs(pred - y) / np.abs(y) * 100
+    return {
+        "mae": float(np.mean(np.abs(pred - y))),
+        "mape": float(ape.mean()),
+        "max_ape": float(ape.max()),
+        "n": int(len(y)),
+    }
+
+
+def _splits(protocol: str, meta: pd.DataFrame, repeats: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    idx = np.arange(len(meta))
+    if protocol == "random":
+        for seed in range(repeats):
+            yield tuple(train_test_split(idx, test_size=0.2, random_state=seed))  # type: ignore[misc]
+    elif protocol == "kfold":
+        yield from KFold(10, shuffle=True, random_state=0).split(idx)
+    elif protocol in ("loco", "logo"):
+        key = meta["cnn" if protocol == "loco" else "gpu"].to_numpy()
+        for value in pd.unique(key):
+            yield idx[key != value], idx[key == value]
+    elif protocol == "loo":
+        for i in idx:
+            yield idx[idx != i], idx[idx == i]
+    else:
+        from cmdare.errors import UnknownNameError
+
+        raise UnknownNameError("protocol", protocol, ["random", "kfold", "loco", "logo", "loo"])
+
+
+def cross_predict(
+    model, X: np.ndarray, y: np.ndarray, meta: pd.DataFrame, protocol: str, repeats: int = 20
+) -> tuple[np.ndarray, np.ndarray]:
+    """Out-of-sample predictions under a protocol: ``(test row indices, predictions)``, pooled."""
+    rows, preds = [], []
+    for train, test in _splits(protocol, meta, repeats):
+        fitted = clone(model).fit(X[train], y[train])
+        rows.append(test)
+        preds.append(fitted.predict(X[test]))
+    return np.concatenate(rows), np.concatenate(preds)
+
+
+def evaluate_task(
+    name: str, protocols: tuple[str, ...] | None = None, models: tuple[str, ...] | None = None
+) -> tuple[pd.DataFrame, dict]:
+    """Errors of every model of a task under each protocol, overall and per GPU.
+
+    Returns:
+        A frame with task, model, protocol, subset, mae, mape, max_ape, n; and the pooled
+        out-of-sample predictions ``{(model, protocol): (y_true, y_pred, meta_rows)}`` for plots.
+    """
+    task = TASKS[name]
+    X, y, meta = task_data(name)
+    out, preds = [], {}
+    gpus = [g for g in pd.unique(meta["gpu"]) if g]
+    for model_name, factory in task.models.items():
+        if models and model_name not in models:
+            continue
+        for protocol in protocols or task.protocols:
+            if protocol == "logo" and len(gpus) < 2:
+                continue
+            rows, pred = cross_predict(factory(), X, y, meta, protocol, task.repeats)
+            preds[(model_name, protocol)] = (y[rows], pred, meta.iloc[rows].reset_index(drop=True))
+            subsets = {"all": np.ones(len(rows), bool)}
+            subsets.update({g: meta["gpu"].to_numpy()[rows] == g for g in gpus})
+            for subset, mask in subsets.items():
+                out.append(
+                    {
+                        "task": name,
+                        "model": model_name,
+                        "protocol": protocol,
+                        "subset": subset,
+                        **metrics(y[rows][mask], pred[mask]),
+                    }
+                )
+    return pd.DataFrame(out), preds
+
+
+def evaluate(tasks: tuple[str, ...] | None = None) -> tuple[pd.DataFrame, dict]:
+    """:func:`evaluate_task` over several tasks (default: all); frames concatenated."""
+    frames, preds = [], {}
+    for name in tasks or tuple(TASKS):
+        frame, p = evaluate_task(name)
+        frames.append(frame)
+        preds.update({(name, *k): v for k, v in p.items()})
+    return pd.concat(frames, ignore_index=True), preds
+
+
+def plot_predictions(preds: dict, plot_dir) -> list:
+    """Predicted-vs-measured scatter plots, one per task (main protocol, cmdare vs baselines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    plot_dir = Path(plot_dir)
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, task in TASKS.items():
+        keys = [k for k in preds if k[0] == name and k[2] == task.main_protocol]
+        if not keys:
+            continue
+        fig, ax = plt.subplots(figsize=(5.5, 5))
+        lo, hi = np.inf, 0.0
+        for _, model_name, protocol in keys:
+            y, p, _ = preds[(name, model_name, protocol)]
+            mape = float(np.mean(np.abs(p - y) / y) * 100)
+            ax.scatter(y, p, s=12, alpha=0.6, label=f"{model_name} ({mape:.1f}%)")
+            lo, hi = min(lo, y.min(), p.min()), max(hi, y.max(), p.max())
+        lo = max(lo, 1e-3)
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured {task.target} [{task.unit}]")
+        ax.set_ylabel(f"predicted [{task.unit}]")
+        ax.set_title(f"{name}, protocol {task.main_protocol} (MAPE)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = plot_dir / f"models_{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

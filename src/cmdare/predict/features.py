@@ -1,0 +1,174 @@
+"""GPU throughput table and the feature matrices the models take.
+
+Models take plain numeric arrays whose column order is fixed here (``STEP_COLUMNS`` ...), so they
+stay ordinary scikit-learn estimators; :func:`table_features` turns a user's CSV-like table (the
+CM-DARE column names) into such an array, checking every value and naming the row and column of
+the first bad one. NaNs never reach a model: a missing optional column is filled from a documented
+rule, otherwise the row is rejected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from cmdare.errors import DataFormatError, UnknownNameError
+
+__all__ = [
+    "CHECKPOINT_COLUMNS",
+    "GPU_TFLOPS",
+    "STEP_COLUMNS",
+    "gpu_tflops",
+    "impute_num_tensors",
+    "parse_gpu_counts",
+    "table_features",
+]
+
+# FP32 peak TFLOPS. K80/P100/V100 as used by CM-DARE (K80 = one of the board's two GK210 dies).
+# Others from NVIDIA data sheets: T4 8.1; L4 30.3; A100 19.5 (non-tensor-core FP32);
+# H100 SXM 67 (PCIe: 51). Superseded by cmdare.cloud.catalog when that module provides TFLOPS.
+GPU_TFLOPS: dict[str, float] = {
+    "k80": 4.113,
+    "p100": 9.526,
+    "v100": 15.7,
+    "t4": 8.1,
+    "l4": 30.3,
+    "a100": 19.5,
+    "h100": 67.0,
+}
+
+STEP_COLUMNS = ("GPU TFLOPS", "Model FLOPs", "Number of Parameters", "Number of Tensors", "Latency (ms)")
+CHECKPOINT_COLUMNS = ("Checkpoint Size (MB)", "Number of Tensors")
+DEFAULT_LATENCY_MS = 0.3  # worker-PS latency of the 0-latency measurements (same zone)
+
+
+def gpu_tflops(name: str) -> float:
+    """FP32 peak TFLOPS of a GPU type (case-insensitive, e.g. ``k80``, ``V100``).
+
+    Uses ``cmdare.cloud.catalog`` when it offers a lookup, else the table above.
+
+    Raises:
+        UnknownNameError: for a GPU type neither knows.
+    """
+    key = name.strip().lower()
+    try:  # the cloud catalog, when present, is the single source of GPU facts
+        from cmdare.cloud import catalog  # type: ignore[attr-defined]
+
+        lookup = getattr(catalog, "gpu_tflops", None)
+        if callable(lookup):
+            return float(lookup(key))
+    except (ImportError, KeyError, LookupError):
+        pass
+    if key not in GPU_TFLOPS:
+        raise UnknownNameError("GPU type", name, sorted(GPU_TFLOPS))
+    return GPU_TFLOPS[key]
+
+
+def parse_gpu_counts(spec: str | Sequence[str] | Mapping[str, int]) -> dict[str, int]:
+    """``"k80:2,p100:1"``, ``["k80", "k80", "p100"]`` or ``{"k80": 2}`` -> ``{"k80": 2, "p100": 1}``.
+
+    Raises:
+        UserInputError: for a malformed entry, a non-positive count or an unknown GPU type.
+    """
+    counts: dict[str, int] = {}
+    if isinstance(spec, Mapping):
+        items = [(str(k), v) for k, v in spec.items()]
+    else:
+        parts = spec.split(",") if isinstance(spec, str) else list(spec)
+        items = []
+        for part in parts:
+            part = part.strip()
+            if not part:
+                continue
+            name, _, num = part.partition(":")
+            try:
+                items.append((name, int(num) if num else 1))
+            except ValueError as err:
+                raise DataFormatError(f"bad GPU count {part!r}; expected e.g. k80:2,p100:1") from err
+    for name, num in items:
+        gpu_tflops(name)
+        if int(num) < 0:
+            raise DataFormatError(f"negative GPU count {name}:{num}")
+        if int(num) > 0:
+            counts[name.strip().lower()] = counts.get(name.strip().lower(), 0) + int(num)
+    if not counts:
+        raise DataFormatError(f"no GPUs in {spec!r}; expected e.g. k80:2,p100:1")
+    return counts
+
+
+def impute_num_tensors(flops: np.ndarray, params: np.ndarray) -> np.ndarray:
+    """#tensors for workloads that lack it: the published CNN's count on an exact feature match,
+    else a ResNet-like estimate of one tensor per 18k parameters (ResNet-15/32 and Custom ResNets
+    have 14-20k parameters per tensor), at least 10."""
+    from cmdare.predict.workloads import _WORKLOADS
+
+    known = {(round(w.model_flops), w.num_params): w.num_tensors for w in _WORKLOADS.values()}
+    out = np.empty(len(flops))
+    for i, (f, p) in enumerate(zip(flops, params, strict=True)):
+        out[i] = known.get((round(f), int(p)), max(10.0, p / 18_000.0))
+    return out
+
+
+def _numeric(df: pd.DataFrame, col: str, *, allow_zero: bool = True) -> np.ndarray:
+    values = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
+    raw = df[col].to_numpy()
+    for i, v in enumerate(values):
+        if not np.isfinite(v):
+            raise DataFormatError(f"row {i + 1}, column {col!r}: {raw[i]!r} is not a number")
+        if v < 0 or (not allow_zero and v == 0):
+            raise DataFormatError(f"row {i + 1}, column {col!r}: {raw[i]!r} must be positive")
+    return values
+
+
+def _require(df: pd.DataFrame, cols: Sequence[str]) -> None:
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise DataFormatError(f"missing column(s) {', '.join(map(repr, missing))}; have {list(df.columns)}")
+
+
+def table_features(df: pd.DataFrame, kind: str) -> np.ndarray:
+    """The model input array for a table with CM-DARE column names.
+
+    Args:
+        df: the user's table (one question per row).
+        kind: ``step`` (-> ``STEP_COLUMNS``) or ``checkpoint`` (-> ``CHECKPOINT_COLUMNS``).
+
+    Raises:
+        DataFormatError: naming the first bad row and column (missing column, non-number, negative).
+    """
+    if kind == "step":
+        _require(df, ["GPU TFLOPS", "Model FLOPs", "Number of Parameters"])
+        tf = _numeric(df, "GPU TFLOPS", allow_zero=False)
+        flops = _numeric(df, "Model FLOPs", allow_zero=False)
+        params = _numeric(df, "Number of Parameters", allow_zero=False)
+        if "Number of Tensors" in df.columns:
+            tensors = _numeric(df, "Number of Tensors", allow_zero=False)
+        elif "Average Tensor Size (MB)" in df.columns:
+            avg = _numeric(df, "Average Tensor Size (MB)", allow_zero=False)
+            tensors = params * 4 / (avg * 2**20)
+        else:
+            tensors = impute_num_tensors(flops, params)
+        lat = (
+            _numeric(df, "Latency (ms)")
+            if "Latency (ms)" in df.columns
+            else np.full(len(df), DEFAULT_LATENCY_MS)
+        )
+        return np.column_stack([tf, flops, params, tensors, lat])
+    if kind == "checkpoint":
+        _require(df, ["Checkpoint Size (MB)"])
+        size = _numeric(df, "Checkpoint Size (MB)", allow_zero=False)
+        if "Number of Tensors" in df.columns:
+            tensors = _numeric(df, "Number of Tensors", allow_zero=False)
+        elif "Index File Size" in df.columns:
+            tensors = _numeric(df, "Index File Size", allow_zero=False) / INDEX_KB_PER_TENSOR
+        else:
+            tensors = np.full(len(df), np.nan)
+        return np.column_stack([size, tensors])
+    raise UnknownNameError("feature kind", kind, ["step", "checkpoint"])
+
+
+# TensorFlow checkpoint index bytes per variable: median of Index File Size / #tensors over the 16
+# CNNs of checkpoint/aggregated.csv that give both (0.100-0.108 KB).
+INDEX_KB_PER_TENSOR = 0.1054

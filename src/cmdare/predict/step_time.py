@@ -1,0 +1,189 @@
+"""Single-GPU step time models: the published baselines and cmdare's structured model.
+
+All take ``X`` with the columns of :data:`cmdare.predict.features.STEP_COLUMNS`
+(GPU TFLOPS, Model FLOPs, #parameters, #tensors, worker-PS latency in ms) and predict seconds per
+step. Rows with the same GPU TFLOPS value are one GPU type.
+
+``StepTimeModel`` (cmdare) is a sum of physically meaningful non-negative terms, fitted by
+non-negative least squares on relative error:
+
+    t = a_g + b_g * FLOPs + c_g * tensors  +  dL * (l0 + l1 * params)
+
+per GPU type g seen in training (fixed per-step overhead, compute time, per-tensor kernel and
+update overhead), and for an unseen GPU the pooled form that scales with its TFLOPS,
+``a + (a' + b * FLOPs + c * tensors) / TFLOPS + d * params``, plus the same latency term
+(dL = latency above the 0.3 ms of the same-zone measurements; round trips and the
+bandwidth-delay-limited transfer of the parameters). Splitting "a seen GPU" from "an unseen
+GPU" lets each GPU keep its own efficiency (a K80 does not reach its TFLOPS the way a P100 does)
+while still answering for a V100 from its TFLOPS.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import nnls
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.linear_model import LinearRegression
+from sklearn.svm import SVR
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+__all__ = ["FlopsRatioLinear", "PerGPUFlopsRegression", "StepTimeModel"]
+
+_G = 1e9  # FLOPs unit in the design matrices (keeps NNLS well conditioned)
+_M = 1e6  # parameter unit
+_H = 100.0  # tensor unit
+_REF_LATENCY_MS = 0.3  # worker-PS latency of the 0-latency table
+
+
+def _weights(y: np.ndarray) -> np.ndarray:
+    return 1.0 / np.maximum(np.abs(y), 1e-9)
+
+
+def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    w = _weights(y)
+    coef, _ = nnls(X * w[:, None], y * w, maxiter=50 * X.shape[1])
+    return coef
+
+
+class StepTimeModel(RegressorMixin, BaseEstimator):
+    """cmdare's structured step-time model (see module docstring).
+
+    Args:
+        min_rows_per_gpu: rows a GPU type needs in training to get its own coefficients.
+        min_workloads_per_gpu: distinct workloads a GPU type needs for the same.
+        tflops_tol: two TFLOPS values closer than this are the same GPU type.
+    """
+
+    def __init__(self, min_rows_per_gpu: int = 10, min_workloads_per_gpu: int = 4, tflops_tol: float = 1e-3):
+        self.min_rows_per_gpu = min_rows_per_gpu
+        self.min_workloads_per_gpu = min_workloads_per_gpu
+        self.tflops_tol = tflops_tol
+
+    @staticmethod
+    def _parts(X: np.ndarray) -> tuple[np.ndarray, ...]:
+        tf = np.maximum(np.abs(X[:, 0]), 1e-6)
+        # latency above the 0.3 ms of the same-zone measurements, in units of 10 ms
+        lat = np.maximum(X[:, 4] - _REF_LATENCY_MS, 0.0) / 10.0
+        return tf, X[:, 1] / _G, X[:, 2] / _M, X[:, 3] / _H, lat
+
+    def _pooled_design(self, X: np.ndarray) -> np.ndarray:
+        tf, g, p, t, lat = self._parts(X)
+        one = np.ones(len(X))
+        return np.column_stack([one, one / tf, g / tf, t / tf, p, lat, lat * p])
+
+    def _gpu_design(self, X: np.ndarray, gpu: np.ndarray) -> np.ndarray:
+        _, g, p, t, lat = self._parts(X)
+        cols = []
+        for k in range(len(self.gpu_tflops_)):
+            m = (gpu == k).astype(float)
+            cols += [m, m * g, m * t]
+        return np.column_stack([*cols, lat, lat * p])
+
+    def _gpu_index(self, tf: np.ndarray) -> np.ndarray:
+        idx = np.full(len(tf), -1)
+        for k, ref in enumerate(self.gpu_tflops_):
+            idx[np.abs(tf - ref) <= self.tflops_tol] = k
+        return idx
+
+    def fit(self, X, y):
+        """Fit both the per-GPU and the pooled (TFLOPS-scaled) forms; returns self."""
+        X, y = validate_data(self, X, y, y_numeric=True)
+        self.pooled_coef_ = _nnls(self._pooled_design(X), y)
+        known = []
+        for tf in np.unique(X[:, 0]):
+            rows = np.abs(X[:, 0] - tf) <= self.tflops_tol
+            if (
+                rows.sum() >= self.min_rows_per_gpu
+                and len(np.unique(X[rows, 1])) >= self.min_workloads_per_gpu
+            ):
+                known.append(float(tf))
+        self.gpu_tflops_ = np.array(known, dtype=float)
+        if len(known):
+            gpu = self._gpu_index(X[:, 0])
+            rows = gpu >= 0
+            self.gpu_coef_ = _nnls(self._gpu_design(X[rows], gpu[rows]), y[rows])
+        else:
+            self.gpu_coef_ = np.zeros(2)
+        return self
+
+    def predict(self, X):
+        """Seconds per step for each row."""
+        check_is_fitted(self, "pooled_coef_")
+        X = validate_data(self, X, reset=False)
+        out = self._pooled_design(X) @ self.pooled_coef_
+        if len(self.gpu_tflops_):
+            gpu = self._gpu_index(X[:, 0])
+            rows = gpu >= 0
+            if rows.any():
+                out[rows] = self._gpu_design(X[rows], gpu[rows]) @ self.gpu_coef_
+        return out
+
+
+class PerGPUFlopsRegression(RegressorMixin, BaseEstimator):
+    """CM-DARE's baseline: one regression per GPU type on min-max normalized model FLOPs.
+
+    Args:
+        kind: ``svr`` (published: SVR, RBF kernel) or ``linear``.
+        C: SVR regularization.
+        epsilon: SVR tube width in seconds.
+    """
+
+    def __init__(self, kind: str = "svr", C: float = 1.0, epsilon: float = 0.01):
+        self.kind = kind
+        self.C = C
+        self.epsilon = epsilon
+
+    def _make(self):
+        if self.kind == "svr":
+            return SVR(kernel="rbf", C=self.C, epsilon=self.epsilon)
+        if self.kind == "linear":
+            return LinearRegression()
+        from cmdare.errors import UnknownNameError
+
+        raise UnknownNameError("baseline kind", self.kind, ["svr", "linear"])
+
+    def fit(self, X, y):
+        """Fit one regressor per distinct GPU TFLOPS; returns self."""
+        X, y = validate_data(self, X, y, y_numeric=True)
+        self.flops_min_, self.flops_max_ = float(X[:, 1].min()), float(X[:, 1].max())
+        self.gpu_tflops_ = np.unique(X[:, 0])
+        self.models_ = [
+            self._make().fit(self._norm(X[X[:, 0] == tf]), y[X[:, 0] == tf]) for tf in self.gpu_tflops_
+        ]
+        return self
+
+    def _norm(self, X: np.ndarray) -> np.ndarray:
+        span = max(self.flops_max_ - self.flops_min_, 1e-12)
+        return ((X[:, 1] - self.flops_min_) / span).reshape(-1, 1)
+
+    def predict(self, X):
+        """Seconds per step; a GPU not seen in training uses the nearest GPU's model by TFLOPS."""
+        check_is_fitted(self, "models_")
+        X = validate_data(self, X, reset=False)
+        out = np.empty(len(X))
+        nearest = np.abs(X[:, [0]] - self.gpu_tflops_[None, :]).argmin(axis=1)
+        for k, model in enumerate(self.models_):
+            rows = nearest == k
+            if rows.any():
+                out[rows] = model.predict(self._norm(X[rows]))
+        return out
+
+
+class FlopsRatioLinear(RegressorMixin, BaseEstimator):
+    """CM-DARE's cross-GPU baseline: linear regression on model FLOPs / GPU TFLOPS."""
+
+    def fit(self, X, y):
+        """Fit ``t = a + b * FLOPs / TFLOPS``; returns self."""
+        X, y = validate_data(self, X, y, y_numeric=True)
+        self.lr_ = LinearRegression().fit(self._ratio(X), y)
+        return self
+
+    @staticmethod
+    def _ratio(X: np.ndarray) -> np.ndarray:
+        return (X[:, 1] / _G / np.maximum(np.abs(X[:, 0]), 1e-6)).reshape(-1, 1)
+
+    def predict(self, X):
+        """Seconds per step."""
+        check_is_fitted(self, "lr_")
+        X = validate_data(self, X, reset=False)
+        return self.lr_.predict(self._ratio(X))
