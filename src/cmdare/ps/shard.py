@@ -1,0 +1,308 @@
+"""Parameter shards: the state (:class:`ShardState`) and its two Ray actor forms.
+
+A shard holds its blocks in one flat float32 buffer with the momentum beside it and applies
+the optimizer there. :class:`AsyncShard` applies every push at once (asynchronous training: the
+global step counts applied pushes); :class:`SyncShard` averages one gradient per worker, applies
+it once, and answers every waiting worker (synchronous training).
+
+Both answer a push with the shard's parameters in the same call (push + pull is one round trip),
+and the parameters travel as one array: Ray's object store hands it to the worker zero-copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from cmdare.ps.blocks import Block
+from cmdare.ps.optimizer import OptimizerConfig, sgd_update
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """Load counters of a shard over a window (since the previous ``stats(reset=True)``)."""
+
+    shard_id: int
+    step: int
+    window_s: float
+    pushes: int
+    bytes_in: int
+    bytes_out: int
+    busy_s: float  # time applying updates, including any injected slowdown
+    num_params: int
+    num_blocks: int
+
+
+@dataclass(frozen=True)
+class BlockData:
+    """Blocks with their parameter and momentum values, as moved between shards or checkpointed."""
+
+    blocks: tuple[Block, ...]
+    params: np.ndarray
+    momentum: np.ndarray
+    step: int
+
+
+class ShardState:
+    """A shard's buffers, optimizer and counters; no Ray in here, so it is tested directly."""
+
+    def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None):
+        self.shard_id = shard_id
+        self.cfg = cfg
+        self.max_step = max_step
+        self.lr_scale = 1.0
+        self.slowdown = 1.0  # straggler injection: every apply takes this many times longer
+        self.step = 0
+        self.blocks: list[Block] = []
+        self.params = np.zeros(0, np.float32)
+        self.momentum = np.zeros(0, np.float32)
+        self._scratch = np.zeros(0, np.float32)
+        self._reset_counters()
+
+    # -- contents -------------------------------------------------------------------------
+    def load(self, data: BlockData) -> None:
+        """Replace the shard's contents (initial load, checkpoint restore)."""
+        order = np.argsort([b.block_id for b in data.blocks], kind="stable")
+        self.blocks = [data.blocks[i] for i in order]
+        if list(order) != list(range(len(order))):
+            raise ValueError("blocks must be given in block-id order")
+        total = sum(b.size for b in self.blocks)
+        if data.params.size != total or data.momentum.size != total:
+            raise ValueError(f"shard {self.shard_id}: {data.params.size} values for {total} block elements")
+        self.params = np.array(data.params, dtype=np.float32, copy=True)
+        self.momentum = np.array(data.momentum, dtype=np.float32, copy=True)
+        self._scratch = np.empty_like(self.params)
+        self.step = data.step
+
+    def snapshot(self) -> BlockData:
+        """A copy of everything the shard holds."""
+        return BlockData(tuple(self.blocks), self.params.copy(), self.momentum.copy(), self.step)
+
+    def take(self, block_ids: set[int]) -> BlockData:
+        """Remove ``block_ids`` and return them with their values and momentum (migration source)."""
+        keep, out = self._split(block_ids)
+        taken = BlockData(tuple(self.blocks[i] for i, _ in out),
+                          _gather(self.params, out), _gather(self.momentum, out), self.step)
+        self.blocks = [self.blocks[i] for i, _ in keep]
+        self.params, self.momentum = _gather(self.params, keep), _gather(self.momentum, keep)
+        self._scratch = np.empty_like(self.params)
+        return taken
+
+    def add(self, data: BlockData) -> None:
+        """Insert moved blocks (migration destination); an empty shard adopts the step."""
+        if not self.blocks:
+            self.step = data.step
+        merged = BlockData(tuple(self.blocks) + tuple(data.blocks),
+                           np.concatenate([self.params, data.params]),
+                           np.concatenate([self.momentum, data.momentum]), self.step)
+        order = sorted(range(len(merged.blocks)), key=lambda i: merged.blocks[i].block_id)
+        spans = _spans(merged.blocks)
+        self.blocks = [merged.blocks[i] for i in order]
+        self.params = _gather(merged.params, [(i, spans[i]) for i in order])
+        self.momentum = _gather(merged.momentum, [(i, spans[i]) for i in order])
+        self._scratch = np.empty_like(self.params)
+
+    def _split(self, block_ids: set[int]) -> tuple[list, list]:
+        spans = _spans(self.blocks)
+        keep = [(i, spans[i]) for i, b in enumerate(self.blocks) if b.block_id not in block_ids]
+        out = [(i, spans[i]) for i, b in enumerate(self.blocks) if b.block_id in block_ids]
+        missing = block_ids - {b.block_id for b in self.blocks}
+        if missing:
+            raise KeyError(f"shard {self.shard_id} does not hold blocks {sorted(missing)}")
+        return keep, out
+
+    # -- training -------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.max_step is not None and self.step >= self.max_step
+
+    def apply(self, grad: np.ndarray) -> bool:
+        """Apply one (possibly averaged) gradient; False when the step budget is already reached."""
+        if self.done:
+            return False
+        if grad.size != self.params.size:
+            raise ValueError(f"shard {self.shard_id}: gradient of {grad.size} for {self.params.size} params")
+        t0 = time.perf_counter()
+        sgd_update(self.params, grad, self.momentum, self.cfg.lr_at(self.step, self.lr_scale), self.cfg,
+                   self._scratch)
+        self.step += 1
+        elapsed = time.perf_counter() - t0
+        if self.slowdown > 1.0:
+            time.sleep(elapsed * (self.slowdown - 1.0))
+        self._busy_s += time.perf_counter() - t0
+        self._pushes += 1
+        self._bytes_in += grad.nbytes
+        return True
+
+    def count_pull(self) -> None:
+        self._bytes_out += self.params.nbytes
+
+    def stats(self, reset: bool = True) -> ShardStats:
+        now = time.perf_counter()
+        s = ShardStats(self.shard_id, self.step, now - self._window_start, self._pushes, self._bytes_in,
+                       self._bytes_out, self._busy_s, int(self.params.size), len(self.blocks))
+        if reset:
+            self._reset_counters()
+        return s
+
+    def _reset_counters(self) -> None:
+        self._window_start = time.perf_counter()
+        self._pushes = self._bytes_in = self._bytes_out = 0
+        self._busy_s = 0.0
+
+
+def _spans(blocks) -> list[tuple[int, int]]:
+    spans, pos = [], 0
+    for b in blocks:
+        spans.append((pos, pos + b.size))
+        pos += b.size
+    return spans
+
+
+def _gather(array: np.ndarray, picks) -> np.ndarray:
+    if not picks:
+        return np.zeros(0, np.float32)
+    return np.concatenate([array[a:b] for _, (a, b) in picks]).astype(np.float32, copy=False)
+
+
+class _ShardActorBase:
+    """Methods shared by both actor forms (control plane: load, move, snapshot, stats)."""
+
+    state: ShardState
+
+    def load(self, data: BlockData) -> int:
+        self.state.load(data)
+        return self.state.step
+
+    def pull(self) -> tuple[np.ndarray, int]:
+        self.state.count_pull()
+        return self.state.params, self.state.step
+
+    def snapshot(self) -> BlockData:
+        return self.state.snapshot()
+
+    def take(self, block_ids: list[int]) -> BlockData:
+        return self.state.take(set(block_ids))
+
+    def add(self, data: BlockData) -> int:
+        self.state.add(data)
+        return self.state.step
+
+    def stats(self, reset: bool = True) -> ShardStats:
+        return self.state.stats(reset)
+
+    def set_lr_scale(self, scale: float) -> None:
+        self.state.lr_scale = float(scale)
+
+    def set_slowdown(self, factor: float) -> None:
+        self.state.slowdown = max(1.0, float(factor))
+
+    def set_max_step(self, max_step: int | None) -> None:
+        self.state.max_step = max_step
+
+    def ping(self) -> int:
+        return self.state.step
+
+
+class AsyncShardActor(_ShardActorBase):
+    """Asynchronous training: each push is applied on arrival; calls run one at a time."""
+
+    def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None):
+        self.state = ShardState(shard_id, cfg, max_step)
+
+    def push_pull(self, grad: np.ndarray) -> tuple[np.ndarray, int, bool]:
+        """Apply ``grad``; return (parameters, global step after it, whether it was applied)."""
+        applied = self.state.apply(grad)
+        self.state.count_pull()
+        # Returned without a copy: Ray serialises the result before this actor runs the next call.
+        return self.state.params, self.state.step, applied
+
+
+class SyncShardActor(_ShardActorBase):
+    """Synchronous training: one averaged gradient per step from ``num_workers`` pushes."""
+
+    def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None,
+                 num_workers: int = 1):
+        self.state = ShardState(shard_id, cfg, max_step)
+        self.num_workers = num_workers
+        self._acc: np.ndarray | None = None
+        self._count = 0
+        self._round = asyncio.Event() if _has_loop() else None
+
+    async def push_pull(self, grad: np.ndarray) -> tuple[np.ndarray, int, bool]:
+        if self._round is None:
+            self._round = asyncio.Event()
+        if self.state.done:
+            self.state.count_pull()
+            return self.state.params, self.state.step, False
+        if self._acc is None:
+            self._acc = np.array(grad, dtype=np.float32, copy=True)
+        else:
+            self._acc += grad
+        self._count += 1
+        event = self._round
+        if self._count >= self.num_workers:
+            self._finish_round()
+        else:
+            await event.wait()
+        self.state.count_pull()
+        return self.state.params, self.state.step, True
+
+    def _finish_round(self) -> None:
+        assert self._acc is not None
+        if self._count > 1:
+            self._acc /= np.float32(self._count)
+        self.state.apply(self._acc)
+        self._acc, self._count = None, 0
+        event, self._round = self._round, asyncio.Event()
+        event.set()
+
+    async def set_num_workers(self, num_workers: int) -> None:
+        """Change the barrier size (a worker left or joined); completes a waiting round if due."""
+        self.num_workers = max(1, int(num_workers))
+        if self._count and self._count >= self.num_workers:
+            self._finish_round()
+
+    # control-plane methods must not block the event loop's pending rounds
+    async def load(self, data: BlockData) -> int:  # type: ignore[override]
+        return _ShardActorBase.load(self, data)
+
+    async def pull(self) -> tuple[np.ndarray, int]:  # type: ignore[override]
+        self.state.count_pull()
+        return self.state.params.copy(), self.state.step
+
+    async def snapshot(self) -> BlockData:  # type: ignore[override]
+        return self.state.snapshot()
+
+    async def take(self, block_ids: list[int]) -> BlockData:  # type: ignore[override]
+        return self.state.take(set(block_ids))
+
+    async def add(self, data: BlockData) -> int:  # type: ignore[override]
+        self.state.add(data)
+        return self.state.step
+
+    async def stats(self, reset: bool = True) -> ShardStats:  # type: ignore[override]
+        return self.state.stats(reset)
+
+    async def set_lr_scale(self, scale: float) -> None:  # type: ignore[override]
+        self.state.lr_scale = float(scale)
+
+    async def set_slowdown(self, factor: float) -> None:  # type: ignore[override]
+        self.state.slowdown = max(1.0, float(factor))
+
+    async def set_max_step(self, max_step: int | None) -> None:  # type: ignore[override]
+        self.state.max_step = max_step
+
+    async def ping(self) -> int:  # type: ignore[override]
+        return self.state.step
+
+
+def _has_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False

@@ -1,0 +1,36 @@
+"""Starting or joining Ray, with Ray's failures mapped to :class:`~cmdare.errors.ClusterError`."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from cmdare.errors import ClusterError
+
+# A local multi-node cluster rewrites 127.0.0.1 to the machine's address unless this is set
+# before Ray is imported (see docs/design notes, pitfalls).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
+    """Connect to Ray: reuse a running session, join ``address``, or start a local one.
+
+    Returns True when this call started Ray (the caller then shuts it down).
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    common = {"logging_level": logging.ERROR, "log_to_driver": False, "include_dashboard": False}
+    try:
+        if address:
+            ray.init(address=address, **common)
+        else:
+            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address="127.0.0.1", **common)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as err:
+        where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ClusterError(f"cannot connect to {where}: {first}") from err
+    return True

@@ -1,0 +1,74 @@
+"""``cmdare train``: a training run on a local Ray instance or an existing Ray cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from cmdare.errors import UserInputError
+
+console = Console()
+
+
+def train_command(
+    model: str = typer.Option("resnet15", help="Workload name (see `cmdare workloads`)."),
+    dataset: str = typer.Option("digits", help="digits | synthetic | cifar10"),
+    data_dir: Path = typer.Option(None, "--data-dir", help="Directory of the CIFAR-10 python batches."),
+    workers: int = typer.Option(2, help="Number of workers."),
+    ps: int = typer.Option(1, "--ps", help="Number of parameter shards."),
+    steps: int = typer.Option(500, help="Target global step."),
+    batch_size: int = typer.Option(32, help="Per-worker batch size."),
+    lr: float = typer.Option(0.05, help="Learning rate."),
+    momentum: float = typer.Option(0.9, help="SGD momentum."),
+    weight_decay: float = typer.Option(1e-4, help="Weight decay."),
+    sync: bool = typer.Option(False, "--sync", help="Synchronous training (one aggregated gradient per step)."),
+    placement: str = typer.Option("round-robin", help="Parameter placement strategy."),
+    checkpoint_every: int = typer.Option(200, help="Checkpoint every N steps (0: never)."),
+    eval_every: int = typer.Option(100, help="Evaluate every N steps (0: only at the end)."),
+    seed: int = typer.Option(0, help="Random seed."),
+    resume: str = typer.Option(None, help="Resume run RUN from its latest checkpoint."),
+    address: str = typer.Option(None, help="Join this Ray cluster ('auto' on a cluster node)."),
+    gpus_per_worker: float = typer.Option(0.0, help="GPUs per worker (Ray num_gpus)."),
+    record: bool = typer.Option(True, "--record/--no-record", help="Record measurements in the store."),
+    tensorboard: Path = typer.Option(None, help="Also write TensorBoard scalars to this directory."),
+) -> None:
+    """Train a CNN with parameter-server training on Ray and record measurements."""
+    from cmdare.ps.optimizer import OptimizerConfig
+    from cmdare.train.progress import ProgressCallback
+    from cmdare.train.spec import TrainSpec
+    from cmdare.train.trainer import Trainer
+
+    if dataset == "cifar10" and data_dir is None:
+        raise UserInputError("--dataset cifar10 needs --data-dir DIR (the CIFAR-10 python batches)")
+    spec = TrainSpec(model=model, dataset=dataset, data_dir=str(data_dir) if data_dir else None, workers=workers,
+                     ps=ps, steps=steps, batch_size=batch_size, sync=sync, placement=placement,
+                     optimizer=OptimizerConfig(lr=lr, momentum=momentum, weight_decay=weight_decay),
+                     checkpoint_every=checkpoint_every, eval_every=eval_every, seed=seed,
+                     gpus_per_worker=gpus_per_worker)
+    callbacks = [ProgressCallback(steps)]
+    where = "not recorded (--no-record)"
+    if record:
+        from sqlalchemy.engine import make_url
+
+        from cmdare.measure.recorder import StoreRecorder
+        from cmdare.paths import default_db_url
+
+        url = default_db_url()
+        callbacks.append(StoreRecorder(url))
+        where = make_url(url).render_as_string(hide_password=True)
+    if tensorboard:
+        from cmdare.measure.tensorboard import TensorBoardCallback
+
+        callbacks.append(TensorBoardCallback(str(tensorboard)))
+    trainer = Trainer(spec, callbacks, address=address, run_id=resume, resume=resume is not None)
+    summary = trainer.run()
+    acc = f"{summary.final_accuracy:.3f}" if summary.final_accuracy is not None else "-"
+    console.print(f"[bold]run {summary.run_id}[/] {summary.status}: step {summary.global_step}, "
+                  f"{summary.steps_per_s:.1f} steps/s over {summary.wall_s:.1f} s, test accuracy {acc}")
+    console.print(f"measurements: {where}; checkpoints: {summary.details.get('checkpoint_dir')}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train_command)

@@ -1,0 +1,42 @@
+"""A Rich progress bar as a training callback: step, steps/s, loss, accuracy."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cmdare.train.callbacks import EvalReport, EventReport, RunInfo, RunSummary, StepReport, TrainCallback
+
+
+class ProgressCallback(TrainCallback):
+    """Shows a live progress bar on the console (stderr by default)."""
+
+    def __init__(self, total_steps: int, console: Console | None = None):
+        self.total = total_steps
+        self.console = console or Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[speed]:>6.1f} steps/s"), TextColumn("loss {task.fields[loss]:.3f}"),
+            TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), console=self.console, transient=False,
+        )
+        self.task = None
+
+    def on_run_start(self, info: RunInfo) -> None:
+        self.progress.start()
+        self.task = self.progress.add_task("train", total=self.total, completed=info.resumed_from_step,
+                                           speed=0.0, loss=float("nan"), acc="-")
+
+    def on_step(self, report: StepReport) -> None:
+        self.progress.update(self.task, completed=min(report.global_step, self.total),
+                             speed=report.cluster_steps_per_s, loss=report.loss)
+
+    def on_eval(self, report: EvalReport) -> None:
+        self.progress.update(self.task, acc=f"{report.accuracy:.3f}")
+
+    def on_event(self, report: EventReport) -> None:
+        if report.kind not in ("checkpoint",):
+            self.progress.console.log(f"{report.kind} at step {report.global_step} {report.details or ''}")
+
+    def on_run_end(self, summary: RunSummary) -> None:
+        self.progress.update(self.task, completed=min(summary.global_step, self.total))
+        self.progress.stop()

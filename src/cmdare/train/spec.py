@@ -1,0 +1,64 @@
+"""What a training run is: a frozen, validated :class:`TrainSpec`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from cmdare.errors import UserInputError
+from cmdare.ps.optimizer import OptimizerConfig
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """A training run's configuration. Defaults are the README's main job.
+
+    ``steps`` is the target global step (pushes applied, as in CM-DARE's asynchronous mode).
+    """
+
+    model: str = "resnet15"
+    dataset: str = "digits"
+    data_dir: str | None = None
+    workers: int = 2
+    ps: int = 1
+    steps: int = 500
+    batch_size: int = 32
+    sync: bool = False
+    optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=0.05, weight_decay=1e-4))
+    placement: str = "round-robin"
+    checkpoint_every: int = 200  # steps; 0 disables checkpoints
+    eval_every: int = 100  # steps; 0 evaluates only at the end
+    seed: int = 0
+    chunk_steps: int = 10  # steps a worker runs per call before reporting back
+    chunk_s: float = 0.5  # ... or this many seconds, whichever comes first
+    gpus_per_worker: float = 0.0
+    cpus_per_worker: float = 1.0
+    cpus_per_shard: float = 1.0
+    image_size: int | None = None
+    channels: int | None = None
+    keep_checkpoints: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "ps", "steps", "batch_size", "chunk_steps"):
+            if getattr(self, name) < 1:
+                raise UserInputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        for name in ("checkpoint_every", "eval_every", "seed"):
+            if getattr(self, name) < 0:
+                raise UserInputError(f"--{name.replace('_', '-')} must not be negative")
+        if self.gpus_per_worker < 0 or self.cpus_per_worker < 0 or self.cpus_per_shard < 0:
+            raise UserInputError("resource requests must not be negative")
+        if self.chunk_s <= 0:
+            raise UserInputError("chunk_s must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able configuration (stored with the run and in checkpoints)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainSpec:
+        data = dict(data)
+        opt = data.pop("optimizer", None) or {}
+        if "decay_steps" in opt:
+            opt["decay_steps"] = tuple(opt["decay_steps"])
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(optimizer=OptimizerConfig(**opt), **known)

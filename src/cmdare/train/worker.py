@@ -1,0 +1,189 @@
+"""The worker: pulls parameters, computes a gradient on its data shard, pushes, repeats.
+
+A worker is a plain class; the coordinator turns it into a Ray actor. It uses its server's GPU
+when Ray gave it one, the CPU otherwise. It runs steps in chunks (``run_steps``) so that the
+coordinator regains control often: to record progress, checkpoint, move blocks or notice a loss.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from cmdare.ps.layout import FlatLayout, model_flat_from_shard_arrays
+from cmdare.ps.placement import Placement
+from cmdare.train.checkpoint import Checkpoint, save_checkpoint
+from cmdare.train.spec import TrainSpec
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    """What a worker reports after a chunk of steps."""
+
+    worker_id: int
+    steps: int
+    duration_s: float
+    loss: float
+    compute_s: float
+    comm_s: float
+    global_step: int
+    staleness: tuple[int, ...]
+    done: bool  # the shards refused a push: the target step is reached
+
+
+def pick_device() -> torch.device:
+    """The GPU Ray assigned to this process, else the CPU."""
+    try:
+        import ray
+
+        gpu_ids = ray.get_gpu_ids() if ray.is_initialized() else []
+    except Exception:  # noqa: BLE001 - outside Ray
+        gpu_ids = []
+    if gpu_ids and torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+class Worker:
+    """One training worker (a Ray actor in a run; a plain object in tests)."""
+
+    def __init__(self, worker_id: int, slot: int, num_slots: int, spec: TrainSpec,
+                 shards: Sequence[Any], placement: Placement, threads: int | None = None,
+                 start_step: int = 0):
+        from cmdare.datasets import BatchStream, load_dataset
+        from cmdare.workloads import build_model
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.worker_id, self.slot, self.num_slots, self.spec = worker_id, slot, num_slots, spec
+        self.device = pick_device()
+        torch.manual_seed(spec.seed)
+        self.data = load_dataset(spec.dataset, spec.data_dir, image_size=spec.image_size,
+                                 channels=spec.channels, seed=spec.seed)
+        self.model = build_model(spec.model, num_classes=self.data.num_classes,
+                                 in_channels=self.data.input_shape[0]).to(self.device)
+        # Resume where the data stream was: each worker has consumed about step / num_slots batches.
+        self.stream = BatchStream(self.data, slot, num_slots, spec.batch_size, spec.seed,
+                                  start_batch=start_step // num_slots)
+        self.shards = list(shards)
+        self.layout = FlatLayout(list(self.model.parameters()), placement, self.device)
+        self.step = -1  # global step of the parameters held; -1 before the first pull
+
+    # -- parameters ------------------------------------------------------------------------
+    def set_layout(self, placement: Placement, shards: Sequence[Any]) -> int:
+        """Adopt a new placement (after a migration or a shard change) and pull everything."""
+        self.shards = list(shards)
+        self.layout = FlatLayout(list(self.model.parameters()), placement, self.device)
+        return self.pull()
+
+    def pull(self) -> int:
+        """Fetch every shard's parameters; returns the global step they correspond to."""
+        import ray
+
+        live = self._live_shards()
+        replies = ray.get([self.shards[k].pull.remote() for k in live])
+        steps = []
+        for k, (values, step) in zip(live, replies, strict=True):
+            self.layout.set_shard_params(k, values)
+            steps.append(step)
+        self.layout.host_to_params()
+        self.step = max(steps, default=0)
+        return self.step
+
+    def _live_shards(self) -> list[int]:
+        return [k for k, (a, b) in enumerate(self.layout.shard_ranges) if b > a]
+
+    # -- training --------------------------------------------------------------------------
+    def run_steps(self, max_steps: int, max_s: float) -> ChunkResult:
+        """Train up to ``max_steps`` steps or ``max_s`` seconds; stop early at the target step."""
+        import ray
+
+        if self.step < 0:
+            self.pull()
+        self.model.train()
+        live = self._live_shards()
+        t_start = time.perf_counter()
+        compute_s = comm_s = loss_sum = 0.0
+        steps, staleness, done = 0, [], False
+        while steps < max_steps and time.perf_counter() - t_start < max_s:
+            t0 = time.perf_counter()
+            x, y = next(self.stream)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            self.layout.zero_grads()
+            loss = F.cross_entropy(self.model(x), y)
+            loss.backward()
+            self.layout.grads_to_host()
+            t1 = time.perf_counter()
+            refs = [self.shards[k].push_pull.remote(self.layout.shard_grad(k)) for k in live]
+            replies = ray.get(refs)
+            applied = all(r[2] for r in replies)
+            for k, (values, _, _) in zip(live, replies, strict=True):
+                self.layout.set_shard_params(k, values)
+            self.layout.host_to_params()
+            comm_s += time.perf_counter() - t1
+            compute_s += t1 - t0
+            step_after = max(r[1] for r in replies)
+            if not applied:
+                done = True
+                self.step = step_after
+                break
+            staleness.append(max(0, replies[0][1] - 1 - self.step))
+            self.step = step_after
+            loss_sum += float(loss.detach())
+            steps += 1
+        return ChunkResult(self.worker_id, steps, time.perf_counter() - t_start,
+                           loss_sum / steps if steps else float("nan"), compute_s, comm_s, self.step,
+                           tuple(staleness), done)
+
+    # -- chief duties ----------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, max_samples: int | None = None) -> tuple[float, float, int]:
+        """Test accuracy and loss of the current parameters; returns (accuracy, loss, step)."""
+        self.model.eval()
+        x, y = self.data.test_x, self.data.test_y
+        if max_samples:
+            x, y = x[:max_samples], y[:max_samples]
+        correct, loss_sum = 0, 0.0
+        for i in range(0, len(x), 512):
+            xb, yb = x[i:i + 512].to(self.device), y[i:i + 512].to(self.device)
+            out = self.model(xb)
+            loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
+            correct += int((out.argmax(1) == yb).sum())
+        self.model.train()
+        return correct / max(len(x), 1), loss_sum / max(len(x), 1), self.step
+
+    def buffers(self) -> dict[str, np.ndarray]:
+        """Non-trainable state (batch-norm running statistics) of this worker's model."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.model.named_buffers()}
+
+    def load_buffers(self, buffers: dict[str, np.ndarray]) -> None:
+        own = dict(self.model.named_buffers())
+        with torch.no_grad():
+            for k, v in buffers.items():
+                if k in own:
+                    own[k].copy_(torch.from_numpy(np.asarray(v)))
+
+    def checkpoint(self, directory: str, infos: Sequence[Any], meta: dict[str, Any]) -> dict[str, Any]:
+        """Snapshot every shard, write a checkpoint; returns its step, path, size and duration."""
+        import ray
+
+        t0 = time.perf_counter()
+        snaps = ray.get([s.snapshot.remote() for s in self.shards])
+        blocks = [list(s.blocks) for s in snaps]
+        params = model_flat_from_shard_arrays(blocks, [s.params for s in snaps], infos)
+        momentum = model_flat_from_shard_arrays(blocks, [s.momentum for s in snaps], infos)
+        step = min(s.step for s in snaps if s.blocks)
+        ckpt = Checkpoint(step, params, momentum, self.buffers(), dict(meta, chief=self.worker_id))
+        path, size = save_checkpoint(Path(directory), ckpt, keep=self.spec.keep_checkpoints)
+        return {"step": step, "path": str(path), "size_bytes": size, "duration_s": time.perf_counter() - t0,
+                "num_tensors": len(infos)}
+
+    def ping(self) -> int:
+        return self.step

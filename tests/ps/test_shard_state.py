@@ -1,0 +1,78 @@
+"""ShardState and the flat optimizer against torch.optim.SGD, without Ray."""
+
+import numpy as np
+import pytest
+import torch
+
+from cmdare.ps.blocks import param_infos, split_blocks
+from cmdare.ps.optimizer import OptimizerConfig, sgd_update
+from cmdare.ps.placement import RoundRobin
+from cmdare.ps.shard import BlockData, ShardState
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_flat_sgd_matches_torch_sgd(nesterov):
+    cfg = OptimizerConfig(lr=0.1, momentum=0.9, weight_decay=5e-4, nesterov=nesterov)
+    rng = np.random.default_rng(0)
+    p0 = rng.standard_normal(1000).astype(np.float32)
+    ref = torch.nn.Parameter(torch.from_numpy(p0.copy()))
+    opt = torch.optim.SGD([ref], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                          nesterov=nesterov)
+    param, buf, scratch = p0.copy(), np.zeros_like(p0), np.zeros_like(p0)
+    for _ in range(10):
+        g = rng.standard_normal(1000).astype(np.float32)
+        ref.grad = torch.from_numpy(g.copy())
+        opt.step()
+        sgd_update(param, g, buf, cfg.lr, cfg, scratch)
+    np.testing.assert_allclose(param, ref.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_lr_schedules():
+    assert OptimizerConfig(lr=1.0, schedule="step", decay_steps=(10, 20), decay_factor=0.1).lr_at(15) == \
+        pytest.approx(0.1)
+    cos = OptimizerConfig(lr=1.0, schedule="cosine", total_steps=100)
+    assert cos.lr_at(0) == pytest.approx(1.0) and cos.lr_at(100) == pytest.approx(0.0, abs=1e-12)
+    warm = OptimizerConfig(lr=1.0, warmup_steps=4)
+    assert [warm.lr_at(s) for s in range(5)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0])
+
+
+def _two_shards():
+    infos = param_infos([("a", (3, 4)), ("b", (5,)), ("c", (2, 2)), ("d", (7,))])
+    placement = RoundRobin().place(infos, 2)
+    states = []
+    for k in range(2):
+        blocks = tuple(placement.blocks_on(k))
+        n = sum(b.size for b in blocks)
+        st = ShardState(k, OptimizerConfig(lr=0.1))
+        st.load(BlockData(blocks, np.arange(n, dtype=np.float32) + 100 * k, np.full(n, k, np.float32), 7))
+        states.append(st)
+    return placement, states
+
+
+def test_take_and_add_move_values_exactly():
+    placement, (s0, s1) = _two_shards()
+    before = {b.block_id: (s0 if placement.shard_of_block(b.block_id) == 0 else s1) for b in placement.blocks}
+    snap0, snap1 = s0.snapshot(), s1.snapshot()
+    moved = s0.take({2})  # block "c"
+    s1.add(moved)
+    assert [b.block_id for b in s1.blocks] == [1, 2, 3]
+    # block 2 values and momentum are unchanged and now on shard 1, in block order
+    np.testing.assert_array_equal(s1.params[5:9], snap0.params[12:16])
+    np.testing.assert_array_equal(s1.momentum[5:9], np.zeros(4, np.float32))
+    np.testing.assert_array_equal(s1.params[:5], snap1.params[:5])
+    np.testing.assert_array_equal(s1.params[9:], snap1.params[5:])
+    np.testing.assert_array_equal(s0.params, snap0.params[:12])
+    assert before and s1.step == 7
+
+
+def test_apply_respects_max_step_and_counts_load():
+    st = ShardState(0, OptimizerConfig(lr=0.1, momentum=0.0, weight_decay=0.0), max_step=2)
+    blocks = tuple(split_blocks(param_infos([("w", (4,))])))
+    st.load(BlockData(blocks, np.ones(4, np.float32), np.zeros(4, np.float32), 0))
+    g = np.ones(4, np.float32)
+    assert st.apply(g) and st.apply(g) and not st.apply(g)
+    np.testing.assert_allclose(st.params, 0.8)
+    stats = st.stats()
+    assert stats.pushes == 2 and stats.bytes_in == 32 and stats.step == 2
+    with pytest.raises(ValueError):
+        ShardState(1, OptimizerConfig()).apply(g)
