@@ -1,1 +1,190 @@
-"""cmdare.predict."""
+"""Performance models of training on cloud GPU servers (cmdare.predict).
+
+Public API (fitted on the public CM-DARE data on first use, cached under
+``cmdare.paths.models_dir()/predict`` and refitted when the data or the model code changes)::
+
+    step_time_model() -> StepTimeModel                  # X: features.STEP_COLUMNS -> s/step
+    cluster_speed_model() -> PSQueueModel               # X: cluster_speed.CLUSTER_COLUMNS -> steps/s
+    checkpoint_model(remote=False) -> CheckpointModel   # X: features.CHECKPOINT_COLUMNS -> s
+    startup_model() -> StartupModel                     # .sample(rng, gpu, transient, region)
+    predict_step_time_s(workload, gpu, latency_ms=0.3) -> float
+    predict_cluster_steps_per_s(workload, gpus, ps=1) -> float
+    predict_checkpoint_s(size_bytes, num_tensors=None, remote=False) -> float
+    recovery_time_s(...), recovery_time_published_s(...)
+    published_workload(name), list_published_workloads(), gpu_tflops(name)
+
+``workload`` is a published workload name (``resnet32`` = CM-DARE's T2T ResNet-32, whose
+measurements trained the models) or a :class:`WorkloadFeatures`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from cmdare.predict.features import gpu_tflops, parse_gpu_counts
+from cmdare.predict.recovery import recovery_time_published_s, recovery_time_s
+from cmdare.predict.workloads import WorkloadFeatures, list_published_workloads, published_workload
+
+__all__ = [
+    "WorkloadFeatures",
+    "checkpoint_model",
+    "cluster_speed_model",
+    "gpu_tflops",
+    "list_published_workloads",
+    "predict_checkpoint_s",
+    "predict_cluster_steps_per_s",
+    "predict_step_time_s",
+    "published_workload",
+    "recovery_time_published_s",
+    "recovery_time_s",
+    "startup_model",
+    "step_time_model",
+]
+
+
+def _cache_dir() -> Path:
+    from cmdare.paths import models_dir
+
+    return models_dir() / "predict"
+
+
+@lru_cache(maxsize=1)
+def _fingerprint() -> str:
+    from cmdare.predict.data import shared_data_dir
+    from cmdare.predict.persist import data_fingerprint
+
+    root = shared_data_dir() / "cmdare"
+    files = [
+        p
+        for sub in ("speed_data", "speed_and_cluster_size", "checkpoint", "startup_time")
+        for p in (root / sub).rglob("*.csv")
+    ]
+    return data_fingerprint(files)
+
+
+def _provenance(source: str, rows: int) -> dict:
+    from cmdare.predict.data import shared_data_dir
+
+    return {"data_fingerprint": _fingerprint(), "source": source, "rows": rows, "data_dir": str(shared_data_dir())}
+
+
+def _cached(name: str, suffix: str, fit, source: str):
+    from cmdare.predict.persist import load_model, save_model
+
+    path = _cache_dir() / f"{name}{suffix}"
+    try:
+        model = load_model(path, _fingerprint())
+    except Exception:  # a corrupt or foreign cache file is refitted, never trusted
+        model = None
+    if model is None:
+        model, rows = fit()
+        with contextlib.suppress(OSError):  # read-only home: the in-memory model still answers
+            save_model(model, path, _provenance(source, rows))
+    return model
+
+
+def _step_training_data() -> tuple[np.ndarray, np.ndarray]:
+    from cmdare.predict.data import load_latency_speed, load_single_gpu_speed
+    from cmdare.predict.features import STEP_COLUMNS
+
+    base = load_single_gpu_speed()
+    lat = load_latency_speed()
+    lat = lat[lat["Latency (ms)"] > 1.0]  # the 0.3 ms rows repeat the 0-latency table
+    X = np.vstack([base[list(STEP_COLUMNS)].to_numpy(float), lat[list(STEP_COLUMNS)].to_numpy(float)])
+    y = np.concatenate([base["Step Time (s)"].to_numpy(float), lat["Step Time (s)"].to_numpy(float)])
+    return X, y
+
+
+@lru_cache(maxsize=1)
+def step_time_model():
+    """cmdare's fitted :class:`~cmdare.predict.step_time.StepTimeModel` (all single-GPU data)."""
+    from cmdare.predict.step_time import StepTimeModel
+
+    def fit():
+        X, y = _step_training_data()
+        return StepTimeModel().fit(X, y), len(y)
+
+    return _cached("step_time", ".json", fit, "speed_data/0latency_data.csv + speed_data_supertable.csv")
+
+
+@lru_cache(maxsize=1)
+def cluster_speed_model():
+    """cmdare's fitted :class:`~cmdare.predict.cluster_speed.PSQueueModel` (64 cluster configs)."""
+    from cmdare.predict.cluster_speed import CLUSTER_COLUMNS, PSQueueModel
+    from cmdare.predict.data import load_cluster_speed
+
+    def fit():
+        df = load_cluster_speed()
+        model = PSQueueModel().fit(df[list(CLUSTER_COLUMNS)].to_numpy(float), df["Speed (steps/sec)"].to_numpy())
+        return model, len(df)
+
+    return _cached("cluster_speed", ".json", fit, "speed_and_cluster_size/ (median steady-state steps/s)")
+
+
+@lru_cache(maxsize=2)
+def checkpoint_model(remote: bool = False):
+    """cmdare's fitted :class:`~cmdare.predict.checkpoint.CheckpointModel`; ``remote``: save + upload."""
+    from cmdare.predict.evaluate import task_data
+
+    def fit():
+        from cmdare.predict.checkpoint import CheckpointModel
+
+        X, y, _ = task_data("checkpoint_remote" if remote else "checkpoint_local")
+        return CheckpointModel().fit(X, y), len(y)
+
+    name = "checkpoint_remote" if remote else "checkpoint_local"
+    return _cached(name, ".skops", fit, "checkpoint/whole_data.csv")
+
+
+@lru_cache(maxsize=1)
+def startup_model():
+    """Fitted :class:`~cmdare.predict.startup.StartupModel` (CM-DARE startup phases)."""
+    from cmdare.predict.data import load_startup
+    from cmdare.predict.startup import StartupModel
+
+    return StartupModel().fit(load_startup())
+
+
+def _workload(workload: str | WorkloadFeatures) -> WorkloadFeatures:
+    return workload if isinstance(workload, WorkloadFeatures) else published_workload(workload)
+
+
+def predict_step_time_s(workload: str | WorkloadFeatures, gpu: str | float, latency_ms: float = 0.3) -> float:
+    """Seconds per step of ``workload`` on one GPU (a type name like ``k80`` or its TFLOPS)."""
+    w = _workload(workload)
+    tf = float(gpu) if isinstance(gpu, int | float) else gpu_tflops(gpu)
+    X = np.array([[tf, w.model_flops, w.num_params, w.num_tensors, latency_ms]])
+    return float(step_time_model().predict(X)[0])
+
+
+def predict_cluster_steps_per_s(
+    workload: str | WorkloadFeatures,
+    gpus: Sequence[str] | Mapping[str, int] | str,
+    ps: int = 1,
+    latency_ms: float = 0.3,
+) -> float:
+    """Global steps/s of asynchronous PS training with the given workers (e.g. ``{"k80": 4, "p100": 2}``,
+    ``["k80", "k80"]`` or ``"k80:2,p100:1"``) and ``ps`` parameter servers."""
+    from cmdare.errors import UserInputError
+
+    if int(ps) < 1:
+        raise UserInputError(f"need at least one parameter server, got {ps}")
+    w = _workload(workload)
+    counts = parse_gpu_counts(gpus)
+    times = [predict_step_time_s(w, g, latency_ms) for g in counts]
+    return cluster_speed_model().predict_mixed(times, list(counts.values()), w.num_params, w.num_tensors, int(ps))
+
+
+def predict_checkpoint_s(size_bytes: float, num_tensors: int | None = None, remote: bool = False) -> float:
+    """Seconds to write a checkpoint of ``size_bytes`` locally (``remote``: and upload it to a bucket)."""
+    from cmdare.errors import UserInputError
+
+    if not size_bytes > 0:
+        raise UserInputError(f"checkpoint size must be positive, got {size_bytes}")
+    X = np.array([[size_bytes / 1e6, np.nan if num_tensors is None else float(num_tensors)]])
+    return float(checkpoint_model(remote).predict(X)[0])

@@ -130,9 +130,7 @@ class PSQueueModel(RegressorMixin, BaseEstimator):
     def ps_update_s(self, num_params: float, num_tensors: float, ps: int = 1) -> float:
         """Seconds one PS spends on one update (1 / capacity in steps/s of that PS)."""
         check_is_fitted(self, "ps_cost_s_")
-        return float(
-            self._demand(self.ps_cost_s_, np.array([num_params]), np.array([num_tensors]), np.array([ps]))[0]
-        )
+        return float(self._demand(self.ps_cost_s_, np.array([num_params]), np.array([num_tensors]), np.array([ps]))[0])
 
     def predict_mixed(
         self,

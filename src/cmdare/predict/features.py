@@ -150,11 +150,7 @@ def table_features(df: pd.DataFrame, kind: str) -> np.ndarray:
             tensors = params * 4 / (avg * 2**20)
         else:
             tensors = impute_num_tensors(flops, params)
-        lat = (
-            _numeric(df, "Latency (ms)")
-            if "Latency (ms)" in df.columns
-            else np.full(len(df), DEFAULT_LATENCY_MS)
-        )
+        lat = _numeric(df, "Latency (ms)") if "Latency (ms)" in df.columns else np.full(len(df), DEFAULT_LATENCY_MS)
         return np.column_stack([tf, flops, params, tensors, lat])
     if kind == "checkpoint":
         _require(df, ["Checkpoint Size (MB)"])

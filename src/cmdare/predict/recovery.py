@@ -23,9 +23,7 @@ def _check(total_steps: float, done_steps: float, v_cur: float, v_new: float, ov
     if total_steps < 0 or done_steps < 0 or done_steps > total_steps:
         raise UserInputError(f"need 0 <= done steps ({done_steps}) <= total steps ({total_steps})")
     if v_new <= 0 or v_cur < 0 or overhead_s < 0:
-        raise UserInputError(
-            f"need v_new > 0, v_cur >= 0, overhead >= 0 (got {v_new}, {v_cur}, {overhead_s})"
-        )
+        raise UserInputError(f"need v_new > 0, v_cur >= 0, overhead >= 0 (got {v_new}, {v_cur}, {overhead_s})")
 
 
 def recovery_time_published_s(

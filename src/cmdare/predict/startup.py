@@ -43,9 +43,7 @@ class StartupModel:
                 self.params_[("*", "*", transient)] = self._fit_group(part, None)
         for (gpu, region, transient), part in df.groupby(["gpu", "region", "transient"]):
             prior = self.params_.get(("*", "*", bool(transient)))
-            self.params_[(str(gpu).upper(), str(region).lower(), bool(transient))] = self._fit_group(
-                part, prior
-            )
+            self.params_[(str(gpu).upper(), str(region).lower(), bool(transient))] = self._fit_group(part, prior)
         for (gpu, transient), part in df.groupby(["gpu", "transient"]):
             prior = self.params_.get(("*", "*", bool(transient)))
             self.params_[(str(gpu).upper(), "*", bool(transient))] = self._fit_group(part, prior)
@@ -80,8 +78,7 @@ class StartupModel:
     ) -> dict[str, float]:
         """One draw of seconds per phase (plus ``Framework`` when ``framework_s`` > 0)."""
         out = {
-            ph: float(rng.lognormal(mu, sigma))
-            for ph, (mu, sigma, _) in self._group(gpu, transient, region).items()
+            ph: float(rng.lognormal(mu, sigma)) for ph, (mu, sigma, _) in self._group(gpu, transient, region).items()
         }
         if self.framework_s > 0:
             out["Framework"] = self.framework_s
@@ -90,8 +87,7 @@ class StartupModel:
     def mean_s(self, gpu: str, transient: bool, region: str | None = None) -> dict[str, float]:
         """Expected seconds per phase."""
         out = {
-            ph: float(np.exp(mu + sigma**2 / 2))
-            for ph, (mu, sigma, _) in self._group(gpu, transient, region).items()
+            ph: float(np.exp(mu + sigma**2 / 2)) for ph, (mu, sigma, _) in self._group(gpu, transient, region).items()
         }
         if self.framework_s > 0:
             out["Framework"] = self.framework_s

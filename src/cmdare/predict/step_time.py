@@ -92,10 +92,7 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
         known = []
         for tf in np.unique(X[:, 0]):
             rows = np.abs(X[:, 0] - tf) <= self.tflops_tol
-            if (
-                rows.sum() >= self.min_rows_per_gpu
-                and len(np.unique(X[rows, 1])) >= self.min_workloads_per_gpu
-            ):
+            if rows.sum() >= self.min_rows_per_gpu and len(np.unique(X[rows, 1])) >= self.min_workloads_per_gpu:
                 known.append(float(tf))
         self.gpu_tflops_ = np.array(known, dtype=float)
         if len(known):
@@ -147,9 +144,7 @@ class PerGPUFlopsRegression(RegressorMixin, BaseEstimator):
         X, y = validate_data(self, X, y, y_numeric=True)
         self.flops_min_, self.flops_max_ = float(X[:, 1].min()), float(X[:, 1].max())
         self.gpu_tflops_ = np.unique(X[:, 0])
-        self.models_ = [
-            self._make().fit(self._norm(X[X[:, 0] == tf]), y[X[:, 0] == tf]) for tf in self.gpu_tflops_
-        ]
+        self.models_ = [self._make().fit(self._norm(X[X[:, 0] == tf]), y[X[:, 0] == tf]) for tf in self.gpu_tflops_]
         return self
 
     def _norm(self, X: np.ndarray) -> np.ndarray:
