@@ -25,6 +25,7 @@ app = typer.Typer(
 
 # One module per concern; each defines ``register(app: typer.Typer) -> None``.
 COMMAND_MODULES: tuple[str, ...] = (
+    "cmdare.cloud.commands",
     "cmdare.workloads.commands",
 )
 

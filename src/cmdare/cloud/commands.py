@@ -1,0 +1,121 @@
+"""CLI of the cloud concern: ``cmdare catalog`` and ``cmdare cluster-config``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import typer
+
+from cmdare.errors import UnknownNameError, UserInputError
+
+FORMATS = ("table", "json")
+
+_CATALOG_HELP = "Catalog override file (YAML/JSON) merged over the defaults; default $CMDARE_CATALOG."
+
+
+def catalog_command(
+    gpu: str | None = typer.Option(None, "--gpu", help="Only this GPU type (e.g. k80); 'cpu' for PS servers."),
+    cloud: str | None = typer.Option(None, "--cloud", help="Only this cloud: gcp or aws."),
+    region: str | None = typer.Option(None, "--region", help="Only this region."),
+    fmt: str = typer.Option("table", "--format", help="Output format: table or json."),
+    catalog_file: str | None = typer.Option(None, "--catalog", help=_CATALOG_HELP),
+) -> None:
+    """List GPU types and server prices per cloud region (on-demand and spot/preemptible)."""
+    from cmdare.cloud.catalog import load_catalog
+
+    if fmt not in FORMATS:
+        raise UnknownNameError("format", fmt, FORMATS)
+    catalog = load_catalog(catalog_file)
+    if region is not None and cloud is not None:
+        catalog.regions(cloud)  # validates the cloud before filtering
+    offerings = catalog.find(gpu=gpu, cloud=cloud, region=region)
+    if region is not None and not offerings:
+        clouds = [cloud] if cloud else catalog.clouds()
+        valid = sorted({r for c in clouds for r in catalog.regions(c)})
+        raise UnknownNameError("region", region, valid)
+    if fmt == "json":
+        gpus = [catalog.gpu(gpu)] if gpu and gpu.lower() not in ("cpu", "none") else list(catalog.gpus.values())
+        doc = {
+            "gpus": [asdict(g) for g in gpus],
+            "offerings": [o.to_dict() | {"worker_on_demand_usd_per_h": o.slot_price_per_hour_usd(False),
+                                         "worker_spot_usd_per_h": o.slot_price_per_hour_usd(True)}
+                          for o in offerings],
+            "sources": list(catalog.sources),
+        }
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    _print_table(catalog, offerings)
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _print_table(catalog, offerings) -> None:  # noqa: ANN001 - Catalog/Offering, imported lazily
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="cmdare server catalog (USD per hour per server; per GPU when a server has several)")
+    for col in ("cloud", "region", "gpu", "TFLOPS", "machine", "GPUs", "on-demand", "spot", "as of", "source"):
+        table.add_column(col, overflow="fold")
+    for o in offerings:
+        tflops = f"{catalog.gpus[o.gpu].tflops_fp32:g}" if o.gpu else "-"
+        gpu = (o.gpu or "CPU (PS)") + (" (retired)" if o.retired else "")
+        od, spot = o.on_demand_usd_per_h, o.spot_usd_per_h
+        if o.gpus_per_server > 1:
+            od_s = f"{_money(od)} ({_money(o.slot_price_per_hour_usd(False))}/GPU)"
+            spot_s = f"{_money(spot)} ({_money(o.slot_price_per_hour_usd(True))}/GPU)"
+        else:
+            od_s, spot_s = _money(od), _money(spot)
+        source = o.source + (" - " + o.note if o.note else "")
+        cells = (o.cloud, o.region, gpu, tflops, o.machine_type, str(o.gpus_per_server), od_s, spot_s, o.as_of, source)
+        table.add_row(*(escape(c) for c in cells))
+    Console(width=200).print(table)
+
+
+def cluster_config_command(
+    cloud: str = typer.Option(..., "--cloud", help="gcp or aws."),
+    gpu: str = typer.Option(..., "--gpu", help="GPU type of the workers, e.g. k80, v100, t4."),
+    workers: int = typer.Option(4, "--workers", help="Training workers (one per GPU)."),
+    ps: int = typer.Option(1, "--ps", help="Parameter-server nodes (on-demand, CPU only)."),
+    transient: bool = typer.Option(False, "--transient/--on-demand",
+                                   help="Preemptible (GCP) / Spot (AWS) GPU workers."),
+    region: str | None = typer.Option(None, "--region", help="Cloud region (default us-central1 / us-east-1)."),
+    zone: str | None = typer.Option(None, "--zone", help="Zone (GCP: default the catalog's first zone for the GPU)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the YAML here (default: stdout)."),
+    project_id: str | None = typer.Option(None, "--project-id", help="GCP project id."),
+    cluster_name: str | None = typer.Option(None, "--cluster-name", help="Ray cluster name."),
+    cmdare_spec: str = typer.Option("cmdare", "--cmdare-spec",
+                                    help="What each node pip-installs for cmdare (version, wheel or git URL)."),
+    image: str | None = typer.Option(None, "--image", help="GCP boot image for the GPU nodes."),
+    catalog_file: str | None = typer.Option(None, "--catalog", help=_CATALOG_HELP),
+) -> None:
+    """Write a Ray cluster-launcher YAML: on-demand head and PS nodes, (transient) GPU worker nodes."""
+    from cmdare.cloud.catalog import load_catalog
+    from cmdare.cloud.launcher import cluster_config, render_yaml
+
+    catalog = load_catalog(catalog_file)
+    config = cluster_config(catalog, cloud, gpu, workers=workers, ps=ps, transient=transient, region=region,
+                            zone=zone, cluster_name=cluster_name, project_id=project_id,
+                            cmdare_spec=cmdare_spec, image=image)
+    text = render_yaml(config, catalog, transient)
+    worker = catalog.offering(gpu, cloud, config["provider"]["region"], role="worker")
+    if worker.retired:
+        typer.echo(f"note: {worker.gpu} on {worker.cloud}: {worker.note or 'retired by the cloud'}", err=True)
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text)
+    except OSError as err:
+        raise UserInputError(f"cannot write {output}: {err.strerror or err}") from err
+    typer.echo(f"wrote {output}", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``catalog`` and ``cluster-config`` to the main app."""
+    app.command("catalog")(catalog_command)
+    app.command("cluster-config")(cluster_config_command)

@@ -1,0 +1,159 @@
+"""Preemption-notice watcher against a real local HTTP metadata server (127.0.0.1 only)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from cmdare.cloud.notices import AWS_NOTICE_S, GCE_NOTICE_S, LocalMetadataServer, Notice, NoticeWatcher
+from cmdare.errors import UnknownNameError, UserInputError
+
+POLL_S = 0.2
+_open = urllib.request.build_opener(urllib.request.ProxyHandler({})).open  # never via a proxy
+
+
+@pytest.fixture()
+def server():
+    with LocalMetadataServer() as srv:
+        yield srv
+
+
+def _wait_for(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.002)
+    return predicate()
+
+
+def _closed_port() -> int:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+def test_local_server_speaks_the_gce_protocol(server):
+    assert server.gce_url.startswith("http://127.0.0.1:")
+    req = urllib.request.Request(server.gce_url, headers={"Metadata-Flavor": "Google"})
+    with _open(req, timeout=2) as resp:
+        assert resp.read() == b"FALSE" and resp.headers["Metadata-Flavor"] == "Google"
+    with pytest.raises(urllib.error.HTTPError) as info:  # the header is mandatory, as on GCE
+        _open(server.gce_url, timeout=2)
+    assert info.value.code == 403
+    server.preempt()
+    with _open(req, timeout=2) as resp:
+        assert resp.read() == b"TRUE"
+
+
+def test_local_server_speaks_imdsv2(server):
+    with pytest.raises(urllib.error.HTTPError) as info:  # no token: 401
+        _open(server.aws_url, timeout=2)
+    assert info.value.code == 401
+    put = urllib.request.Request(server.base_url + "/latest/api/token", method="PUT",
+                                 headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+    with _open(put, timeout=2) as resp:
+        token = resp.read().decode()
+    get = urllib.request.Request(server.aws_url, headers={"X-aws-ec2-metadata-token": token})
+    with pytest.raises(urllib.error.HTTPError) as info:  # no interruption scheduled: 404
+        _open(get, timeout=2)
+    assert info.value.code == 404
+    server.preempt()
+    with _open(get, timeout=2) as resp:
+        doc = json.loads(resp.read())
+    assert doc["action"] == "terminate" and doc["time"].endswith("Z")
+    assert server.requests["/latest/api/token"] == 1
+
+
+@pytest.mark.parametrize("provider", ["gce", "aws"])
+def test_watcher_detects_a_flip_within_two_poll_intervals(server, provider):
+    seen: list[Notice] = []
+    called = threading.Event()
+    watcher = NoticeWatcher(server.url_for(provider), provider, poll_interval_s=POLL_S,
+                            on_notice=lambda n: (seen.append(n), called.set()))
+    with watcher:
+        assert _wait_for(lambda: watcher.polls >= 2, 2.0)
+        assert watcher.notice is None and watcher.errors == 0, watcher.last_error
+        server.preempt()
+        flipped = server.preempted_at
+        assert called.wait(2 * POLL_S + 1.0)
+        notice = watcher.notice
+    delay_s = notice.detected_at - flipped
+    assert 0 <= delay_s <= 2 * POLL_S, f"{provider} detection took {delay_s:.3f}s"
+    assert seen == [notice] and notice.provider == provider
+    if provider == "gce":
+        assert notice.deadline == pytest.approx(notice.detected_at + GCE_NOTICE_S)
+        assert notice.raw == "TRUE" and notice.action == "preempt"
+    else:  # the deadline comes from the document's time field (whole seconds)
+        assert notice.deadline == pytest.approx(flipped + AWS_NOTICE_S, abs=1.0)
+        assert notice.action == "terminate"
+        assert server.requests["/latest/api/token"] == 1  # the IMDSv2 token is reused across polls
+    assert 0 < notice.time_left_s(now=notice.detected_at) <= max(GCE_NOTICE_S, AWS_NOTICE_S)
+    assert not watcher.running
+
+
+def test_delayed_preemption_and_gce_wait_for_change(server):
+    watcher = NoticeWatcher(server.gce_url, "gce", poll_interval_s=1.0, wait_for_change=True).start()
+    try:
+        server.preempt(delay_s=0.3)
+        assert not server.preempted
+        assert _wait_for(lambda: watcher.notice is not None, 3.0)
+        # a long poll answers as soon as the value changes, not at the next 1 s poll
+        assert watcher.notice.detected_at - server.preempted_at < 0.2
+    finally:
+        watcher.stop()
+
+
+def test_unreachable_endpoint_is_counted_and_retried_without_crashing():
+    url = f"http://127.0.0.1:{_closed_port()}/computeMetadata/v1/instance/preempted"
+    watcher = NoticeWatcher(url, "gce", poll_interval_s=0.05, max_backoff_s=0.2, timeout_s=0.5).start()
+    try:
+        assert _wait_for(lambda: watcher.errors >= 3, 3.0)
+        assert watcher.running and watcher.notice is None
+        assert "URLError" in (watcher.last_error or "")
+    finally:
+        started = time.monotonic()
+        watcher.stop()
+        assert time.monotonic() - started < 1.0
+    assert not watcher.running
+
+
+def test_endpoint_that_comes_back_is_picked_up_and_a_failing_callback_is_contained(server):
+    port = server.port
+    server.stop()  # endpoint down
+    watcher = NoticeWatcher(f"http://127.0.0.1:{port}/latest/meta-data/spot/instance-action", "aws",
+                            poll_interval_s=0.05, max_backoff_s=0.1,
+                            on_notice=lambda n: 1 / 0).start()
+    try:
+        assert _wait_for(lambda: watcher.errors >= 2, 3.0)
+        revived = LocalMetadataServer(port=port).start()  # back up, already preempted
+        try:
+            revived.preempt()
+            assert _wait_for(lambda: watcher.notice is not None, 3.0)
+            assert _wait_for(lambda: watcher.callback_errors == 1, 1.0)
+            assert watcher.consecutive_errors == 0
+        finally:
+            revived.stop()
+    finally:
+        watcher.stop()
+
+
+def test_bad_arguments():
+    with pytest.raises(UnknownNameError):
+        NoticeWatcher("http://127.0.0.1:1/x", provider="azure")
+    with pytest.raises(UserInputError):
+        NoticeWatcher("ftp://127.0.0.1/x", provider="gce")
+    with pytest.raises(UserInputError):
+        NoticeWatcher("http://127.0.0.1:1/x", provider="gce", poll_interval_s=0)
+    default = NoticeWatcher(provider="aws")  # never started: the real endpoint is not contacted
+    assert default.url == "http://169.254.169.254/latest/meta-data/spot/instance-action"
+    with pytest.raises(UserInputError):
+        LocalMetadataServer().port  # noqa: B018 - not started
