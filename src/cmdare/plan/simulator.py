@@ -292,22 +292,34 @@ class _Run:
         """One transient PS: its loss stalls training, and the new PS restarts from the checkpoint."""
         sim, env = self.sim, self.env
         region = sim.cluster.region
+        delay = 0.0
         while True:
             life = float(sim.models.lifetimes.sample(self.rng, PS_SERVER, region, 1)[0])
-            yield env.timeout(life)
+            if delay > 0:
+                if life <= delay:  # revoked while starting up: still down
+                    yield env.timeout(life)
+                else:
+                    yield env.timeout(delay)
+                    self._advance()
+                    self.ps_down -= 1
+                    self._reschedule()
+                    yield env.timeout(life - delay)
+                    self._ps_lost()
+            else:
+                yield env.timeout(life)
+                self._ps_lost()
             self.revocations += 1
-            self._advance()
-            kept = math.floor(self.progress / self.every) * self.every
-            self.steps_lost += self.progress - kept
-            self.progress = float(kept)
-            self.ps_down += 1
-            self._reschedule()
             delay = float(sim.models.startup.sample(self.rng, PS_SERVER, True, region))
             self.replacements += 1
-            yield env.timeout(delay)
-            self.ps_down -= 1
-            self._advance()
-            self._reschedule()
+
+    def _ps_lost(self) -> None:
+        """A shard is gone: stop, and roll back to the last checkpoint (steps since it are lost)."""
+        self._advance()
+        kept = math.floor(self.progress / self.every) * self.every
+        self.steps_lost += self.progress - kept
+        self.progress = float(kept)
+        self.ps_down += 1
+        self._reschedule()
 
     def result(self) -> RunResult:
         """Run to completion (or the horizon) and return the run's figures."""

@@ -1,0 +1,259 @@
+"""``cmdare plan`` (recommend a cluster) and ``cmdare plan simulate`` (what-if for one cluster).
+
+``plan`` is a Typer sub-app: its callback runs the recommender when no subcommand is given, so both
+``cmdare plan --model resnet32 --steps 64000 --deadline 2h`` and ``cmdare plan simulate ...`` work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime
+from typing import Annotated
+
+import typer
+
+from cmdare.errors import UnknownNameError, UserInputError
+
+plan_app = typer.Typer(
+    name="plan",
+    help="Which cluster to rent: simulate configurations under revocations and recommend one.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+_UNITS_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^\s*(-?)((?:\d+(?:\.\d*)?\s*(?:s|sec|min|m|h|d)\s*)+)$", re.I)
+
+
+def parse_deadline_s(text: str, now: datetime | None = None) -> float:
+    """Seconds from now until a deadline given as ``2h``, ``1h30m``, ``90min``, ``600`` (seconds)
+    or a clock time ``2026-11-29T18:00`` (local time).
+
+    Raises:
+        UserInputError: if it cannot be parsed or lies in the past.
+    """
+    text = text.strip()
+    seconds: float | None = None
+    try:
+        seconds = float(text)
+    except ValueError:
+        m = _DURATION.match(text)
+        if m:
+            parts = re.findall(r"(\d+(?:\.\d*)?)\s*(sec|min|s|m|h|d)", m.group(2), re.I)
+            seconds = sum(float(v) * _UNITS_S[u.lower()] for v, u in parts) * (-1 if m.group(1) else 1)
+        else:
+            try:
+                when = datetime.fromisoformat(text)
+            except ValueError:
+                raise UserInputError(
+                    f"cannot read deadline {text!r}; use e.g. 2h, 1h30m, 90min, 600 or 2026-11-29T18:00"
+                ) from None
+            ref = now or (datetime.now(when.tzinfo) if when.tzinfo else datetime.now())
+            seconds = (when - ref).total_seconds()
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise UserInputError(f"the deadline {text!r} is in the past; give a duration such as 2h")
+    return seconds
+
+
+def _models(model: str, lifetime: str):
+    from cmdare.plan.adapters import load_plan_models
+
+    return load_plan_models(model, lifetime)
+
+
+def _check_names(gpus: list[str], regions: list[str]) -> None:
+    from cmdare.plan.adapters import known_gpus, known_regions
+
+    for gpu in gpus:
+        if gpu not in known_gpus():
+            raise UnknownNameError("GPU", gpu, known_gpus())
+    for region in regions:
+        if region not in known_regions():
+            raise UnknownNameError("region", region, known_regions())
+
+
+_Lifetime = Annotated[str, typer.Option("--lifetime", help="bathtub, exponential, empirical, a file or none.")]
+_CkptEvery = Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints.")]
+_Deadline = Annotated[str | None, typer.Option("--deadline", help="e.g. 2h, 90min, or a clock time.")]
+_PsTransient = Annotated[bool, typer.Option("--ps-transient", help="Put the PS on transient VMs.")]
+
+
+def _split(text: str) -> list[str]:
+    return [p.strip().lower() for p in text.split(",") if p.strip()]
+
+
+@plan_app.callback()
+def plan(
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Option("--model", help="Published workload, e.g. resnet32.")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Global training steps.")] = None,
+    deadline: _Deadline = None,
+    budget: Annotated[float | None, typer.Option("--budget", help="USD the run may cost.")] = None,
+    gpus: Annotated[str, typer.Option("--gpus", help="GPU types to consider.")] = "k80,p100,v100,t4",
+    regions: Annotated[str, typer.Option("--regions", help="Regions to consider.")] = "us-east1",
+    max_workers: Annotated[int, typer.Option("--max-workers", help="Most workers per cluster.")] = 8,
+    max_ps: Annotated[int, typer.Option("--max-ps", help="Most parameter servers.")] = 3,
+    mixes: Annotated[bool, typer.Option("--mixes/--no-mixes", help="Also mixes of two GPU types.")] = True,
+    runs: Annotated[int, typer.Option("--runs", help="Monte Carlo runs per configuration.")] = 100,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    lifetime: _Lifetime = "bathtub",
+    checkpoint_every: _CkptEvery = 1000,
+    plot: Annotated[str | None, typer.Option("--plot", help="Write the Pareto plot PNG here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the front and the choice as JSON.")] = False,
+) -> None:
+    """Recommend a cluster: the cheapest meeting --deadline, or the fastest within --budget."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if model is None or steps is None:
+        raise UserInputError("cmdare plan needs --model and --steps (or a subcommand: simulate)")
+    from cmdare.plan.recommender import enumerate_clusters, recommend
+    from cmdare.plan.spec import JobSpec
+
+    deadline_s = parse_deadline_s(deadline) if deadline is not None else None
+    if budget is not None and budget < 0:
+        raise UserInputError(f"the budget must not be negative, got {budget}")
+    if runs < 1:
+        raise UserInputError(f"--runs must be at least 1, got {runs}")
+    gpu_list, region_list = _split(gpus), _split(regions)
+    if not gpu_list or not region_list:
+        raise UserInputError("--gpus and --regions need at least one name each")
+    _check_names(gpu_list, region_list)
+    job = JobSpec(model, steps, checkpoint_every)
+    models = _models(model, lifetime)
+    clusters = enumerate_clusters(gpu_list, region_list, max_workers, max_ps, mixes)
+    rec = recommend(job, clusters, models, deadline_s, budget, runs, seed)
+    if plot:
+        from cmdare.plan.plot import plot_pareto
+
+        plot_pareto(rec, plot, deadline_s, budget)
+    if as_json:
+        typer.echo(json.dumps(_rec_json(rec), indent=2))
+        return
+    _print_rec(rec, models.source, plot)
+
+
+def _rec_json(rec) -> dict:
+    def one(o):
+        return {"config": o.cluster.label(), **o.summary.to_dict()}
+
+    return {
+        "message": rec.message,
+        "constraint_met": rec.constraint_met,
+        "choice": one(rec.choice) if rec.choice else None,
+        "reasons": list(rec.reasons),
+        "front": [one(o) for o in rec.front],
+        "stats": rec.stats,
+    }
+
+
+def _print_rec(rec, source: str, plot: str | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from cmdare.plan.recommender import format_duration
+
+    console = Console()
+    table = Table(title="Time/cost Pareto front (expected, P95)")
+    for col in ("configuration", "time", "time P95", "cost", "cost P95", "revocations"):
+        table.add_column(col, justify="left" if col == "configuration" else "right")
+    for o in rec.front:
+        s = o.summary
+        mark = "* " if o is rec.choice else ""
+        table.add_row(
+            mark + o.cluster.label(), format_duration(s.time_mean_s), format_duration(s.time_p95_s),
+            f"${s.cost_mean_usd:.2f}", f"${s.cost_p95_usd:.2f}", f"{s.revocations_mean:.2f}",
+        )
+    console.print(table)
+    st = rec.stats
+    console.print(
+        f"{st['configurations']:.0f} configurations: {st['exact_on_demand']:.0f} on-demand (exact), "
+        f"{st['simulated_monte_carlo']:.0f} simulated x {st['runs_per_configuration']:.0f} runs, "
+        f"{st['pruned_dominated']:.0f} pruned as dominated; {st['seconds']:.1f} s. Models: {source}",
+        highlight=False,
+    )
+    style = "bold green" if rec.constraint_met else "bold yellow"
+    console.print(f"[{style}]{rec.message}[/]", highlight=False)
+    for reason in rec.reasons:
+        console.print(f"  - {reason}", highlight=False)
+    if plot:
+        console.print(f"Pareto plot: {plot}", highlight=False)
+
+
+@plan_app.command("simulate")
+def simulate_cmd(
+    model: Annotated[str, typer.Option("--model", help="Published workload, e.g. resnet32.")],
+    steps: Annotated[int, typer.Option("--steps", help="Global training steps.")],
+    workers: Annotated[str, typer.Option("--workers", help="GPU mix, e.g. k80:8 or v100:1,p100:1,k80:2.")],
+    ps: Annotated[int, typer.Option("--ps", help="Parameter servers (0: single-server training).")] = 1,
+    transient: Annotated[bool, typer.Option("--transient/--on-demand", help="Worker pricing.")] = False,
+    ps_transient: _PsTransient = False,
+    region: Annotated[str, typer.Option("--region", help="Region of every server.")] = "us-east1",
+    replacement: Annotated[str, typer.Option("--replacement", help="same, cheapest or none.")] = "same",
+    runs: Annotated[int, typer.Option("--runs", help="Monte Carlo runs.")] = 100,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    lifetime: _Lifetime = "bathtub",
+    checkpoint_every: _CkptEvery = 1000,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
+) -> None:
+    """Simulate one configuration: mean, P50 and P95 time and cost, revocations and replacements."""
+    from cmdare.plan.simulator import simulate
+    from cmdare.plan.spec import ClusterSpec, JobSpec, parse_workers
+
+    if runs < 1:
+        raise UserInputError(f"--runs must be at least 1, got {runs}")
+    groups = parse_workers(workers, transient, region)
+    _check_names([g.gpu for g in groups], [region])
+    cluster = ClusterSpec(groups, ps=ps, region=region, ps_transient=ps_transient, replacement=replacement)
+    job = JobSpec(model, steps, checkpoint_every)
+    models = _models(model, lifetime)
+    summary = simulate(job, cluster, models, runs, seed)
+    out = {
+        "model": model,
+        "steps": steps,
+        "config": cluster.label(),
+        "workers": cluster.gpu_counts,
+        "ps": ps,
+        "transient": transient,
+        "ps_transient": ps_transient,
+        "region": region,
+        "replacement": replacement,
+        "runs": runs,
+        "seed": seed,
+        "time_s": {"mean": summary.time_mean_s, "p50": summary.time_p50_s, "p95": summary.time_p95_s},
+        "cost_usd": {"mean": summary.cost_mean_usd, "p50": summary.cost_p50_usd, "p95": summary.cost_p95_usd},
+        "revocations_mean": summary.revocations_mean,
+        "replacements_mean": summary.replacements_mean,
+        "steps_lost_mean": summary.steps_lost_mean,
+        "finished_fraction": summary.finished_fraction,
+        "deterministic_time_s": summary.extra["deterministic_time_s"],
+        "models": models.source,
+    }
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from cmdare.plan.recommender import format_duration
+
+    table = Table(title=f"{cluster.label()}: {model}, {steps} steps, {runs} runs (seed {seed})")
+    for col in ("", "mean", "P50", "P95"):
+        table.add_column(col, justify="right")
+    t, c = out["time_s"], out["cost_usd"]
+    table.add_row("time", *(format_duration(t[k]) for k in ("mean", "p50", "p95")))
+    table.add_row("cost", *(f"${c[k]:.2f}" for k in ("mean", "p50", "p95")))
+    console = Console()
+    console.print(table)
+    console.print(
+        f"revocations {summary.revocations_mean:.2f}, replacements {summary.replacements_mean:.2f}, "
+        f"steps lost {summary.steps_lost_mean:.0f}; revocation-free time "
+        f"{format_duration(out['deterministic_time_s'])}. Models: {models.source}",
+        highlight=False,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``cmdare plan`` and ``cmdare plan simulate`` to the main app."""
+    app.add_typer(plan_app, name="plan")

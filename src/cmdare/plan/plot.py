@@ -1,0 +1,54 @@
+"""Pareto plot of a plan (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cmdare.errors import DataNotFoundError
+from cmdare.plan.recommender import Recommendation
+
+__all__ = ["plot_pareto"]
+
+
+def plot_pareto(
+    rec: Recommendation, path: str | Path, deadline_s: float | None = None, budget_usd: float | None = None
+) -> Path:
+    """Write a time/cost scatter of every simulated option with the Pareto front and the choice.
+
+    Raises:
+        DataNotFoundError: if the output folder does not exist.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(path)
+    if not out.parent.exists():
+        raise DataNotFoundError(f"folder for the plot does not exist: {out.parent}")
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
+    for transient, color, name in ((True, "tab:blue", "transient"), (False, "tab:orange", "on-demand")):
+        pts = [o.point for o in rec.options if any(g.transient for g in o.cluster.workers) == transient]
+        if pts:
+            xs, ys = [p[0] / 3600 for p in pts], [p[1] for p in pts]
+            ax.scatter(xs, ys, s=8, alpha=0.35, color=color, label=name)
+    front = sorted(o.point for o in rec.front)
+    ax.plot([p[0] / 3600 for p in front], [p[1] for p in front], "k.-", lw=1.2, label="Pareto front")
+    if rec.choice is not None:
+        t, c = rec.choice.point
+        ax.scatter([t / 3600], [c], marker="*", s=250, color="tab:red", zorder=5,
+                   label=f"choice: {rec.choice.cluster.label()}")
+    if deadline_s is not None:
+        ax.axvline(deadline_s / 3600, color="tab:red", ls="--", lw=1, label="deadline")
+    if budget_usd is not None:
+        ax.axhline(budget_usd, color="tab:green", ls="--", lw=1, label="budget")
+    ax.set_xscale("log")
+    ax.set_xlabel("expected training time (h)")
+    ax.set_ylabel("expected cost (USD)")
+    ax.set_title("cmdare plan: time/cost of simulated configurations")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out

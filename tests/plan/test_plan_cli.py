@@ -1,0 +1,108 @@
+"""``cmdare plan`` and ``cmdare plan simulate`` through the real CLI entry point."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from cmdare import cli
+from cmdare.errors import UserInputError
+from cmdare.plan.commands import parse_deadline_s
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["cmdare", *args])
+    monkeypatch.setenv("COLUMNS", "300")  # one line means one line, not Rich wrapping at 80
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+SIM = ["plan", "simulate", "--model", "resnet32", "--steps", "64000", "--runs", "20", "--seed", "1"]
+
+
+def test_simulate_json_only(monkeypatch, capsys):
+    code, out, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "k80:8", "--ps", "1", "--transient", "--json")
+    assert code == 0 and err == ""
+    data = json.loads(out)
+    assert data["workers"] == {"k80": 8} and data["runs"] == 20
+    assert 0 < data["time_s"]["p50"] <= data["time_s"]["p95"]
+    assert data["time_s"]["mean"] >= data["deterministic_time_s"] * 0.999999
+    assert data["cost_usd"]["mean"] > 0 and data["revocations_mean"] >= 0
+    again = json.loads(run_cli(monkeypatch, capsys, *SIM, "--workers", "k80:8", "--transient", "--json")[1])
+    assert again["time_s"] == data["time_s"]  # deterministic for a seed
+
+
+def test_simulate_mix_table(monkeypatch, capsys):
+    code, out, _ = run_cli(monkeypatch, capsys, *SIM, "--workers", "v100:1,p100:1,k80:2", "--ps", "2")
+    assert code == 0 and "time" in out and "cost" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--workers", "k80:0"], "at least 1"),
+        (["--workers", "k80:4", "--ps", "9"], "ps must be between"),
+        (["--workers", "h800:2"], "unknown GPU"),
+        (["--workers", "k80:2", "--region", "mars-1"], "unknown region"),
+        (["--workers", "k80:2", "--replacement", "maybe"], "replacement policy"),
+    ],
+)
+def test_simulate_bad_input_one_line(monkeypatch, capsys, args, needle):
+    code, out, err = run_cli(monkeypatch, capsys, *SIM, *args)
+    assert code == 1
+    assert needle in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--deadline", "-1h"], "in the past"),
+        (["--deadline", "2020-01-01T00:00"], "in the past"),
+        (["--budget", "-5"], "negative"),
+        (["--gpus", "k80,h900"], "unknown GPU"),
+        (["--max-workers", "0"], "at least 1"),
+    ],
+)
+def test_plan_bad_input_one_line(monkeypatch, capsys, args, needle):
+    code, _, err = run_cli(monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "64000", *args)
+    assert code == 1 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_recommends_and_plots(monkeypatch, capsys, tmp_path: Path):
+    png = tmp_path / "pareto.png"
+    code, out, _ = run_cli(
+        monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "64000", "--deadline", "1h",
+        "--gpus", "k80,p100", "--max-workers", "8", "--runs", "20", "--plot", str(png),
+    )
+    assert code == 0, out
+    assert "Pareto front" in out and "cheapest meeting 1h 00m" in out
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_unmeetable_deadline_names_the_fastest(monkeypatch, capsys):
+    code, out, _ = run_cli(
+        monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "64000", "--deadline", "10min",
+        "--gpus", "k80", "--max-workers", "4", "--runs", "10", "--json",
+    )
+    data = json.loads(out)
+    assert code == 0 and not data["constraint_met"]
+    assert data["message"].startswith("no configuration meets 10 min; fastest is ")
+    assert data["front"]
+
+
+def test_parse_deadline():
+    assert parse_deadline_s("2h") == 7200
+    assert parse_deadline_s("1h30m") == 5400
+    assert parse_deadline_s("90min") == 5400
+    assert parse_deadline_s("600") == 600
+    with pytest.raises(UserInputError):
+        parse_deadline_s("soon")
