@@ -25,12 +25,10 @@ app = typer.Typer(
 
 # One module per concern; each defines ``register(app: typer.Typer) -> None``.
 COMMAND_MODULES: tuple[str, ...] = (
-    "cmdare.predict.commands",
     "cmdare.train.commands",
     "cmdare.cloud.commands",
     "cmdare.plan.commands",
     "cmdare.workloads.commands",
-    "cmdare.measure.commands",
 )
 
 for _name in COMMAND_MODULES:
