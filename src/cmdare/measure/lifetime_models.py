@@ -72,7 +72,8 @@ def ks_distance(model: LifetimeModel, lifetimes_s: Any, censored: Any = None) ->
     t, f_hi = empirical_cdf(lifetimes_s, censored)
     f_lo = np.concatenate([[0.0], f_hi[:-1]])
     fm = model.cdf(t)
-    return float(max(np.max(np.abs(fm - f_hi)), np.max(np.abs(fm - f_lo))))
+    fm_lo = model.cdf(np.nextafter(t, -np.inf))  # the model's left limit (matters for step models)
+    return float(max(np.max(np.abs(fm - f_hi)), np.max(np.abs(fm_lo - f_lo))))
 
 
 class LifetimeModel(ABC):
@@ -202,17 +203,28 @@ class BathtubLifetime(LifetimeModel):
             return float(max(np.max(np.abs(f - f_hi)), np.max(np.abs(f - f_lo))))
 
         best: tuple[float, np.ndarray] | None = None
-        for tau1 in (600.0, 3600.0, 4 * 3600.0):
-            for tau2 in (300.0, 3000.0):
-                p0 = np.array([0.5, tau1, tau2, (b_lo + b_hi) / 2])
-                res = least_squares(lambda p: self._raw(p, t) - f_hi, p0, x_scale=p0, bounds=(lower, upper))
+        # Data-driven starts too: A near the CDF's plateau just before the deadline, tau1 near the
+        # median early lifetime (the wall alone can otherwise trap the search).
+        plateau = float(np.interp(b_lo - 3600.0, t, f_hi))
+        early = t[t < b_lo - 3600.0]
+        tau1_data = float(np.median(early)) if early.size else 3600.0
+        starts = [
+            (a, tau1, tau2)
+            for a in (0.5, min(max(plateau, 0.02), 0.98))
+            for tau1 in (600.0, 3600.0, 4 * 3600.0, max(tau1_data, 60.0))
+            for tau2 in (300.0, 3000.0)
+        ]
+        for a, tau1, tau2 in starts:
+            for b0 in (b_lo + 60.0, (b_lo + b_hi) / 2):
+                p0 = np.array([a, tau1, tau2, b0])
+                res = least_squares(
+                    lambda p: self._raw(p, t) - f_hi, p0, x_scale=p0, bounds=(lower, upper), max_nfev=200
+                )
                 score = ks(res.x)
                 if best is None or score < best[0]:
                     best = (score, res.x)
         assert best is not None
-        opt = minimize(
-            ks, best[1], method="Nelder-Mead", options={"maxiter": 3000, "xatol": 1e-4, "fatol": 1e-6}
-        )
+        opt = minimize(ks, best[1], method="Nelder-Mead", options={"maxiter": 3000, "xatol": 1e-4, "fatol": 1e-6})
         p = opt.x if opt.fun < best[0] else best[1]
         self.A_, self.tau1_s_, self.tau2_s_, self.b_s_ = (float(v) for v in p)
         self.max_s_ = float(max(t.max(), self.b_s_))

@@ -218,9 +218,7 @@ def import_cmdare_dir(store: Store, directory: str | Path) -> ImportResult:
         raise DataFormatError(f"{root} is not a directory (expected CM-DARE's processed_data)")
     known = ("speed_data", "speed_and_cluster_size", "checkpoint", "startup_time", "chief_rejoining")
     if not any((root / k).is_dir() for k in known):
-        raise DataFormatError(
-            f"{root} does not look like CM-DARE's processed_data: none of {', '.join(known)}"
-        )
+        raise DataFormatError(f"{root} does not look like CM-DARE's processed_data: none of {', '.join(known)}")
     parsed: list[ParsedFile] = []
     extra: list[FileResult] = []
     seen: set[Path] = set()
@@ -254,9 +252,7 @@ def import_cmdare_dir(store: Store, directory: str | Path) -> ImportResult:
     for csv_path in sorted((root / "speed_and_cluster_size").glob("*/*/*.csv")):
         m = _CLUSTER_DIR.match(csv_path.parent.name)
         if m:
-            gpu = (
-                m.group(2) if m.group(2).startswith(("k", "p")) else ("k80" if m.group(2) == "80" else "p100")
-            )
+            gpu = m.group(2) if m.group(2).startswith(("k", "p")) else ("k80" if m.group(2) == "80" else "p100")
             parsed.append(
                 parse_tb_csv_speed(
                     csv_path, "cmdare-cluster", f"{SOURCE}:cluster", None, gpu, m.group(1), int(m.group(3)), 1
@@ -267,9 +263,7 @@ def import_cmdare_dir(store: Store, directory: str | Path) -> ImportResult:
         agg = root / "checkpoint" / "aggregated.csv"
         parsed.append(parse_checkpoints(whole, agg))
         if agg.exists():
-            skipped_file(
-                "checkpoint/aggregated.csv", "aggregate of checkpoint/whole_data.csv (joined for #tensors)"
-            )
+            skipped_file("checkpoint/aggregated.csv", "aggregate of checkpoint/whole_data.csv (joined for #tensors)")
     for csv_path in sorted((root / "startup_time").glob("*/*.csv")):
         m = _STARTUP_DIR.match(csv_path.parent.name)
         if m:

@@ -21,7 +21,7 @@ from sqlalchemy import select
 
 from cmdare.errors import DataFormatError, DataNotFoundError
 from cmdare.measure.store import Store
-from cmdare.measure.store.schema import Import
+from cmdare.measure.store.schema import Import, Run
 
 
 @dataclass
@@ -33,6 +33,7 @@ class ParsedFile:
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     read: int = 0
     skipped: Counter = field(default_factory=Counter)  # reason -> rows
+    ensure_runs: list[dict[str, Any]] = field(default_factory=list)  # run rows inserted if absent
 
     def add(self, table: str, row: dict[str, Any]) -> None:
         self.rows.setdefault(table, []).append(row)
@@ -137,23 +138,17 @@ def to_float(value: Any) -> float | None:
     return v if v == v and v not in (float("inf"), float("-inf")) else None
 
 
-def write_import(
-    store: Store, parsed: Iterable[ParsedFile], extra: Iterable[FileResult] = ()
-) -> ImportResult:
+def write_import(store: Store, parsed: Iterable[ParsedFile], extra: Iterable[FileResult] = ()) -> ImportResult:
     """Write parsed files in one transaction, skipping files already imported (same kind and hash)."""
     result = ImportResult(files=list(extra))
     with store.session() as session:
         for pf in parsed:
             digest = sha256_of(pf.path)
             skipped = dict(pf.skipped)
-            done = session.execute(
-                select(Import.id).where(Import.kind == pf.kind, Import.sha256 == digest)
-            ).first()
+            done = session.execute(select(Import.id).where(Import.kind == pf.kind, Import.sha256 == digest)).first()
             if done is not None:
                 result.files.append(
-                    FileResult(
-                        str(pf.path), pf.kind, "already imported", pf.read, 0, {"already imported": pf.read}
-                    )
+                    FileResult(str(pf.path), pf.kind, "already imported", pf.read, 0, {"already imported": pf.read})
                 )
                 continue
             rec = Import(
@@ -166,6 +161,9 @@ def write_import(
                 imported_at=time.time(),
             )
             session.add(rec)
+            for run in pf.ensure_runs:
+                if session.get(Run, run["run_id"]) is None:
+                    session.add(Run(import_id=None, **run))
             session.flush()
             for table, rows in pf.rows.items():
                 for row in rows:

@@ -40,9 +40,7 @@ _ZONE = re.compile(r"((?:us|europe|asia|northamerica|southamerica|australia|me|a
 _DAY = re.compile(r"^(\d{1,2})-([A-Za-z]{3})$")
 _MONTHS = {
     m: i
-    for i, m in enumerate(
-        ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], start=1
-    )
+    for i, m in enumerate(["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], start=1)
 }
 
 
@@ -168,9 +166,7 @@ def parse_gce_csv(path: Path) -> ParsedFile:
                 continue
             pf.add("lifetime_observations", _obs(source, first, stype, start, end, life, True, zone, idle))
     if pf.read == 0:
-        raise DataFormatError(
-            f"{path}: no lifetime rows found (expected GCE sections or a lifetime_s column)"
-        )
+        raise DataFormatError(f"{path}: no lifetime rows found (expected GCE sections or a lifetime_s column)")
     return pf
 
 

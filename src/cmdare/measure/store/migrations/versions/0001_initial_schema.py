@@ -167,9 +167,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
     )
     with op.batch_alter_table("cluster_speed_samples", schema=None) as batch_op:
-        batch_op.create_index(
-            "ix_cluster_speed_group", ["gpu_type", "model_name", "workers", "ps"], unique=False
-        )
+        batch_op.create_index("ix_cluster_speed_group", ["gpu_type", "model_name", "workers", "ps"], unique=False)
 
     op.create_table(
         "lifetime_observations",

@@ -1,0 +1,220 @@
+"""CLI of the measure concern: ``cmdare import ...`` and ``cmdare report ...``.
+
+Every command takes ``--db URL`` (default ``CMDARE_DB_URL`` or the SQLite file in the data
+directory). Paths to the shared public data may be omitted when ``CMDARE_SHARED_DATA`` names the
+data root (the folder holding ``cmdare/`` and ``lifetimes/``); cmdare never guesses them from the
+working directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import typer
+
+from cmdare.errors import UserInputError
+
+SHARED_ENV = "CMDARE_SHARED_DATA"
+LIFETIME_FILES = ("gce_gpu_lifetimes.csv", "gce_cpu_preemptions.json")
+_DB_HELP = "Store URL (SQLAlchemy); default $CMDARE_DB_URL or a SQLite file in the cmdare data directory."
+_FMT_HELP = "Output format: table, csv or json."
+_PLOT_HELP = "Also draw the report's figure into this PNG file."
+
+import_app = typer.Typer(
+    help="Import public or exported measurements into the store (idempotent).", no_args_is_help=True
+)
+report_app = typer.Typer(help="Characterization reports (a table plus a matplotlib figure).", no_args_is_help=True)
+
+
+def _shared(sub: str) -> Path:
+    root = os.environ.get(SHARED_ENV)
+    if not root:
+        raise UserInputError(
+            f"name the data path, or set {SHARED_ENV} to the shared data root "
+            f"(the folder holding cmdare/ and lifetimes/)"
+        )
+    return Path(root).expanduser() / sub
+
+
+def _print_import(result, as_json: bool, verbose: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=1))
+        return
+    files = result.files
+    done = sum(f.status == "imported" for f in files)
+    typer.echo(
+        f"files: {len(files)} ({done} imported, {sum(f.status == 'already imported' for f in files)} "
+        f"already imported, {sum(f.status == 'skipped' for f in files)} skipped); rows read "
+        f"{result.read}, imported {result.imported}, skipped {result.skipped}"
+    )
+    for reason, n in sorted(result.reasons().items(), key=lambda kv: -kv[1]):
+        typer.echo(f"  skipped {n}: {reason}")
+    if verbose:
+        for f in files:
+            typer.echo(f"  {f.status:16} {f.read:6} read {f.imported:6} imported  {f.path}")
+
+
+@import_app.command("cmdare")
+def import_cmdare_cmd(
+    directory: Path | None = typer.Argument(None, help=f"CM-DARE's processed_data; default ${SHARED_ENV}/cmdare."),
+    db: str | None = typer.Option(None, "--db", help=_DB_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="One line per file."),
+) -> None:
+    """Import CM-DARE's measurements: speed tables, cluster speed, checkpoints, startup, chief rejoining."""
+    from cmdare.measure.importers.cmdare_data import import_cmdare_dir
+    from cmdare.measure.store import open_store
+
+    path = directory or _shared("cmdare")
+    store = open_store(db)
+    _print_import(import_cmdare_dir(store, path), as_json, verbose)
+
+
+@import_app.command("tensorboard")
+def import_tensorboard_cmd(
+    path: Path = typer.Argument(..., help="A CSV export (Wall time,Step,Value), an event file, or a logdir."),
+    run: str = typer.Option(..., "--run", help="Run id the scalars belong to (created if new)."),
+    tag: str | None = typer.Option(None, "--tag", help="Tag of a CSV export (default: from its file name)."),
+    workers: int | None = typer.Option(None, "--workers", help="Workers of the run: also store cluster speed."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU type of the run's workers (with --workers)."),
+    ps: int = typer.Option(1, "--ps", help="Parameter servers of the run (with --workers)."),
+    db: str | None = typer.Option(None, "--db", help=_DB_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="One line per file."),
+) -> None:
+    """Import TensorBoard scalars (global_step/sec, loss, accuracy) of one run."""
+    from cmdare.measure.importers.tensorboard_import import import_tensorboard
+    from cmdare.measure.store import open_store
+
+    if workers is not None and workers < 1:
+        raise UserInputError("--workers must be at least 1")
+    store = open_store(db)
+    _print_import(import_tensorboard(store, path, run, tag, workers, gpu, ps), as_json, verbose)
+
+
+@import_app.command("lifetimes")
+def import_lifetimes_cmd(
+    files: list[Path] | None = typer.Argument(
+        None, help=f"Lifetime CSV/JSON files; default the two in ${SHARED_ENV}/lifetimes."
+    ),
+    db: str | None = typer.Option(None, "--db", help=_DB_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="One line per file."),
+) -> None:
+    """Import server lifetimes: the GCE GPU lifetime sheet, the preemption JSON, or a lifetime_s CSV."""
+    from cmdare.measure.importers.lifetimes import import_lifetimes
+    from cmdare.measure.store import open_store
+
+    paths = list(files or [_shared("lifetimes") / f for f in LIFETIME_FILES])
+    store = open_store(db)
+    _print_import(import_lifetimes(store, paths), as_json, verbose)
+
+
+@import_app.command("public")
+def import_public_cmd(
+    data_dir: Path | None = typer.Argument(
+        None, help=f"Shared data root (cmdare/, lifetimes/); default ${SHARED_ENV}."
+    ),
+    db: str | None = typer.Option(None, "--db", help=_DB_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Import all the shared public data: CM-DARE's CSVs and both lifetime files."""
+    from cmdare.measure.importers.cmdare_data import import_cmdare_dir
+    from cmdare.measure.importers.lifetimes import import_lifetimes
+    from cmdare.measure.store import open_store
+
+    root = data_dir or _shared("")
+    store = open_store(db)
+    _print_import(import_cmdare_dir(store, root / "cmdare"), as_json, False)
+    _print_import(import_lifetimes(store, [root / "lifetimes" / f for f in LIFETIME_FILES]), as_json, False)
+
+
+def _emit(name: str, db: str | None, fmt: str, plot: Path | None, run_id: str | None = None):
+    from cmdare.measure.reports import FORMATS, build_report
+    from cmdare.measure.store import open_store
+
+    if fmt not in FORMATS:
+        from cmdare.errors import UnknownNameError
+
+        raise UnknownNameError("report format", fmt, FORMATS)
+    report = build_report(name, open_store(db), run_id=run_id)
+    typer.echo(report.render(fmt), nl=False)
+    if plot is not None:
+        out = report.save_plot(plot)
+        if fmt == "table":
+            typer.echo(f"plot written to {out}")
+    return report
+
+
+@report_app.command("lifetimes")
+def report_lifetimes(
+    fmt: str = typer.Option("table", "--format", help=_FMT_HELP),
+    plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
+    save_models: Path | None = typer.Option(
+        None, "--save-models", help="Write fitted models (<model>-<type>.json) into this directory."
+    ),
+    db: str | None = typer.Option(None, "--db", help=_DB_HELP),
+) -> None:
+    """Lifetime CDFs per server type and region, revocation fractions, fitted exponential/bathtub models."""
+    _emit("lifetimes", db, fmt, plot)
+    if save_models is not None:
+        from cmdare.measure.reports.lifetimes import fit_default_models
+        from cmdare.measure.store import open_store
+
+        save_models.mkdir(parents=True, exist_ok=True)
+        fitted = fit_default_models(open_store(db).frame("lifetime_observations"))
+        for name, by_key in fitted.items():
+            for key, model in by_key.items():
+                (save_models / f"{name}-{key}.json").write_text(json.dumps(model))
+        if fmt == "table":
+            typer.echo(f"models written to {save_models}")
+
+
+@report_app.command("scaling")
+def report_scaling(
+    fmt: str = typer.Option("table", "--format", help=_FMT_HELP),
+    plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
+    db: str | None = typer.Option(None, "--db", help=_DB_HELP),
+) -> None:
+    """Cluster speed against the number of workers per GPU type and #PS, with the ideal line."""
+    _emit("scaling", db, fmt, plot)
+
+
+@report_app.command("startup")
+def report_startup(
+    fmt: str = typer.Option("table", "--format", help=_FMT_HELP),
+    plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
+    db: str | None = typer.Option(None, "--db", help=_DB_HELP),
+) -> None:
+    """Startup phases (provisioning, staging, booting, joining) per GPU type, transient vs on-demand."""
+    _emit("startup", db, fmt, plot)
+
+
+@report_app.command("checkpoint")
+def report_checkpoint(
+    fmt: str = typer.Option("table", "--format", help=_FMT_HELP),
+    plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
+    run: str | None = typer.Option(None, "--run", help="Only this run's checkpoints."),
+    db: str | None = typer.Option(None, "--db", help=_DB_HELP),
+) -> None:
+    """Checkpoint duration (local and remote) against checkpoint size."""
+    _emit("checkpoint", db, fmt, plot, run)
+
+
+@report_app.command("run")
+def report_run(
+    run_id: str = typer.Argument(..., help="The run id (e.g. run-20261129-201500-ab12)."),
+    fmt: str = typer.Option("table", "--format", help=_FMT_HELP),
+    plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
+    db: str | None = typer.Option(None, "--db", help=_DB_HELP),
+) -> None:
+    """One run: throughput over time with revocations, replacements and checkpoints marked, cost so far."""
+    _emit("run", db, fmt, plot, run_id)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``cmdare import`` and ``cmdare report`` to the main app."""
+    app.add_typer(import_app, name="import")
+    app.add_typer(report_app, name="report")

@@ -1,0 +1,133 @@
+"""``cmdare report run RUN_ID``: one run's throughput over time, events and cost so far."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from cmdare.errors import DataNotFoundError, UserInputError
+from cmdare.measure.reports.base import Report
+from cmdare.measure.store import Store
+from cmdare.measure.store.schema import Run
+
+MARKED = {
+    "revocation": "red",
+    "worker_lost": "red",
+    "notice": "orange",
+    "replacement_joined": "green",
+    "chief_change": "purple",
+    "checkpoint": "gray",
+    "ps_move": "blue",
+}
+BINS = 40
+
+
+def _cost_usd(servers: Any, run: Run, now: float) -> float | None:
+    if run.cost_usd:
+        return float(run.cost_usd)
+    priced = servers[servers.price_per_hour_usd.notna()] if not servers.empty else servers
+    if priced.empty:
+        return None
+    start = priced.joined_at.fillna(priced.requested_at).fillna(run.started_at or now)
+    end = priced.ended_at.fillna(run.ended_at or now)
+    return float(((end - start).clip(lower=0) / 3600 * priced.price_per_hour_usd).sum())
+
+
+def build(store: Store, run_id: str | None = None) -> Report:
+    """The report of one run (throughput, events, checkpoints, cost)."""
+    import pandas as pd
+
+    if not run_id:
+        raise UserInputError("report run needs a RUN_ID (see the runs table)")
+    with store.session() as s:
+        run = s.get(Run, run_id)
+        if run is None:
+            recent = [r.run_id for r in s.query(Run).order_by(Run.started_at.desc()).limit(5)]
+            hint = f"; recent runs: {', '.join(recent)}" if recent else "; the store has no runs"
+            raise DataNotFoundError(f"no run {run_id!r} in the store {store.url}{hint}")
+    steps = store.frame("step_metrics", where=lambda c: c.run_id == run_id, order_by=("time",))
+    events = store.frame("events", where=lambda c: c.run_id == run_id, order_by=("time",))
+    ckpts = store.frame("checkpoints", where=lambda c: c.run_id == run_id, order_by=("time",))
+    evals = store.frame("eval_metrics", where=lambda c: c.run_id == run_id, order_by=("time",))
+    servers = store.frame("servers", where=lambda c: c.run_id == run_id)
+    t0 = run.started_at or (float(steps.time.min()) if len(steps) else 0.0)
+    now = run.ended_at or (float(steps.time.max()) if len(steps) else time.time())
+    speed = steps[steps.cluster_steps_per_s.notna()]
+    timeline = pd.DataFrame(columns=["t_s", "global_step", "cluster_steps_per_s", "loss"])
+    if len(speed):
+        edges = np.linspace(speed.time.min(), speed.time.max() + 1e-9, min(BINS, len(speed)) + 1)
+        idx = np.clip(np.digitize(speed.time, edges) - 1, 0, len(edges) - 2)
+        timeline = (
+            speed.assign(bin=idx)
+            .groupby("bin", as_index=False)
+            .agg(
+                t_s=("time", "max"),
+                global_step=("global_step", "max"),
+                cluster_steps_per_s=("cluster_steps_per_s", "mean"),
+                loss=("loss", "mean"),
+            )
+        )
+        timeline["t_s"] = timeline.t_s - t0
+        timeline = timeline.drop(columns="bin")
+    kinds = events.kind.value_counts().to_dict() if len(events) else {}
+    summary = {
+        "run_id": run.run_id,
+        "model": run.model,
+        "dataset": run.dataset,
+        "status": run.status,
+        "emulated": run.emulated,
+        "global_step": int(run.final_step or (steps.global_step.max() if len(steps) else 0)),
+        "wall_s": float(now - t0),
+        "steps_per_s": run.steps_per_s,
+        "revocations": int(kinds.get("revocation", 0) + kinds.get("worker_lost", 0)),
+        "replacements": int(kinds.get("replacement_joined", 0)),
+        "checkpoints": len(ckpts),
+        "final_accuracy": run.final_accuracy
+        if run.final_accuracy is not None
+        else (float(evals.accuracy.iloc[-1]) if len(evals) else None),
+        "cost_usd": _cost_usd(servers, run, now),
+    }
+    summary_df = pd.DataFrame({"field": list(summary), "value": [str(v) for v in summary.values()]})
+    event_df = (
+        events[["time", "kind", "global_step", "worker_id", "server_id"]]
+        .assign(t_s=lambda d: d.time - t0)
+        .drop(columns="time")
+        if len(events)
+        else pd.DataFrame()
+    )
+
+    def plot(fig: Any) -> None:
+        ax = fig.subplots(1, 1)
+        if len(speed):
+            ax.plot(speed.time - t0, speed.cluster_steps_per_s, ".", ms=2, alpha=0.3, color="C0")
+            ax.plot(timeline.t_s, timeline.cluster_steps_per_s, "-", color="C0", label="cluster steps/s")
+        seen = set()
+        for ev in events.itertuples():
+            color = MARKED.get(ev.kind)
+            if color:
+                ax.axvline(ev.time - t0, color=color, ls="--", lw=1, label=None if ev.kind in seen else ev.kind)
+                seen.add(ev.kind)
+        for ck in ckpts.itertuples():
+            if ck.time is not None and "checkpoint" not in seen:
+                ax.axvline(ck.time - t0, color="gray", ls=":", lw=1, label="checkpoint")
+                seen.add("checkpoint")
+            elif ck.time is not None:
+                ax.axvline(ck.time - t0, color="gray", ls=":", lw=1)
+        cost = summary["cost_usd"]
+        ax.set(
+            xlabel="time since start (s)",
+            ylabel="global steps/s",
+            title=f"{run_id}" + (f" - cost so far ${cost:.2f}" if cost is not None else ""),
+        )
+        ax.legend(fontsize=8)
+
+    return Report(
+        "run",
+        f"Run {run_id}",
+        {"summary": summary_df, "timeline": timeline, "events": event_df},
+        [],
+        plot,
+        figsize=(11, 4.5),
+    )
