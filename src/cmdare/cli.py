@@ -25,6 +25,7 @@ app = typer.Typer(
 
 # One module per concern; each defines ``register(app: typer.Typer) -> None``.
 COMMAND_MODULES: tuple[str, ...] = (
+    "cmdare.predict.commands",
     "cmdare.train.commands",
     "cmdare.cloud.commands",
     "cmdare.plan.commands",

@@ -1,0 +1,201 @@
+"""``cmdare models ...`` (evaluate, fit) and ``cmdare predict ...`` (single questions and tables)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import typer
+
+models_app = typer.Typer(help="Fit and evaluate the performance models.", no_args_is_help=True)
+predict_app = typer.Typer(help="Predict step time, cluster speed, checkpoint and startup time.", no_args_is_help=True)
+
+_INPUT = typer.Option(None, "--input", help="CSV with CM-DARE column names; one question per row.")
+_OUTPUT = typer.Option(None, "--output", help="Where to write the rows plus a 'Predicted ...' column.")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``models`` and ``predict`` command groups."""
+    app.add_typer(models_app, name="models")
+    app.add_typer(predict_app, name="predict")
+
+
+@models_app.command("evaluate")
+def evaluate_cmd(
+    task: list[str] = typer.Option(
+        None, "--task", help="step_time, cluster_speed, checkpoint_remote, checkpoint_local (default: all)"
+    ),
+    plot_dir: Path = typer.Option(None, "--plot-dir", help="Write predicted-vs-measured plots here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of tables."),
+) -> None:
+    """Errors of every model beside the published baselines on the same splits."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from cmdare.errors import UnknownNameError
+    from cmdare.predict.evaluate import TASKS, evaluate, plot_predictions
+
+    for name in task or []:
+        if name not in TASKS:
+            raise UnknownNameError("model task", name, list(TASKS))
+    frame, preds = evaluate(tuple(task) if task else None)
+    if as_json:
+        typer.echo(json.dumps(frame.to_dict(orient="records")))
+    else:
+        console = Console(width=200)
+        for name in pd_unique(frame["task"]):
+            part = frame[frame["task"] == name]
+            t = TASKS[name]
+            table = Table(title=f"{name}: MAPE % (MAE {t.unit} / max error %), n = test predictions")
+            table.add_column("protocol")
+            table.add_column("subset")
+            model_names = list(dict.fromkeys(part["model"]))
+            for m in model_names:
+                table.add_column(m, justify="right")
+            for (protocol, subset), grp in part.groupby(["protocol", "subset"], sort=False):
+                cells = []
+                for m in model_names:
+                    r = grp[grp["model"] == m]
+                    cells.append(
+                        "-"
+                        if r.empty
+                        else f"{r.mape.iloc[0]:.2f} ({r.mae.iloc[0]:.3g} / {r.max_ape.iloc[0]:.1f}) n={r.n.iloc[0]}"
+                    )
+                table.add_row(protocol, subset, *cells)
+            console.print(table)
+    if plot_dir is not None:
+        for path in plot_predictions(preds, plot_dir):
+            typer.echo(f"wrote {path}", err=as_json)
+
+
+def pd_unique(values) -> list:
+    """Unique values in order of appearance."""
+    return list(dict.fromkeys(values))
+
+
+@models_app.command("fit")
+def fit_cmd() -> None:
+    """Refit all models on the shared data and cache them under the models directory."""
+    import shutil
+
+    import cmdare.predict as P
+
+    shutil.rmtree(P._cache_dir(), ignore_errors=True)
+    for fn in (P.step_time_model, P.cluster_speed_model, P.checkpoint_model, P.startup_model):
+        fn.cache_clear()
+    P.step_time_model()
+    P.cluster_speed_model()
+    P.checkpoint_model(False)
+    P.checkpoint_model(True)
+    typer.echo(f"fitted models cached in {P._cache_dir()}")
+
+
+def _table(kind: str, input_path: Path, output_path: Path | None, remote: bool = False) -> None:
+    from cmdare.predict.tables import predict_table, read_table, write_table
+
+    out = predict_table(read_table(input_path), kind, remote=remote)
+    if output_path is None:
+        typer.echo(out.to_csv(index=False), nl=False)
+    else:
+        write_table(out, output_path)
+        typer.echo(f"wrote {len(out)} rows to {output_path}")
+
+
+def _need(value, flag: str):
+    from cmdare.errors import UserInputError
+
+    if value is None:
+        raise UserInputError(f"give {flag} (or --input FILE.csv)")
+    return value
+
+
+@predict_app.command("step-time")
+def step_time_cmd(
+    model: str = typer.Option(
+        None, "--model", help="Published workload, e.g. resnet32 (see `cmdare predict workloads`)."
+    ),
+    gpu: str = typer.Option(None, "--gpu", help="GPU type (k80, p100, v100, t4, l4, a100, h100) or its TFLOPS."),
+    latency_ms: float = typer.Option(0.3, "--latency-ms", min=0.0, help="Worker-PS network latency."),
+    input_path: Path = _INPUT,
+    output_path: Path = _OUTPUT,
+) -> None:
+    """Seconds per training step on one GPU."""
+    if input_path is not None:
+        return _table("step-time", input_path, output_path)
+    from cmdare.predict import predict_step_time_s
+
+    g = _need(gpu, "--gpu")
+    with contextlib.suppress(ValueError):
+        g = float(g)
+    typer.echo(f"{predict_step_time_s(_need(model, '--model'), g, latency_ms):.4f} s/step")
+
+
+@predict_app.command("cluster-speed")
+def cluster_speed_cmd(
+    model: str = typer.Option(None, "--model", help="Published workload, e.g. resnet15."),
+    workers: str = typer.Option(None, "--workers", help="GPU workers, e.g. k80:4 or k80:2,p100:1."),
+    ps: int = typer.Option(1, "--ps", min=1, help="Number of parameter servers."),
+    input_path: Path = _INPUT,
+    output_path: Path = _OUTPUT,
+) -> None:
+    """Global steps per second of asynchronous PS training."""
+    if input_path is not None:
+        return _table("cluster-speed", input_path, output_path)
+    from cmdare.predict import predict_cluster_steps_per_s
+
+    speed = predict_cluster_steps_per_s(_need(model, "--model"), _need(workers, "--workers"), ps)
+    typer.echo(f"{speed:.3f} steps/s")
+
+
+@predict_app.command("checkpoint")
+def checkpoint_cmd(
+    size_mb: float = typer.Option(None, "--size-mb", min=0.0, help="Checkpoint size in MB."),
+    tensors: int = typer.Option(None, "--tensors", min=1, help="Number of tensors (variables), if known."),
+    remote: bool = typer.Option(False, "--remote/--local", help="Save and upload to a bucket, or save locally."),
+    input_path: Path = _INPUT,
+    output_path: Path = _OUTPUT,
+) -> None:
+    """Seconds to write a checkpoint (and upload it with --remote)."""
+    if input_path is not None:
+        return _table("checkpoint", input_path, output_path, remote=remote)
+    from cmdare.predict import predict_checkpoint_s
+
+    typer.echo(f"{predict_checkpoint_s(_need(size_mb, '--size-mb') * 1e6, tensors, remote):.3f} s")
+
+
+@predict_app.command("startup")
+def startup_cmd(
+    gpu: str = typer.Option(..., "--gpu", help="GPU type (k80, p100; others use the pooled fit)."),
+    transient: bool = typer.Option(False, "--transient/--on-demand", help="Preemptible/spot or on-demand."),
+    region: str = typer.Option(None, "--region", help="east or west (default: pooled over regions)."),
+    samples: int = typer.Option(0, "--samples", min=0, help="Also draw this many samples and print quantiles."),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Expected seconds per server startup phase."""
+    import numpy as np
+
+    from cmdare.predict import gpu_tflops, startup_model
+
+    gpu_tflops(gpu)  # unknown GPU names fail here with the list of valid ones
+    model = startup_model()
+    mean = model.mean_s(gpu, transient, region)
+    typer.echo(" ".join(f"{k}={v:.1f}s" for k, v in mean.items()) + f" total={sum(mean.values()):.1f}s")
+    if samples:
+        rng = np.random.default_rng(seed)
+        totals = np.array([sum(model.sample(rng, gpu, transient, region).values()) for _ in range(samples)])
+        q = np.percentile(totals, [5, 50, 95])
+        typer.echo(f"total over {samples} samples: p5={q[0]:.1f}s p50={q[1]:.1f}s p95={q[2]:.1f}s")
+
+
+@predict_app.command("workloads")
+def workloads_cmd() -> None:
+    """List the published workloads the models were trained on, with their features."""
+    from cmdare.predict import list_published_workloads, published_workload
+
+    for name in list_published_workloads():
+        w = published_workload(name)
+        typer.echo(
+            f"{w.name:<11} {w.display_name:<16} FLOPs={w.model_flops:.3e} params={w.num_params:>9} "
+            f"tensors={w.num_tensors:>3} checkpoint={w.checkpoint_mb} MB"
+        )
