@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cmdare.cloud.commands",
     "cmdare.plan.commands",
     "cmdare.workloads.commands",
+    "cmdare.measure.commands",
 )
 
 for _name in COMMAND_MODULES:
