@@ -95,3 +95,8 @@ def get_placement(name: str) -> PlacementStrategy:
         return PLACEMENTS[name]()
     except KeyError:
         raise UnknownNameError("placement", name, sorted(PLACEMENTS)) from None
+
+
+# The other strategies (greedy, mxnet, byteps, psld) register themselves; imported last because
+# cmdare.ps.strategies imports this module's names.
+import cmdare.ps.strategies  # noqa: E402,F401

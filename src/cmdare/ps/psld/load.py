@@ -1,0 +1,149 @@
+"""Load measurements of parameter shards and the per-byte / per-block costs derived from them.
+
+A shard reports one :class:`ShardLoad` per measurement window (a few iterations). Its busy time per
+push, less fixed overheads, divided by the parameter bytes it holds, is its per-byte cost; the cost
+of a block on shard ``s`` is then ``per_byte_s[s] * block.nbytes + block_overhead_s``. Two shards
+with the same per-byte cost but different busy times differ in placement (one holds more); a shard
+whose per-byte cost is a multiple of the others' is slow (see :mod:`cmdare.ps.psld.detector`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cmdare.ps.placement import Placement
+
+__all__ = ["BlockLoad", "ShardCost", "ShardLoad", "block_costs", "shard_costs"]
+
+
+@dataclass(frozen=True)
+class ShardLoad:
+    """What one shard measured over a window of ``window_s`` seconds.
+
+    Attributes:
+        shard_id: the shard's index in the placement the window was measured under.
+        window_s: wall-clock length of the window.
+        pushes: push (gradient in, parameters out) requests served.
+        bytes_in: gradient bytes received.
+        bytes_out: parameter bytes sent.
+        busy_s: time spent serving requests (deserialize, apply, serialize).
+        apply_s: part of ``busy_s`` spent in the optimizer update.
+        queue_s: total time requests waited in the shard's queue before being served.
+        wait_s: total time workers waited on this shard (request sent to reply received); optional.
+    """
+
+    shard_id: int
+    window_s: float
+    pushes: int
+    bytes_in: int
+    bytes_out: int
+    busy_s: float
+    apply_s: float
+    queue_s: float
+    wait_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        values = (self.window_s, self.pushes, self.bytes_in, self.bytes_out, self.busy_s, self.apply_s,
+                  self.queue_s, self.wait_s)
+        if self.shard_id < 0 or any(v < 0 for v in values):
+            raise ValueError(f"negative value in {self!r}")
+
+    @property
+    def busy_fraction(self) -> float:
+        """Share of the window the shard was busy (1.0: saturated)."""
+        return min(1.0, self.busy_s / self.window_s) if self.window_s > 0 else 0.0
+
+    @property
+    def time_per_push_s(self) -> float:
+        """Mean service time of one push (0 when none was served)."""
+        return self.busy_s / self.pushes if self.pushes else 0.0
+
+    @property
+    def queue_per_push_s(self) -> float:
+        """Mean queueing delay of one push."""
+        return self.queue_s / self.pushes if self.pushes else 0.0
+
+
+@dataclass(frozen=True)
+class BlockLoad:
+    """What one block cost on its shard over a window (optional finer-grained monitoring)."""
+
+    block_id: int
+    shard_id: int
+    pushes: int
+    bytes_in: int
+    bytes_out: int
+    apply_s: float
+
+
+@dataclass(frozen=True)
+class ShardCost:
+    """A shard's cost estimate from one window.
+
+    Attributes:
+        shard_id: the shard.
+        per_byte_s: seconds per push per held parameter byte, overheads removed (None: holds nothing).
+        overhead_s: fixed seconds per push (push overhead plus blocks times block overhead).
+        time_per_push_s: measured busy seconds per push.
+        held_bytes: parameter bytes the shard holds.
+        blocks: number of blocks the shard holds.
+        busy_fraction: share of the window the shard was busy.
+    """
+
+    shard_id: int
+    per_byte_s: float | None
+    overhead_s: float
+    time_per_push_s: float
+    held_bytes: int
+    blocks: int
+    busy_fraction: float
+
+
+def shard_costs(loads: Sequence[ShardLoad], placement: Placement, *, push_overhead_s: float = 0.0,
+                block_overhead_s: float = 0.0) -> list[ShardCost]:
+    """Per-shard cost estimates from one window's loads, in ``loads`` order.
+
+    Args:
+        loads: one window's measurements, ``shard_id`` indexing ``placement``'s shards.
+        placement: the placement the window was measured under.
+        push_overhead_s: fixed cost of one push on a shard that holds anything (e.g. the RPC).
+        block_overhead_s: fixed cost per block per push (slicing, bookkeeping).
+
+    Returns:
+        One :class:`ShardCost` per load; ``per_byte_s`` is None for a shard that holds no bytes or
+        served no pushes.
+    """
+    held = placement.shard_bytes()
+    counts = [0] * placement.num_shards
+    for s in placement.shard_of:
+        counts[s] += 1
+    out = []
+    for ld in loads:
+        if ld.shard_id >= placement.num_shards:
+            raise ValueError(f"load for shard {ld.shard_id} but the placement has {placement.num_shards}")
+        n = counts[ld.shard_id]
+        overhead = (push_overhead_s if n else 0.0) + block_overhead_s * n
+        per_byte = None
+        if ld.pushes and held[ld.shard_id]:
+            per_byte = max(ld.time_per_push_s - overhead, 0.0) / held[ld.shard_id]
+        out.append(ShardCost(ld.shard_id, per_byte, overhead, ld.time_per_push_s, held[ld.shard_id], n,
+                             ld.busy_fraction))
+    return out
+
+
+def block_costs(loads: Sequence[ShardLoad], placement: Placement, *, push_overhead_s: float = 0.0,
+                block_overhead_s: float = 0.0) -> dict[int, float]:
+    """Estimated seconds per push each block costs on its current shard.
+
+    ``cost(block) = per_byte_s[shard] * block.nbytes + block_overhead_s``; blocks on a shard without a
+    load entry or with no estimate are left out.
+    """
+    per_byte = {c.shard_id: c.per_byte_s for c in shard_costs(
+        loads, placement, push_overhead_s=push_overhead_s, block_overhead_s=block_overhead_s)}
+    out = {}
+    for b, s in zip(placement.blocks, placement.shard_of, strict=True):
+        c = per_byte.get(s)
+        if c is not None:
+            out[b.block_id] = c * b.nbytes + block_overhead_s
+    return out
