@@ -84,7 +84,7 @@ def test_price_lookup_errors_name_what_is_valid(cat):
     with pytest.raises(UnknownNameError):
         cat.regions("azure")
     with pytest.raises(UserInputError, match="no spot"):
-        cat.price_per_hour_usd("h100", "aws", "us-east-1", True)  # no spot price recorded
+        cat.price_per_hour_usd("k80", "aws", "us-east-1", True)  # no spot price recorded (P2 retired)
     err = pickle.loads(pickle.dumps(NotOfferedError("P100 servers", "aws", ["gcp"])))
     assert str(err) == "P100 servers are not offered in 'aws'; offered in: gcp"
 
@@ -108,7 +108,7 @@ def test_cheapest_is_deterministic_and_respects_filters(cat):
     assert v100.price_per_hour_usd == min(cat.price_per_hour_usd("v100", o.cloud, o.region, True)
                                           for o in cat.find(gpu="v100"))
     with pytest.raises(UserInputError):
-        cat.cheapest(gpu="h100", transient=True, cloud="aws")
+        cat.cheapest(gpu="k80", transient=True, cloud="aws")
 
 
 def test_user_file_overrides_one_price_and_adds_a_gpu(tmp_path, monkeypatch):

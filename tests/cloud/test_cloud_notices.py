@@ -157,3 +157,17 @@ def test_bad_arguments():
     assert default.url == "http://169.254.169.254/latest/meta-data/spot/instance-action"
     with pytest.raises(UserInputError):
         LocalMetadataServer().port  # noqa: B018 - not started
+
+
+def test_watcher_from_env(server):
+    from cmdare.cloud.notices import watcher_from_env
+
+    assert watcher_from_env(environ={}) is None
+    watcher = watcher_from_env(poll_interval_s=0.05, environ={"CMDARE_NOTICE_PROVIDER": "aws",
+                                                              "CMDARE_NOTICE_URL": server.aws_url})
+    assert watcher is not None and watcher.provider == "aws" and watcher.url == server.aws_url
+    server.preempt()
+    with watcher:
+        assert _wait_for(lambda: watcher.notice is not None, 2.0)
+    with pytest.raises(UnknownNameError):
+        watcher_from_env(environ={"CMDARE_NOTICE_PROVIDER": "azure"})

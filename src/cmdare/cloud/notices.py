@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import urllib.error
@@ -36,8 +37,11 @@ __all__ = [
     "GCE_NOTICE_S",
     "LocalMetadataServer",
     "Notice",
+    "NOTICE_PROVIDER_ENV",
+    "NOTICE_URL_ENV",
     "NoticeWatcher",
     "PROVIDERS",
+    "watcher_from_env",
 ]
 
 log = logging.getLogger(__name__)
@@ -56,6 +60,10 @@ GCE_NOTICE_S = 30.0
 AWS_NOTICE_S = 120.0
 AWS_TOKEN_TTL_S = 21600
 MAX_BACKOFF_S = 30.0
+# Set on cloud worker nodes by the generated cluster config (cmdare.cloud.launcher); the URL override
+# lets local runs point a worker at a LocalMetadataServer.
+NOTICE_PROVIDER_ENV = "CMDARE_NOTICE_PROVIDER"
+NOTICE_URL_ENV = "CMDARE_NOTICE_URL"
 # Metadata servers are link-local: never send these requests through an HTTP proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -293,6 +301,25 @@ class NoticeWatcher:
         except Exception:  # noqa: BLE001 - a failing callback must not kill the watcher thread silently
             self.callback_errors += 1
             log.exception("on_notice callback failed for %s notice", notice.provider)
+
+
+def watcher_from_env(
+    on_notice: Callable[[Notice], None] | None = None, poll_interval_s: float = 1.0,
+    environ: dict[str, str] | None = None,
+) -> NoticeWatcher | None:
+    """A (not yet started) watcher configured by ``$CMDARE_NOTICE_PROVIDER`` / ``$CMDARE_NOTICE_URL``.
+
+    Returns ``None`` when no provider is set (e.g. an on-demand or local server without emulation).
+
+    Raises:
+        UnknownNameError: the provider variable names an unknown provider.
+    """
+    env = os.environ if environ is None else environ
+    provider = (env.get(NOTICE_PROVIDER_ENV) or "").strip()
+    if not provider:
+        return None
+    return NoticeWatcher(env.get(NOTICE_URL_ENV) or None, provider, poll_interval_s=poll_interval_s,
+                         on_notice=on_notice)
 
 
 class _Handler(BaseHTTPRequestHandler):
