@@ -413,6 +413,7 @@ class LocalMetadataServer:
         self._timers: list[threading.Timer] = []
         self._tokens: set[str] = set()
         self._token_seq = 0
+        self._closing = False
         self.requests: dict[str, int] = {}
 
     # ---------------------------------------------------------------- lifecycle
@@ -420,6 +421,7 @@ class LocalMetadataServer:
         """Bind and serve in a daemon thread (idempotent); returns ``self``."""
         if self._httpd is not None:
             return self
+        self._closing = False
         httpd = _MetadataHTTPServer(("127.0.0.1", self._requested_port), _Handler)
         httpd.owner = self
         self._httpd = httpd
@@ -433,6 +435,7 @@ class LocalMetadataServer:
         for timer in self._timers:
             timer.cancel()
         with self._cond:
+            self._closing = True  # release long polls (wait_for_change) still held by handler threads
             self._cond.notify_all()
         if self._httpd is not None:
             self._httpd.shutdown()
@@ -522,7 +525,7 @@ class LocalMetadataServer:
     def _wait_preempted(self, timeout_s: float) -> None:
         deadline = time.monotonic() + max(0.0, min(timeout_s, 300.0))
         with self._cond:
-            while self._preempted_at is None and self._httpd is not None:
+            while self._preempted_at is None and not self._closing:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
