@@ -20,6 +20,8 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVR
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from cmdare.predict.features import fixed_width
+
 __all__ = ["CheckpointModel", "SizeOnlyRegression"]
 
 
@@ -58,6 +60,7 @@ class CheckpointModel(RegressorMixin, BaseEstimator):
     def fit(self, X, y):
         """Fit the size+tensors model on rows that know #tensors and a size-only one on all rows."""
         X, y = validate_data(self, X, y, y_numeric=True, ensure_all_finite="allow-nan")
+        X = fixed_width(X, 2, np.nan)
         if np.isnan(X[:, 0]).any():
             raise ValueError("checkpoint size must not be NaN")
         proto = _LinearPlusSVR(C=self.C, epsilon=self.epsilon)
@@ -69,7 +72,7 @@ class CheckpointModel(RegressorMixin, BaseEstimator):
     def predict(self, X):
         """Seconds to write (and, for a remote model, upload) each checkpoint."""
         check_is_fitted(self, "size_model_")
-        X = validate_data(self, X, reset=False, ensure_all_finite="allow-nan")
+        X = fixed_width(validate_data(self, X, reset=False, ensure_all_finite="allow-nan"), 2, np.nan)
         if np.isnan(X[:, 0]).any():
             raise ValueError("checkpoint size must not be NaN")
         out = self.size_model_.predict(X[:, :1])

@@ -28,6 +28,8 @@ from scipy.optimize import least_squares, nnls
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from cmdare.predict.features import fixed_width
+
 __all__ = ["CLUSTER_COLUMNS", "OptimusModel", "PSQueueModel", "SumOfWorkers", "mva_throughput"]
 
 CLUSTER_COLUMNS = ("Single Step Time (s)", "Number of Parameters", "Number of Tensors", "Workers", "PS")
@@ -102,6 +104,7 @@ class PSQueueModel(RegressorMixin, BaseEstimator):
     def fit(self, X, y):
         """Fit the three PS cost coefficients on log speed; returns self."""
         X, y = validate_data(self, X, y, y_numeric=True)
+        X = fixed_width(X, 5)
         y_log = np.log(np.maximum(np.abs(y), 1e-9))
 
         def resid(log_theta):
@@ -124,7 +127,7 @@ class PSQueueModel(RegressorMixin, BaseEstimator):
     def predict(self, X):
         """Global steps per second for each row."""
         check_is_fitted(self, "ps_cost_s_")
-        X = validate_data(self, X, reset=False)
+        X = fixed_width(validate_data(self, X, reset=False), 5)
         return self._predict_rows(self.ps_cost_s_, X)
 
     def ps_update_s(self, num_params: float, num_tensors: float, ps: int = 1) -> float:
@@ -161,7 +164,7 @@ class SumOfWorkers(RegressorMixin, BaseEstimator):
     def predict(self, X):
         """``workers / single step time``."""
         check_is_fitted(self, "fitted_")
-        X = validate_data(self, X, reset=False)
+        X = fixed_width(validate_data(self, X, reset=False), 5)
         return np.maximum(np.round(np.abs(X[:, 3])), 1) / np.maximum(np.abs(X[:, 0]), 1e-9)
 
 
@@ -175,6 +178,7 @@ class OptimusModel(RegressorMixin, BaseEstimator):
     def fit(self, X, y):
         """Fit t0..t3 per workload on ``w / f``; returns self."""
         X, y = validate_data(self, X, y, y_numeric=True)
+        X = fixed_width(X, 5)
         self.groups_ = []
         self.coef_ = []
         for key in sorted({(round(r[0], 9), round(r[1])) for r in X}):
@@ -197,7 +201,7 @@ class OptimusModel(RegressorMixin, BaseEstimator):
     def predict(self, X):
         """Steps per second."""
         check_is_fitted(self, "coef_")
-        X = validate_data(self, X, reset=False)
+        X = fixed_width(validate_data(self, X, reset=False), 5)
         out = np.maximum(np.round(np.abs(X[:, 3])), 1) / np.maximum(np.abs(X[:, 0]), 1e-9)
         index = {g: k for k, g in enumerate(self.groups_)}
         A = self._design(X)

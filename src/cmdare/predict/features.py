@@ -17,6 +17,7 @@ import pandas as pd
 from cmdare.errors import DataFormatError, UnknownNameError
 
 __all__ = [
+    "fixed_width",
     "CHECKPOINT_COLUMNS",
     "GPU_TFLOPS",
     "STEP_COLUMNS",
@@ -42,6 +43,17 @@ GPU_TFLOPS: dict[str, float] = {
 STEP_COLUMNS = ("GPU TFLOPS", "Model FLOPs", "Number of Parameters", "Number of Tensors", "Latency (ms)")
 CHECKPOINT_COLUMNS = ("Checkpoint Size (MB)", "Number of Tensors")
 DEFAULT_LATENCY_MS = 0.3  # worker-PS latency of the 0-latency measurements (same zone)
+
+
+def fixed_width(X: np.ndarray, width: int, fill: float = 0.0) -> np.ndarray:
+    """``X`` cut or padded to ``width`` columns (padding with ``fill``).
+
+    The models document their column order; a narrower array (as in scikit-learn's generic
+    estimator checks) reads its missing trailing columns as ``fill``.
+    """
+    if X.shape[1] >= width:
+        return X[:, :width]
+    return np.hstack([X, np.full((X.shape[0], width - X.shape[1]), fill)])
 
 
 def gpu_tflops(name: str) -> float:

@@ -27,6 +27,8 @@ from sklearn.linear_model import LinearRegression
 from sklearn.svm import SVR
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from cmdare.predict.features import fixed_width
+
 __all__ = ["FlopsRatioLinear", "PerGPUFlopsRegression", "StepTimeModel"]
 
 _G = 1e9  # FLOPs unit in the design matrices (keeps NNLS well conditioned)
@@ -88,6 +90,7 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
     def fit(self, X, y):
         """Fit both the per-GPU and the pooled (TFLOPS-scaled) forms; returns self."""
         X, y = validate_data(self, X, y, y_numeric=True)
+        X = fixed_width(X, 5)
         self.pooled_coef_ = _nnls(self._pooled_design(X), y)
         known = []
         for tf in np.unique(X[:, 0]):
@@ -106,7 +109,7 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
     def predict(self, X):
         """Seconds per step for each row."""
         check_is_fitted(self, "pooled_coef_")
-        X = validate_data(self, X, reset=False)
+        X = fixed_width(validate_data(self, X, reset=False), 5)
         out = self._pooled_design(X) @ self.pooled_coef_
         if len(self.gpu_tflops_):
             gpu = self._gpu_index(X[:, 0])
@@ -142,6 +145,7 @@ class PerGPUFlopsRegression(RegressorMixin, BaseEstimator):
     def fit(self, X, y):
         """Fit one regressor per distinct GPU TFLOPS; returns self."""
         X, y = validate_data(self, X, y, y_numeric=True)
+        X = fixed_width(X, 5)
         self.flops_min_, self.flops_max_ = float(X[:, 1].min()), float(X[:, 1].max())
         self.gpu_tflops_ = np.unique(X[:, 0])
         self.models_ = [self._make().fit(self._norm(X[X[:, 0] == tf]), y[X[:, 0] == tf]) for tf in self.gpu_tflops_]
@@ -154,7 +158,7 @@ class PerGPUFlopsRegression(RegressorMixin, BaseEstimator):
     def predict(self, X):
         """Seconds per step; a GPU not seen in training uses the nearest GPU's model by TFLOPS."""
         check_is_fitted(self, "models_")
-        X = validate_data(self, X, reset=False)
+        X = fixed_width(validate_data(self, X, reset=False), 5)
         out = np.empty(len(X))
         nearest = np.abs(X[:, [0]] - self.gpu_tflops_[None, :]).argmin(axis=1)
         for k, model in enumerate(self.models_):
@@ -170,6 +174,7 @@ class FlopsRatioLinear(RegressorMixin, BaseEstimator):
     def fit(self, X, y):
         """Fit ``t = a + b * FLOPs / TFLOPS``; returns self."""
         X, y = validate_data(self, X, y, y_numeric=True)
+        X = fixed_width(X, 5)
         self.lr_ = LinearRegression().fit(self._ratio(X), y)
         return self
 
@@ -180,5 +185,5 @@ class FlopsRatioLinear(RegressorMixin, BaseEstimator):
     def predict(self, X):
         """Seconds per step."""
         check_is_fitted(self, "lr_")
-        X = validate_data(self, X, reset=False)
+        X = fixed_width(validate_data(self, X, reset=False), 5)
         return self.lr_.predict(self._ratio(X))
