@@ -51,7 +51,7 @@ def test_simulate_mix_table(monkeypatch, capsys):
         (["--workers", "k80:0"], "at least 1"),
         (["--workers", "k80:4", "--ps", "9"], "ps must be between"),
         (["--workers", "h800:2"], "unknown GPU"),
-        (["--workers", "k80:2", "--region", "mars-1"], "unknown region"),
+        (["--workers", "k80:2", "--region", "mars-1"], "unknown gcp region"),
         (["--workers", "k80:2", "--replacement", "maybe"], "replacement policy"),
     ],
 )

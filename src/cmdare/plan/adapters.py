@@ -11,14 +11,17 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from cmdare.errors import DataNotFoundError, UnknownNameError
-from cmdare.plan.spec import PlanModels
+from cmdare.errors import UnknownNameError, UserInputError
+from cmdare.plan.spec import PS_SERVER, PlanModels
 
-__all__ = ["NoRevocations", "QuantileLifetimes", "load_plan_models", "resolve_workload"]
+__all__ = ["CatalogPrices", "NoRevocations", "QuantileLifetimes", "load_plan_models", "resolve_workload"]
 
 #: Quantiles kept per server type: sampling is one table lookup per lifetime, so a plan of 50,000
 #: runs does not call the model's (slower) inverse-CDF sampler 50,000 times.
 _QUANTILES = 1 << 15
+#: TensorFlow start on a fresh VM, measured by CM-DARE (~55 s cold; ~12 s warm). A replacement is a
+#: fresh VM, so it pays the cold start.
+FRAMEWORK_COLD_START_S = 55.0
 
 
 class QuantileLifetimes:
@@ -57,10 +60,6 @@ class QuantileLifetimes:
             if err.kind.startswith("server type"):
                 return load_lifetime_model(self.spec), self.spec
             raise
-        except DataNotFoundError:  # TEMPORARY: measure's fitted defaults are not shipped yet
-            from cmdare.plan._fallback import fallback_lifetime
-
-            return fallback_lifetime(server), "fallback exponential (revoked share by 24 h)"
 
     def sample(self, rng: np.random.Generator, server: str, region: str, size: int) -> np.ndarray:
         """``size`` lifetimes (s) of transient ``server`` VMs (``region`` does not change the model)."""
@@ -103,65 +102,100 @@ class _PredictSpeed:
         return 1.0 / float(predict_step_time_s(self.workload, gpu))
 
 
+class _Startup:
+    """Replacement delay: the fitted VM startup phases plus the framework's cold start."""
+
+    def __init__(self):
+        from dataclasses import replace
+
+        from cmdare.predict import startup_model
+
+        self.model = replace(startup_model(), framework_s=FRAMEWORK_COLD_START_S)
+
+    def sample(self, rng: np.random.Generator, server: str, transient: bool, region: str) -> float:
+        # The startup data names regions by coast (CM-DARE measured us-east1 and us-west1).
+        coast = "west" if "west" in region else "east" if "east" in region else None
+        return float(sum(self.model.sample(rng, server, transient, coast).values()))
+
+
+class CatalogPrices:
+    """Whole-VM prices from ``cmdare.cloud.catalog`` for one cloud (``"cpu"`` = a PS server)."""
+
+    def __init__(self, catalog=None, cloud: str = "gcp"):
+        from cmdare.cloud.catalog import default_catalog
+
+        self.catalog = catalog if catalog is not None else default_catalog()
+        self.cloud = cloud
+        self._cache: dict[tuple[str, str, bool], float] = {}
+
+    def price_per_hour_usd(self, server: str, region: str, transient: bool) -> float:
+        key = (server, region, transient)
+        price = self._cache.get(key)
+        if price is None:
+            gpu = None if server == PS_SERVER else server
+            price = self._cache[key] = float(self.catalog.price_per_hour_usd(gpu, self.cloud, region, transient))
+        return price
+
+    def gpus(self) -> list[str]:
+        """GPU types with a worker offering in this cloud (lower case)."""
+        return sorted({o.gpu.lower() for o in self.catalog.find(cloud=self.cloud, role="worker") if o.gpu})
+
+    def regions(self) -> list[str]:
+        """Regions of this cloud."""
+        return self.catalog.regions(self.cloud)
+
+    def offered(self, server: str, region: str, transient: bool) -> bool:
+        """Whether the catalog prices ``server`` in ``region`` with that pricing model."""
+        try:
+            self.price_per_hour_usd(server, region, transient)
+        except UserInputError:  # includes unknown names and servers not offered there
+            return False
+        return True
+
+
 def resolve_workload(name: str):
     """The published workload descriptor for ``name`` (``resnet32`` -> ``Res32``).
 
     Raises:
         UnknownNameError: listing the known workloads.
     """
-    from cmdare.predict.workloads import published_workload
+    from cmdare.predict import published_workload
 
     return published_workload(name)
 
 
-def _have_predict_models() -> bool:
-    try:
-        from cmdare.predict import predict_cluster_steps_per_s  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def load_plan_models(workload: str, lifetime: str = "bathtub") -> PlanModels:
+def load_plan_models(
+    workload: str, lifetime: str = "bathtub", catalog: str | None = None, cloud: str = "gcp"
+) -> PlanModels:
     """Speed, lifetime, startup and price models for ``workload``.
 
     Args:
-        workload: a published workload name (``resnet32``, ``Res15``, ``shakebig`` ...).
+        workload: a published workload name (``resnet32``, ``Res15``, ``shakebig`` ...): the models
+            were fitted on its CM-DARE measurements.
         lifetime: lifetime model spec; ``"none"`` gives transient servers that are never revoked.
+        catalog: a catalog override file or shipped name (``"icac2019"`` replays the 2019 prices);
+            None for the default catalog (or ``$CMDARE_CATALOG``).
+        cloud: the cloud whose prices apply.
 
     Raises:
-        UnknownNameError: unknown workload or lifetime model.
+        UnknownNameError: unknown workload, lifetime model or cloud.
     """
-    from cmdare.plan import _fallback
+    from cmdare.cloud.catalog import load_catalog
+    from cmdare.predict import predict_checkpoint_s
 
     features = resolve_workload(workload)
     lifetimes = NoRevocations() if lifetime == "none" else QuantileLifetimes(lifetime)
-    if _have_predict_models():
-        speed = _PredictSpeed(features.name)
-        source = "cmdare.predict"
-    else:
-        speed = _fallback.FallbackSpeed(features.name)
-        source = "plan fallback (cmdare.predict missing)"
+    prices = CatalogPrices(load_catalog(catalog) if catalog else None, cloud)
+    prices.regions()  # fail early on an unknown cloud
+    checkpoint_s = predict_checkpoint_s(features.checkpoint_mb * 1e6, features.num_tensors, remote=True)
     return PlanModels(
-        speed=speed,
+        speed=_PredictSpeed(features.name),
         lifetimes=lifetimes,
-        startup=_fallback.FallbackStartup(),
-        prices=_fallback.FallbackPrices(),
-        checkpoint_s=_fallback.checkpoint_s(features.display_name),
-        source=f"{features.name} ({features.source}); speed: {source}",
+        startup=_Startup(),
+        prices=prices,
+        checkpoint_s=checkpoint_s,
+        source=(
+            f"{features.name} ({features.source}); cmdare.predict speed/checkpoint/startup; "
+            f"lifetimes {lifetime}; prices {catalog or 'default catalog'} ({cloud})"
+        ),
     )
-
-
-def known_regions() -> tuple[str, ...]:
-    """Regions the price book knows."""
-    from cmdare.plan import _fallback
-
-    return _fallback.REGIONS
-
-
-def known_gpus() -> tuple[str, ...]:
-    """GPU types the planner can price and predict."""
-    from cmdare.plan import _fallback
-
-    return tuple(g for g in _fallback.PRICES if g != "cpu")
-

@@ -57,26 +57,29 @@ def parse_deadline_s(text: str, now: datetime | None = None) -> float:
     return seconds
 
 
-def _models(model: str, lifetime: str):
+def _models(model: str, lifetime: str, catalog: str | None, cloud: str):
     from cmdare.plan.adapters import load_plan_models
 
-    return load_plan_models(model, lifetime)
+    return load_plan_models(model, lifetime, catalog, cloud)
 
 
-def _check_names(gpus: list[str], regions: list[str]) -> None:
-    from cmdare.plan.adapters import known_gpus, known_regions
-
+def _check_names(prices, gpus: list[str], regions: list[str]) -> None:
+    """Unknown GPU types and regions fail before any simulation, listing the valid names."""
+    known_gpus = prices.gpus()
     for gpu in gpus:
-        if gpu not in known_gpus():
-            raise UnknownNameError("GPU", gpu, known_gpus())
+        if gpu not in known_gpus:
+            raise UnknownNameError("GPU", gpu, known_gpus)
+    known_regions = prices.regions()
     for region in regions:
-        if region not in known_regions():
-            raise UnknownNameError("region", region, known_regions())
+        if region not in known_regions:
+            raise UnknownNameError(f"{prices.cloud} region", region, known_regions)
 
 
 _Lifetime = Annotated[str, typer.Option("--lifetime", help="bathtub, exponential, empirical, a file or none.")]
 _CkptEvery = Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints.")]
 _Deadline = Annotated[str | None, typer.Option("--deadline", help="e.g. 2h, 90min, or a clock time.")]
+_Catalog = Annotated[str | None, typer.Option("--catalog", help="Price catalog file or name (icac2019).")]
+_Cloud = Annotated[str, typer.Option("--cloud", help="Cloud whose prices apply: gcp or aws.")]
 _PsTransient = Annotated[bool, typer.Option("--ps-transient", help="Put the PS on transient VMs.")]
 
 
@@ -100,6 +103,8 @@ def plan(
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
     lifetime: _Lifetime = "bathtub",
     checkpoint_every: _CkptEvery = 1000,
+    catalog: _Catalog = None,
+    cloud: _Cloud = "gcp",
     plot: Annotated[str | None, typer.Option("--plot", help="Write the Pareto plot PNG here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the front and the choice as JSON.")] = False,
 ) -> None:
@@ -119,10 +124,16 @@ def plan(
     gpu_list, region_list = _split(gpus), _split(regions)
     if not gpu_list or not region_list:
         raise UserInputError("--gpus and --regions need at least one name each")
-    _check_names(gpu_list, region_list)
     job = JobSpec(model, steps, checkpoint_every)
-    models = _models(model, lifetime)
-    clusters = enumerate_clusters(gpu_list, region_list, max_workers, max_ps, mixes)
+    models = _models(model, lifetime, catalog, cloud)
+    _check_names(models.prices, gpu_list, region_list)
+    clusters = [
+        c for c in enumerate_clusters(gpu_list, region_list, max_workers, max_ps, mixes)
+        if all(models.prices.offered(g.gpu, g.region, g.transient) for g in c.workers)
+        and models.prices.offered("cpu", c.region, c.ps_transient)
+    ]
+    if not clusters:
+        raise UserInputError(f"none of {gpus} is offered in {regions} on {cloud}")
     rec = recommend(job, clusters, models, deadline_s, budget, runs, seed)
     if plot:
         from cmdare.plan.plot import plot_pareto
@@ -195,6 +206,8 @@ def simulate_cmd(
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
     lifetime: _Lifetime = "bathtub",
     checkpoint_every: _CkptEvery = 1000,
+    catalog: _Catalog = None,
+    cloud: _Cloud = "gcp",
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
 ) -> None:
     """Simulate one configuration: mean, P50 and P95 time and cost, revocations and replacements."""
@@ -204,10 +217,10 @@ def simulate_cmd(
     if runs < 1:
         raise UserInputError(f"--runs must be at least 1, got {runs}")
     groups = parse_workers(workers, transient, region)
-    _check_names([g.gpu for g in groups], [region])
     cluster = ClusterSpec(groups, ps=ps, region=region, ps_transient=ps_transient, replacement=replacement)
     job = JobSpec(model, steps, checkpoint_every)
-    models = _models(model, lifetime)
+    models = _models(model, lifetime, catalog, cloud)
+    _check_names(models.prices, [g.gpu for g in groups], [region])
     summary = simulate(job, cluster, models, runs, seed)
     out = {
         "model": model,
@@ -218,6 +231,8 @@ def simulate_cmd(
         "transient": transient,
         "ps_transient": ps_transient,
         "region": region,
+        "cloud": cloud,
+        "catalog": catalog or "default",
         "replacement": replacement,
         "runs": runs,
         "seed": seed,
