@@ -12,7 +12,14 @@ depth and width, and :mod:`cmdare.workloads.profile` for what the FLOP counts in
 from __future__ import annotations
 
 from cmdare.workloads.profile import WorkloadProfile, count_flops_forward, profile_model
-from cmdare.workloads.registry import ModelSpec, build_model, describe_model, list_models, register_model
+from cmdare.workloads.registry import (
+    ModelSpec,
+    build_model,
+    describe_model,
+    list_models,
+    register_model,
+    unregister_model,
+)
 from cmdare.workloads.zoo import register_builtin_models
 
 register_builtin_models()
@@ -26,4 +33,5 @@ __all__ = [
     "list_models",
     "profile_model",
     "register_model",
+    "unregister_model",
 ]

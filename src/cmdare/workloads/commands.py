@@ -26,9 +26,7 @@ def _parse_shape(text: str) -> tuple[int, int, int]:
 def workloads(
     input_shape: Annotated[str, typer.Option("--input-shape", help="C,H,W of one sample.")] = "3,32,32",
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
-    models: Annotated[
-        list[str] | None, typer.Option("--model", "-m", help="Only these models (repeatable).")
-    ] = None,
+    models: Annotated[list[str] | None, typer.Option("--model", "-m", help="Only these models (repeatable).")] = None,
     num_classes: Annotated[int, typer.Option("--num-classes", help="Classifier outputs.")] = 10,
 ) -> None:
     """List the CNN zoo with FLOPs, parameters, tensor sizes and checkpoint bytes per model."""

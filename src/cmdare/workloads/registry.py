@@ -17,7 +17,15 @@ if TYPE_CHECKING:
 
 Builder = Callable[[int, int], "torch.nn.Module"]
 
-__all__ = ["Builder", "ModelSpec", "build_model", "describe_model", "list_models", "register_model"]
+__all__ = [
+    "Builder",
+    "ModelSpec",
+    "build_model",
+    "describe_model",
+    "list_models",
+    "register_model",
+    "unregister_model",
+]
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,16 @@ def register_model(name: str, builder: Builder, description: str = "", *, replac
     spec = ModelSpec(name, builder, description)
     _REGISTRY[name] = spec
     return spec
+
+
+def unregister_model(name: str) -> None:
+    """Remove a registered model (for plug-ins and tests).
+
+    Raises:
+        UnknownNameError: ``name`` is not registered.
+    """
+    _spec(name)
+    del _REGISTRY[name]
 
 
 def list_models() -> list[str]:

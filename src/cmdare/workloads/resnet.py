@@ -83,9 +83,7 @@ class _PreActBlock(nn.Module):
         self.bn2, self.conv2 = nn.BatchNorm2d(out_ch), _conv3x3(out_ch, out_ch)
         self.proj: nn.Module | None = None
         if stride != 1 or in_ch != out_ch:
-            self.proj = nn.Sequential(
-                nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch)
-            )
+            self.proj = nn.Sequential(nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pre = F.relu(self.bn1(x))
@@ -140,7 +138,7 @@ class CifarResNet(nn.Module):
         self.fc = nn.Linear(in_ch, num_classes)
         self.style = style
         for m in self.modules():
-            if isinstance(m, nn.Conv2d):
+            if isinstance(m, nn.Conv2d) and not m.weight.is_meta:  # meta: profiling, no values
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -94,9 +94,7 @@ class _ShakeBlock(nn.Module):
             shape = (x.shape[0], 1, 1, 1)
             alpha = torch.rand(shape, device=x.device, dtype=x.dtype)
             beta = torch.rand(shape, device=x.device, dtype=x.dtype)
-            mixed = (
-                _ShakeMix.apply(a, b, alpha, beta) if torch.is_grad_enabled() else alpha * a + (1 - alpha) * b
-            )
+            mixed = _ShakeMix.apply(a, b, alpha, beta) if torch.is_grad_enabled() else alpha * a + (1 - alpha) * b
         else:
             mixed = 0.5 * (a + b)
         return self.shortcut(x) + mixed
@@ -129,7 +127,7 @@ class ShakeShakeNet(nn.Module):
         self.blocks = nn.Sequential(*blocks)
         self.fc = nn.Linear(in_ch, num_classes)
         for m in self.modules():
-            if isinstance(m, nn.Conv2d):
+            if isinstance(m, nn.Conv2d) and not m.weight.is_meta:  # meta: profiling, no values
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

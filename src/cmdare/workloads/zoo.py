@@ -15,9 +15,7 @@ def _he(blocks: tuple[int, int, int], num_classes: int, in_channels: int) -> nn.
     return CifarResNet(blocks, (16, 32, 64), num_classes, in_channels, style="he")
 
 
-def _t2t(
-    blocks: tuple[int, int, int], widths: tuple[int, int, int], num_classes: int, in_channels: int
-) -> nn.Module:
+def _t2t(blocks: tuple[int, int, int], widths: tuple[int, int, int], num_classes: int, in_channels: int) -> nn.Module:
     return CifarResNet(blocks, widths, num_classes, in_channels, style="t2t")
 
 
