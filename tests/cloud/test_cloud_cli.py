@@ -88,7 +88,7 @@ def test_cluster_config_to_file_and_stdout(app, tmp_path):
                "--transient", "--output", str(target))
     assert out.exit_code == 0, out.output
     config = yaml.safe_load(target.read_text())
-    assert config["available_node_types"]["cmdare_worker"]["node_config"]["scheduling"][0] == {"preemptible": True}
+    assert config["available_node_types"]["cmdare_worker"]["node_config"]["scheduling"]["preemptible"] is True
     out = _run(app, "cluster-config", "--cloud", "aws", "--gpu", "v100", "--workers", "4", "--ps", "1", "--transient")
     assert out.exit_code == 0 and "MarketType: spot" in out.output
     out = _run(app, "cluster-config", "--cloud", "gcp", "--gpu", "t4", "--output", str(tmp_path / "no" / "x.yaml"))

@@ -46,8 +46,9 @@ def test_gcp_config_passes_ray_validation_with_preemptible_gpu_workers(cat, ray_
     assert worker["resources"] == {"CPU": 4, "GPU": 1, WORKER_RESOURCE: 1}
     node = worker["node_config"]
     assert node["guestAccelerators"] == [{"acceleratorType": "nvidia-tesla-k80", "acceleratorCount": 1}]
-    assert {"onHostMaintenance": "TERMINATE"} in node["scheduling"]
-    assert ({"preemptible": True} in node["scheduling"]) is transient
+    # an object, as the GCE API requires (not the list form of Ray's examples, ray-project/ray#46248)
+    assert isinstance(node["scheduling"], dict) and node["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    assert node["scheduling"].get("preemptible", False) is transient
     assert ("preemptible" in text) is transient
     assert config["provider"]["availability_zone"].startswith("us-east1-")
     assert any("cmdare" in cmd for cmd in prepared["setup_commands"])

@@ -11,8 +11,10 @@ what to fill in. The layout is the one cmdare's engine expects:
   ``{"cmdare_worker": <gpus per server>}``, one training worker per GPU. Their setup exports
   ``CMDARE_NOTICE_PROVIDER`` (``gce``/``aws``) so each worker can watch its preemption notice.
 
-GCP preemptible nodes use Ray's documented form ``scheduling: [{preemptible: true},
-{onHostMaintenance: TERMINATE}]`` (GPU VMs cannot live-migrate); AWS Spot nodes use
+GCP preemptible nodes get ``scheduling: {preemptible: true, automaticRestart: false,
+onHostMaintenance: TERMINATE}`` - an object, as in the GCE REST API, not the list form of Ray's example
+files, which GCE rejects (ray-project/ray#46248); preemptible (not Spot) VMs live at most 24 h and get the
+30 s notice that CM-DARE's lifetime data describe. AWS Spot nodes use
 ``InstanceMarketOptions: {MarketType: spot}``. The result passes
 ``ray.autoscaler._private.util.validate_config``.
 """
@@ -90,11 +92,13 @@ def _gcp_node_config(off: Offering, image: str, transient: bool) -> dict[str, An
             node["guestAccelerators"] = [{"acceleratorType": off.accelerator,
                                           "acceleratorCount": off.gpus_per_server}]
         node["metadata"] = {"items": [{"key": "install-nvidia-driver", "value": "True"}]}
-    scheduling: list[dict[str, Any]] = []
+    # GCE's Instance.scheduling is an object (REST reference); Ray's example YAMLs write a list of
+    # one-key objects, which the API does not accept (ray-project/ray#46248), so cmdare emits the object.
+    scheduling: dict[str, Any] = {}
     if transient:
-        scheduling.append({"preemptible": True})
+        scheduling.update(preemptible=True, automaticRestart=False)
     if off.gpu is not None or transient:
-        scheduling.append({"onHostMaintenance": "TERMINATE"})
+        scheduling["onHostMaintenance"] = "TERMINATE"  # GPU and preemptible VMs cannot live-migrate
     if scheduling:
         node["scheduling"] = scheduling
     return node
