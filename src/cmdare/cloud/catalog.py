@@ -33,6 +33,7 @@ __all__ = [
     "NotOfferedError",
     "Offering",
     "builtin_catalog_path",
+    "default_catalog",
     "gpu_tflops",
     "load_catalog",
 ]
