@@ -138,3 +138,14 @@ def test_decisions_are_frozen_values() -> None:
     with pytest.raises(AttributeError):
         m.dst = 2  # type: ignore[misc]
     assert RemoveShard(1) != RemoveShard(2) and AddShard() == AddShard()
+
+
+def test_public_api_is_pinned() -> None:
+    import cmdare.ps.psld as psld
+
+    assert sorted(psld.__all__) == sorted([
+        "AddShard", "BlockLoad", "CostModel", "Decision", "Move", "NoChange", "Plan", "PsldBalancer",
+        "RemoveShard", "ShardCost", "ShardDiagnosis", "ShardLoad", "ShardState", "apply_decisions",
+        "block_costs", "diagnose", "moved_bytes", "plan_drain", "plan_rebalance", "predict_after",
+        "shard_costs"])
+    assert all(hasattr(psld, name) for name in psld.__all__)

@@ -125,3 +125,18 @@ def test_elastic_scale_in_when_shards_idle() -> None:
     assert len(removed) == 2 and run.final_placement.num_shards == 2
     assert sum(run.final_placement.shard_bytes()) == sum(p.nbytes for p in resnet32_params())
     assert run.mean_step_s(0.2) < 1.02 * run.mean_step_s()  # the remaining shards keep up
+
+
+def test_zoo_resnet32_with_a_straggler() -> None:
+    """The same target on the workload zoo's real ResNet-32 (its named_parameters as ParamInfo)."""
+    from cmdare.ps.blocks import param_infos
+    from cmdare.workloads import build_model
+
+    params = param_infos((name, tuple(p.shape)) for name, p in build_model("resnet32").named_parameters())
+    n, shards = 4, _shards(4, 2)
+    best_s = min(simulate(get_placement(name).place(params, n), shards, 1000, seed=1).mean_step_s()
+                 for name in STATIC)
+    pl = get_placement("psld").place(params, n)
+    run = simulate(pl, shards, STEPS, balancer=PsldBalancer(n, pl, interval_steps=20), seed=2)
+    assert run.load_ratio_end <= 1.15
+    assert best_s / (run.total_s / run.steps) >= 1.5

@@ -49,6 +49,19 @@ class ShardLoad:
         if self.shard_id < 0 or any(v < 0 for v in values):
             raise ValueError(f"negative value in {self!r}")
 
+    @classmethod
+    def from_stats(cls, stats: object, *, wait_s: float = 0.0) -> ShardLoad:
+        """Build from a shard's counters (e.g. :class:`cmdare.ps.shard.ShardStats`), duck-typed.
+
+        Uses ``shard_id, window_s, pushes, bytes_in, bytes_out, busy_s`` and, when present,
+        ``apply_s`` (default: ``busy_s``), ``queue_s`` and ``wait_s`` (default: 0).
+        """
+        busy = float(stats.busy_s)  # type: ignore[attr-defined]
+        return cls(int(stats.shard_id), float(stats.window_s), int(stats.pushes),  # type: ignore[attr-defined]
+                   int(stats.bytes_in), int(stats.bytes_out), busy,  # type: ignore[attr-defined]
+                   float(getattr(stats, "apply_s", busy)), float(getattr(stats, "queue_s", 0.0)),
+                   float(getattr(stats, "wait_s", wait_s)))
+
     @property
     def busy_fraction(self) -> float:
         """Share of the window the shard was busy (1.0: saturated)."""
@@ -67,7 +80,10 @@ class ShardLoad:
 
 @dataclass(frozen=True)
 class BlockLoad:
-    """What one block cost on its shard over a window (optional finer-grained monitoring)."""
+    """What one block cost on its shard over a window (optional finer-grained monitoring).
+
+    ``wait_s`` is the total time workers waited for this block's reply (0 when not measured).
+    """
 
     block_id: int
     shard_id: int
@@ -75,6 +91,7 @@ class BlockLoad:
     bytes_in: int
     bytes_out: int
     apply_s: float
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
