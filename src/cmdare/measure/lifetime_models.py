@@ -211,11 +211,11 @@ class BathtubLifetime(LifetimeModel):
         starts = [
             (a, tau1, tau2)
             for a in (0.5, min(max(plateau, 0.02), 0.98))
-            for tau1 in (600.0, 3600.0, 4 * 3600.0, max(tau1_data, 60.0))
+            for tau1 in (600.0, 4 * 3600.0, max(tau1_data, 60.0))
             for tau2 in (300.0, 3000.0)
         ]
         for a, tau1, tau2 in starts:
-            for b0 in (b_lo + 60.0, (b_lo + b_hi) / 2):
+            for b0 in (b_lo + 0.25 * (b_hi - b_lo),):
                 p0 = np.array([a, tau1, tau2, b0])
                 res = least_squares(
                     lambda p: self._raw(p, t) - f_hi, p0, x_scale=p0, bounds=(lower, upper), max_nfev=200
@@ -359,7 +359,7 @@ def load_lifetime_model(spec: str) -> LifetimeModel:
                 raise DataFormatError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from err
         from cmdare.measure.importers.lifetimes import read_lifetimes_file
 
-        obs = read_lifetimes_file(path).observations
+        obs = read_lifetimes_file(path).rows.get("lifetime_observations", [])
         if not obs:
             raise DataFormatError(f"{path}: no lifetimes found")
         model = EmpiricalLifetime().fit([o["lifetime_s"] for o in obs], [not o["preempted"] for o in obs])
