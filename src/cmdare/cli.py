@@ -44,7 +44,7 @@ def main() -> None:
     try:
         app()
     except CmdareError as err:
-        err_console.print(f"[bold red]error:[/] {err}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:
         err_console.print("interrupted")

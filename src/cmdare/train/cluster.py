@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 from cmdare.errors import ClusterError
 
@@ -23,6 +24,8 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus
 
     if ray.is_initialized():
         return False
+    if address and address != "auto":
+        _check_reachable(address)
     common = {"logging_level": logging.ERROR, "log_to_driver": False, "include_dashboard": False}
     try:
         if address:
@@ -34,3 +37,16 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ClusterError(f"cannot connect to {where}: {first}") from err
     return True
+
+
+def _check_reachable(address: str, timeout_s: float = 3.0) -> None:
+    """Fail fast when the GCS port does not answer (``ray.init`` would retry for minutes)."""
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"--address must be 'auto' or HOST:PORT, got {address!r}")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as err:
+        raise ClusterError(f"cannot reach the Ray cluster at {address}: {err.strerror or err}") from err

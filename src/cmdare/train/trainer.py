@@ -99,6 +99,9 @@ class Trainer:
         self._started_ray = False
         self._speed = collections.deque()  # (time, global_step)
         self.last_accuracy: float | None = None
+        self._first_chunk_at: float | None = None
+        self._first_chunk_step = 0
+        self._last_chunk_at: float | None = None
         self.last_loss: float | None = None
 
     # -- set-up --------------------------------------------------------------------------------
@@ -191,10 +194,10 @@ class Trainer:
             raise
         finally:
             wall = time.time() - t_start
-            done_steps = self.global_step - step
-            summary = RunSummary(self.run_id, time.time(), status, self.global_step, wall,
-                                 done_steps / wall if wall > 0 else 0.0, self.last_accuracy, self.last_loss,
-                                 details={"checkpoint_dir": str(self.checkpoint_dir)})
+            summary = RunSummary(self.run_id, time.time(), status, self.global_step, wall, self._mean_speed(),
+                                 self.last_accuracy, self.last_loss,
+                                 details={"checkpoint_dir": str(self.checkpoint_dir),
+                                          "startup_s": (self._first_chunk_at or time.time()) - t_start})
             self._emit("on_run_end", summary)
             self._shutdown()
         return summary
@@ -255,8 +258,20 @@ class Trainer:
         self._emit("on_eval", EvalReport(self.run_id, time.time(), step, self.chief.worker_id, acc, loss))
 
     # -- measurement ---------------------------------------------------------------------------
+    def _mean_speed(self) -> float:
+        """Global steps/s from the first reported chunk to the last (start-up excluded)."""
+        if self._first_chunk_at is None or self._last_chunk_at is None:
+            return 0.0
+        span = self._last_chunk_at - self._first_chunk_at
+        return (self.global_step - self._first_chunk_step) / span if span > 0 else 0.0
+
     def _record_chunk(self, res: ChunkResult) -> None:
         now = time.time()
+        if self._first_chunk_at is None:
+            # The first chunk's own steps count from its start, estimated from its duration.
+            self._first_chunk_at = now - res.duration_s
+            self._first_chunk_step = self.global_step
+        self._last_chunk_at = now
         self.global_step = max(self.global_step, res.global_step)
         self._speed.append((now, self.global_step))
         while len(self._speed) > 2 and now - self._speed[0][0] > SPEED_WINDOW_S:
