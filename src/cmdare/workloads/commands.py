@@ -73,7 +73,10 @@ def workloads(
             f"{p.checkpoint_bytes / 2**20:.2f}",
             describe_model(p.name),
         )
-    Console(width=200).print(table)
+    console = Console()
+    if not console.is_terminal:  # piped: do not squeeze 9 columns into Rich's default 80
+        console = Console(width=200)
+    console.print(table)
 
 
 def register(app: typer.Typer) -> None:

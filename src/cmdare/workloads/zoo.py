@@ -27,11 +27,11 @@ def register_builtin_models() -> None:
     """Register every built-in model name (idempotent)."""
     for name, blocks in HE_RESNETS.items():
         depth = 6 * blocks[0] + 2
-        extra = " (Tensor2Tensor's name for n=2)" if name == "resnet15" else ""
+        title = f"ResNet-{depth}" if name != "resnet15" else "ResNet-15 (T2T's name; 14 layers)"
         register_model(
             name,
             partial(_he, blocks),
-            f"ResNet-{depth} He et al. CIFAR, {blocks[0]} blocks/stage, 16/32/64 ch{extra}",
+            f"{title}, He et al. CIFAR, {blocks[0]} blocks/stage, 16/32/64 ch",
             replace=True,
         )
     for name, (blocks, widths) in CUSTOM_RESNETS.items():
