@@ -67,11 +67,12 @@ def load_synthetic(data_dir: Path | None, num_train: int, num_test: int, seed: i
 
     def make(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         y = torch.randint(0, 10, (n,), generator=gen, dtype=torch.int64)
-        x = protos[y] + torch.randn(n, 3, 32, 32, generator=gen)
-        return ((x - x.mean()) / x.std()).contiguous(), y
+        return protos[y] + torch.randn(n, 3, 32, 32, generator=gen), y
 
     train_x, train_y = make(num_train)
     test_x, test_y = make(num_test)
+    mean, std = train_x.mean(), train_x.std()  # normalise both splits with the training statistics
+    train_x, test_x = ((train_x - mean) / std).contiguous(), ((test_x - mean) / std).contiguous()
     return Dataset("synthetic", train_x, train_y, test_x, test_y, 10, (3, 32, 32))
 
 
