@@ -196,6 +196,9 @@ def explain(choice: PlanOption, options: Sequence[PlanOption], models: PlanModel
         ordinal = {2: "2nd", 3: "3rd"}.get(c.ps, f"{c.ps}th")
         where = f"{gpu.upper()} workers saturate {c.ps - 1} PS at {sat}-{sat + 1} workers; " if sat else ""
         reasons.append(f"a {ordinal} PS: {where}{fewer:.1f} -> {more:.1f} steps/s")
+    elif c.ps == 1 and c.n_workers > 1:
+        gain = _speed(models, counts, 2) / _speed(models, counts, 1) - 1
+        reasons.append(f"one PS suffices: a 2nd would add only {gain:.0%} speed for {c.n_workers} workers")
     elif c.ps == 0:
         reasons.append("single server: no PS to pay for, and one worker gains nothing from one")
     if any(g.transient for g in c.workers):

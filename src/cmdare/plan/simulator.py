@@ -18,6 +18,8 @@ Checkpoints: every ``N`` steps the chief stops training for ``c`` seconds (the p
 time) while the other workers go on, so a membership with speed ``v``, whose chief alone contributes
 a share ``w_chief / W`` of it, advances at ``N / (N / v + c * w_chief / W)`` steps/s.
 
+A server's lifetime runs from its request, so a replacement can be revoked while it starts up.
+
 Billing is per second for every server from its request (a replacement bills its startup) until it
 is revoked or the job ends; parameter servers (and the coordinator, which runs on the first of
 them) included.
@@ -131,8 +133,9 @@ class Simulator:
         """``runs`` independent seeded runs; run ``i`` is the same whatever ``runs`` is."""
         if not self.cluster.any_transient:
             return [self.run_once(np.random.default_rng(0))] * runs
-        seeds = np.random.SeedSequence(seed).generate_state(runs * 2, dtype=np.uint64).reshape(runs, 2)
-        return [self.run_once(np.random.Generator(np.random.PCG64(int(a) ^ (int(b) << 1)))) for a, b in seeds]
+        # One 64-bit seed word per run from the seed's SeedSequence: word i does not depend on ``runs``.
+        words = np.random.SeedSequence(seed).generate_state(runs, dtype=np.uint64)
+        return [self.run_once(np.random.Generator(np.random.PCG64(int(w)))) for w in words]
 
     def summarize(self, runs: int, seed: int) -> SimSummary:
         """Mean, P50 and P95 of time and cost, and mean revocations, over ``runs`` seeded runs."""
