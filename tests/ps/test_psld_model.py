@@ -149,3 +149,21 @@ def test_public_api_is_pinned() -> None:
         "block_costs", "diagnose", "moved_bytes", "plan_drain", "plan_rebalance", "predict_after",
         "shard_costs"])
     assert all(hasattr(psld, name) for name in psld.__all__)
+
+
+def test_push_overhead_is_learned_once_bytes_change() -> None:
+    pl = _even(num_blocks=12, num_shards=2)
+    model = CostModel(2)  # hint 0; the truth is 50 us per push plus 1 ns per byte
+    for _ in range(3):
+        model.update(shard_costs(_window(pl, [1e-9, 2e-9], overhead_s=5e-5), pl))
+    assert model.push_overhead_s == 0.0  # bytes never changed: intercept and slope cannot be told apart
+    assert model.per_byte_s(0) > 2e-9
+    lighter = pl.moved({0: 1, 2: 1, 4: 1})  # shard 0: 24000 -> 12000 bytes
+    for _ in range(3):
+        model.update(shard_costs(_window(lighter, [1e-9, 2e-9], overhead_s=5e-5), lighter))
+    assert model.push_overhead_s == pytest.approx(5e-5, rel=0.05)
+    assert model.per_byte_s(0) == pytest.approx(1e-9, rel=0.1)
+    fixed = CostModel(2, push_overhead_s=1e-5, learn_overhead=False)
+    for p in (pl, lighter, lighter, lighter):
+        fixed.update(shard_costs(_window(p, [1e-9, 2e-9], overhead_s=5e-5), p))
+    assert fixed.push_overhead_s == 1e-5

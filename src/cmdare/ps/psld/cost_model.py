@@ -6,7 +6,11 @@ For shard ``s`` holding ``B`` parameter bytes in ``n`` blocks, one push costs
 
 ``per_byte_s[s]`` is learned from every measurement window as an exponentially weighted ratio
 estimator, EWMA(time per push - overheads) / EWMA(held bytes): a window in which the shard held more
-bytes weighs more, so a shard that holds little does not get a noisy estimate. The model also keeps
+bytes weighs more, so a shard that holds little does not get a noisy estimate. The fixed
+``push_overhead_s`` starts from a hint and, with ``learn_overhead``, is re-fitted as the median
+intercept of per-shard least-squares lines through recent (held bytes, time per push) points, from
+shards whose bytes changed enough (a migration or a scale-out) to tell intercept from slope; without
+it, a fixed cost would be read as per-byte cost and the gain of one more shard overestimated. The model also keeps
 the count of windows each shard was observed in and the EWMA of the relative deviation of single
 windows from the estimate; these give the uncertainty the search uses for exploration. A shard
 never observed (a new one) is assumed to cost the median of the observed shards, with a large
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from collections.abc import Sequence
 
 from cmdare.ps.placement import Placement
@@ -29,6 +34,7 @@ __all__ = ["CostModel"]
 
 DEFAULT_PER_BYTE_S = 1e-9  # 1 GB/s of parameter bytes per push; only used before any measurement
 DEFAULT_MIGRATION_S_PER_BYTE = 2e-9  # prior for the pause a migration causes, per byte moved
+HISTORY = 16  # recent windows per shard kept for the overhead fit
 
 
 class CostModel:
@@ -37,7 +43,8 @@ class CostModel:
     Args:
         num_shards: shards at the start.
         alpha: EWMA weight of the newest window (0 < alpha <= 1).
-        push_overhead_s: fixed cost of one push on a non-empty shard.
+        push_overhead_s: fixed cost of one push on a non-empty shard (a hint when ``learn_overhead``).
+        learn_overhead: re-fit ``push_overhead_s`` from the measurements.
         block_overhead_s: cost per block per push.
         default_per_byte_s: per-byte cost assumed before any shard was measured.
         migration_s_per_byte: prior migration cost per byte, replaced by measurements.
@@ -48,21 +55,23 @@ class CostModel:
     def __init__(self, num_shards: int, *, alpha: float = 0.3, push_overhead_s: float = 0.0,
                  block_overhead_s: float = 0.0, default_per_byte_s: float = DEFAULT_PER_BYTE_S,
                  migration_s_per_byte: float = DEFAULT_MIGRATION_S_PER_BYTE, prior_rel_sd: float = 0.5,
-                 min_rel_sd: float = 0.02):
+                 min_rel_sd: float = 0.02, learn_overhead: bool = True):
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         if num_shards < 1:
             raise ValueError("a cost model needs at least one shard")
         self.alpha = alpha
-        self.push_overhead_s = push_overhead_s
+        self.push_overhead_s = push_overhead_s  # replaced by the fit when learn_overhead
+        self.learn_overhead = learn_overhead
         self.block_overhead_s = block_overhead_s
         self.default_per_byte_s = default_per_byte_s
         self.prior_rel_sd = prior_rel_sd
         self.min_rel_sd = min_rel_sd
-        self._num = [0.0] * num_shards  # EWMA of (time per push - overheads)
+        self._num = [0.0] * num_shards  # EWMA of (time per push - block overheads)
         self._den = [0.0] * num_shards  # EWMA of held bytes
         self._count = [0] * num_shards
         self._dev = [0.0] * num_shards  # EWMA of |window estimate / model estimate - 1|
+        self._hist: list[deque[tuple[float, float]]] = [deque(maxlen=HISTORY) for _ in range(num_shards)]
         self._mig_num = migration_s_per_byte  # EWMA of pause seconds, seeded with the prior for 1 byte
         self._mig_den = 1.0
         self.migrations_observed = 0
@@ -78,15 +87,36 @@ class CostModel:
             s = c.shard_id
             if c.per_byte_s is None or s >= self.num_shards:
                 continue
-            y = max(c.time_per_push_s - c.overhead_s, 0.0)
+            y = max(c.time_per_push_s - self.block_overhead_s * c.blocks, 0.0)
             if self._count[s] == 0:
                 self._num[s], self._den[s] = y, float(c.held_bytes)
             else:
-                rel = abs(c.per_byte_s / self.per_byte_s(s) - 1.0) if self.per_byte_s(s) > 0 else 1.0
+                est = self.per_byte_s(s)
+                window = max(y - self.push_overhead_s, 0.0) / c.held_bytes
+                rel = abs(window / est - 1.0) if est > 0 else 1.0
                 self._dev[s] = (1 - self.alpha) * self._dev[s] + self.alpha * rel
                 self._num[s] = (1 - self.alpha) * self._num[s] + self.alpha * y
                 self._den[s] = (1 - self.alpha) * self._den[s] + self.alpha * c.held_bytes
             self._count[s] += 1
+            self._hist[s].append((float(c.held_bytes), y))
+        if self.learn_overhead:
+            self._refit_overhead()
+
+    def _refit_overhead(self) -> None:
+        """Median intercept of per-shard lines through (held bytes, time per push), clamped."""
+        intercepts = []
+        for hist in self._hist:
+            xs = [x for x, _ in hist]
+            if len(hist) < 3 or max(xs) < 1.25 * min(xs):
+                continue
+            mx, my = statistics.fmean(xs), statistics.fmean(y for _, y in hist)
+            sxx = sum((x - mx) ** 2 for x in xs)
+            slope = sum((x - mx) * (y - my) for x, y in hist) / sxx
+            if slope > 0:
+                intercepts.append(my - slope * mx)
+        if intercepts:
+            cap = 0.9 * min(self._num[s] for s in self.observed())
+            self.push_overhead_s = min(max(statistics.median(intercepts), 0.0), cap)
 
     def observe_migration(self, nbytes: int, pause_s: float) -> None:
         """Record that migrating ``nbytes`` paused training for ``pause_s`` seconds."""
@@ -101,10 +131,11 @@ class CostModel:
         """Track one more (unobserved) shard at index ``num_shards``."""
         for lst, v in ((self._num, 0.0), (self._den, 0.0), (self._count, 0), (self._dev, 0.0)):
             lst.append(v)
+        self._hist.append(deque(maxlen=HISTORY))
 
     def remove_shard(self, shard: int) -> None:
         """Forget ``shard``; higher indices shift down by one, as in the placement."""
-        for lst in (self._num, self._den, self._count, self._dev):
+        for lst in (self._num, self._den, self._count, self._dev, self._hist):
             del lst[shard]
 
     # ----- queries --------------------------------------------------------------------------
@@ -123,8 +154,8 @@ class CostModel:
     def per_byte_s(self, shard: int) -> float:
         """Estimated seconds per push per held byte on ``shard`` (the median for an unobserved one)."""
         if shard < self.num_shards and self._count[shard] > 0 and self._den[shard] > 0:
-            return self._num[shard] / self._den[shard]
-        known = [self._num[s] / self._den[s] for s in self.observed()]
+            return max(self._num[shard] - self.push_overhead_s, 0.0) / self._den[shard]
+        known = [max(self._num[s] - self.push_overhead_s, 0.0) / self._den[s] for s in self.observed()]
         return statistics.median(known) if known else self.default_per_byte_s
 
     def rel_uncertainty(self, shard: int) -> float:
