@@ -140,3 +140,14 @@ def test_zoo_resnet32_with_a_straggler() -> None:
     run = simulate(pl, shards, STEPS, balancer=PsldBalancer(n, pl, interval_steps=20), seed=2)
     assert run.load_ratio_end <= 1.15
     assert best_s / (run.total_s / run.steps) >= 1.5
+
+
+def test_straggler_comparison_reports_json_ready_figures() -> None:
+    import json
+
+    from cmdare.ps.psld.simulate import straggler_comparison
+
+    out = straggler_comparison(resnet32_params(), 2, slow_at=1, steps=1000)
+    json.dumps(out)
+    assert set(out["static_step_s"]) == set(STATIC) and out["best_static"] in STATIC
+    assert out["speedup_vs_best_static"] >= 1.5 and out["load_ratio_after"] <= 1.15 < out["load_ratio_before"]

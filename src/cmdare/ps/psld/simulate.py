@@ -25,7 +25,8 @@ from cmdare.ps.psld.balancer import PsldBalancer
 from cmdare.ps.psld.decisions import AddShard, Decision, Move, NoChange, RemoveShard, moved_bytes
 from cmdare.ps.psld.load import ShardLoad
 
-__all__ = ["SimResult", "SimShard", "load_ratio", "resnet32_params", "simulate", "static_step_s"]
+__all__ = ["STATIC_PLACEMENTS", "SimResult", "SimShard", "load_ratio", "resnet32_params", "simulate", "static_step_s",
+           "straggler_comparison"]
 
 
 @dataclass(frozen=True)
@@ -209,3 +210,35 @@ def resnet32_params(num_classes: int = 10) -> list[ParamInfo]:
             cin = width
     shapes += [("fc.weight", (num_classes, 64)), ("fc.bias", (num_classes,))]
     return param_infos(shapes)
+
+
+STATIC_PLACEMENTS = ("round-robin", "greedy", "mxnet", "byteps")
+
+
+def straggler_comparison(params: Sequence[ParamInfo], num_shards: int, *, slow_factor: float = 3.0,
+                         slow_at: int | None = 0, steps: int = 2000, seed: int = 0,
+                         **balancer_kw: object) -> dict[str, object]:
+    """Simulated step times of every static placement and of PSLD, one shard slowed by ``slow_factor``.
+
+    Static placements run ``steps // 2`` steps (they do not change); PSLD runs ``steps`` steps from
+    the ``psld`` placement and is charged its convergence and migration pauses (whole-run mean).
+
+    Returns:
+        A JSON-ready dict: ``static_step_s`` by name, ``best_static``, ``psld_step_s``,
+        ``speedup_vs_best_static``, ``load_ratio_before``/``after`` (PSLD's max/mean shard time), moves.
+    """
+    from cmdare.ps.placement import get_placement
+
+    shards = [SimShard().slowed(slow_factor) if i == slow_at else SimShard() for i in range(num_shards)]
+    static = {name: simulate(get_placement(name).place(params, num_shards), shards, max(1, steps // 2),
+                             seed=seed + 1).mean_step_s() for name in STATIC_PLACEMENTS}
+    best = min(static, key=static.__getitem__)
+    pl = get_placement("psld").place(params, num_shards)
+    kw = {"interval_steps": 20, **balancer_kw}
+    run = simulate(pl, shards, steps, balancer=PsldBalancer(num_shards, pl, **kw), seed=seed + 2)  # type: ignore[arg-type]
+    psld_s = run.total_s / run.steps
+    return {"num_shards": num_shards, "slow_factor": slow_factor, "slow_at": slow_at,
+            "static_step_s": static, "best_static": best, "psld_step_s": psld_s,
+            "speedup_vs_best_static": static[best] / psld_s, "load_ratio_before": run.load_ratio_start,
+            "load_ratio_after": run.load_ratio_end, "moves": run.moves,
+            "migration_pause_s": run.migration_pause_s, "last_move_step": run.last_move_step}
