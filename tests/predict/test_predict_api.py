@@ -1,0 +1,181 @@
+"""Public API of cmdare.predict: workloads, data discovery, persistence, startup and recovery."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import cmdare.predict as P
+from cmdare.errors import DataFormatError, DataNotFoundError, UnknownNameError, UserInputError
+from cmdare.predict import data, persist
+from cmdare.predict.startup import PHASES, StartupModel
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path_factory, monkeypatch):
+    # One models directory for the whole module, so fitted models are cached once.
+    home = tmp_path_factory.getbasetemp() / "cmdare_home"
+    monkeypatch.setenv("CMDARE_HOME", str(home))
+
+
+def test_public_api_is_pinned():
+    assert set(P.__all__) == {
+        "WorkloadFeatures",
+        "checkpoint_model",
+        "cluster_speed_model",
+        "gpu_tflops",
+        "list_published_workloads",
+        "predict_checkpoint_s",
+        "predict_cluster_steps_per_s",
+        "predict_step_time_s",
+        "published_workload",
+        "recovery_time_published_s",
+        "recovery_time_s",
+        "startup_model",
+        "step_time_model",
+    }
+
+
+def test_published_workloads_and_aliases():
+    names = P.list_published_workloads()
+    assert len(names) == 16 and {"Res15", "Res32", "shakebig", "custom8"} <= set(names)
+    assert P.published_workload("resnet32").name == "Res32"
+    assert P.published_workload("ResNet-15").name == "Res15"
+    w = P.published_workload("shakebig")
+    assert w.num_tensors == 216 and w.num_params == 26204362
+    # avg tensor size derived from #params/#tensors matches the data's column exactly
+    assert w.avg_tensor_mb == pytest.approx(0.462785686, rel=1e-6)
+    with pytest.raises(UnknownNameError, match="Res32"):
+        P.published_workload("resnet1000")
+
+
+def test_shared_data_dir_env_and_error(monkeypatch, tmp_path):
+    found = data.shared_data_dir()
+    assert (found / "cmdare" / "speed_data" / "0latency_data.csv").is_file()
+    monkeypatch.setenv("CMDARE_SHARED_DATA", str(found))
+    assert data.shared_data_dir() == found
+    monkeypatch.setenv("CMDARE_SHARED_DATA", str(tmp_path))
+    with pytest.raises(DataNotFoundError, match="CMDARE_SHARED_DATA"):
+        data.shared_data_dir()
+    monkeypatch.delenv("CMDARE_SHARED_DATA")
+    monkeypatch.chdir(tmp_path)
+    assert data.shared_data_dir() == found  # found from the package location too
+
+
+def test_loaders_have_no_missing_features():
+    single = data.load_single_gpu_speed()
+    assert len(single) == 416 and single["Number of Tensors"].notna().all()
+    cluster = data.load_cluster_speed()
+    assert len(cluster) == 64 and set(cluster["Workers"]) == set(range(1, 9))
+    startup = data.load_startup()
+    assert set(startup["region"]) == {"east", "west"} and set(startup["transient"]) == {True, False}
+
+
+def test_step_time_predictions_are_physical():
+    k80 = P.predict_step_time_s("resnet32", "k80")
+    p100 = P.predict_step_time_s("resnet32", "p100")
+    v100 = P.predict_step_time_s("resnet32", "v100")
+    assert k80 == pytest.approx(0.2179, rel=0.07)  # measured mean 0.218 s
+    assert v100 < p100 < k80
+    assert P.predict_step_time_s("resnet32", "k80", latency_ms=30.3) > k80
+    assert P.predict_step_time_s("resnet32", 4.113) == pytest.approx(k80)
+    with pytest.raises(UnknownNameError):
+        P.predict_step_time_s("resnet32", "x9000")
+
+
+def test_cluster_speed_ps_capacity_mixed_gpus_and_more_ps():
+    one = [P.predict_cluster_steps_per_s("resnet15", {"p100": n}, 1) for n in range(1, 13)]
+    assert all(b >= a for a, b in zip(one, one[1:], strict=False))
+    assert one[11] - one[7] < 0.1 * one[7]  # saturated: P100 + 1 PS flattens
+    assert 90 <= one[7] <= 115  # measured 104.7 at 8 workers
+    two = P.predict_cluster_steps_per_s("resnet15", {"p100": 8}, 2)
+    assert two > 1.3 * one[7]  # a second PS lifts the ceiling (published ~177 at 8 workers)
+    k80 = P.predict_cluster_steps_per_s("resnet32", {"k80": 4}, 1)
+    mixed = P.predict_cluster_steps_per_s("resnet32", "k80:4,p100:2", 1)
+    p100 = P.predict_cluster_steps_per_s("resnet32", ["p100"] * 2, 1)
+    assert k80 < mixed < k80 + p100 + 1e-9
+    with pytest.raises(UserInputError):
+        P.predict_cluster_steps_per_s("resnet32", {"k80": 2}, 0)
+
+
+def test_checkpoint_predictions_and_cache_roundtrip():
+    small = P.predict_checkpoint_s(6.27e6, 50, remote=True)
+    big = P.predict_checkpoint_s(204e6, 216, remote=True)
+    assert 3.2 < small < 4.3 and 6.8 < big < 8.5  # whole_data.csv means: 3.79 and 7.67 s
+    assert P.predict_checkpoint_s(6.27e6) < small  # local is faster than save + upload
+    assert P.predict_checkpoint_s(2e9, remote=True) > big  # extrapolates upwards, not flat
+    with pytest.raises(UserInputError):
+        P.predict_checkpoint_s(0)
+    cache = P._cache_dir()
+    meta = json.loads((cache / "checkpoint_remote.skops.meta.json").read_text())
+    assert meta["data_fingerprint"] == P._fingerprint() and meta["rows"] == 100
+    loaded = persist.load_model(cache / "checkpoint_remote.skops", P._fingerprint())
+    X = np.array([[6.27, 50.0], [204.0, np.nan]])
+    assert np.allclose(loaded.predict(X), P.checkpoint_model(True).predict(X))
+    assert persist.load_model(cache / "checkpoint_remote.skops", "other-fingerprint") is None
+
+
+def test_json_models_roundtrip():
+    for name in ("step_time", "cluster_speed"):
+        P.step_time_model(), P.cluster_speed_model()
+        path = P._cache_dir() / f"{name}.json"
+        payload = json.loads(path.read_text())
+        assert payload["class"] in ("StepTimeModel", "PSQueueModel")
+        loaded = persist.load_json_model(path)
+        original = P.step_time_model() if name == "step_time" else P.cluster_speed_model()
+        X = (
+            np.array([[4.113, 1.66e9, 1.86e6, 104, 0.3]])
+            if name == "step_time"
+            else np.array([[0.04, 693818, 50, 6, 1]])
+        )
+        assert np.allclose(loaded.predict(X), original.predict(X))
+
+
+def test_untrusted_skops_file_is_refused(tmp_path):
+    import skops.io as sio
+
+    from cmdare.predict.step_time import StepTimeModel
+    from cmdare.predict.workloads import WorkloadFeatures
+
+    path = tmp_path / "evil.skops"
+    sio.dump({"model": StepTimeModel(), "x": WorkloadFeatures("a", "a", 1.0, 1, 1, 1.0)}, path)
+    (tmp_path / "evil.skops.meta.json").write_text(json.dumps({"model_version": persist.MODEL_VERSION}))
+    with pytest.raises(DataFormatError, match="untrusted"):
+        persist.load_model(path)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"class": "os.system", "params": {}, "fitted": {}}))
+    with pytest.raises(DataFormatError):
+        persist.load_json_model(bad)
+
+
+def test_startup_model_groups_fallbacks_and_json():
+    model = P.startup_model()
+    rng = np.random.default_rng(0)
+    draws = [model.sample(rng, "k80", True, "east") for _ in range(400)]
+    assert set(draws[0]) == set(PHASES)
+    staging = np.mean([d["Staging"] for d in draws])
+    measured = data.load_startup()
+    ref = measured[(measured.gpu == "K80") & measured.transient & (measured.region == "east")]["Staging"].mean()
+    assert staging == pytest.approx(ref, rel=0.1)
+    # preemptible staging is slower than on-demand (CM-DARE's finding)
+    assert model.mean_s("p100", True)["Staging"] > model.mean_s("p100", False)["Staging"] + 10
+    assert model.mean_s("h100", True)["Staging"] > 0  # unknown GPU: pooled fit
+    again = StartupModel.from_json(json.loads(json.dumps(model.to_json())))
+    assert again.mean_s("k80", False, "west") == pytest.approx(model.mean_s("k80", False, "west"))
+
+
+def test_recovery_formulas():
+    # Published: o + (S - s)/v_new - o * v_cur / v_new
+    t = P.recovery_time_published_s(64000, 32000, v_cur=30, v_new=36, overhead_s=100)
+    assert t == pytest.approx(100 + 32000 / 36 - 100 * 30 / 36)
+    # cmdare's form with no warm-up and no restore equals the published one
+    assert P.recovery_time_s(64000, 32000, 30, 36, 100, warmup_s=0) == pytest.approx(t)
+    assert P.recovery_time_s(64000, 32000, 30, 36, 100, warmup_s=60) > t
+    # the run finishes before the replacement arrives (100 steps at 10/s): the published formula
+    # still charges the whole overhead
+    assert P.recovery_time_s(1000, 900, 10, 20, 100, warmup_s=0) == pytest.approx(10.0)
+    assert P.recovery_time_published_s(1000, 900, 10, 20, 100) == pytest.approx(55.0)
+    with pytest.raises(UserInputError):
+        P.recovery_time_s(10, 20, 1, 1, 1)

@@ -1,0 +1,209 @@
+"""`cmdare predict ...` and `cmdare models ...` through the real CLI entry point."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from cmdare.cli import app
+from cmdare.errors import CmdareError
+from cmdare.predict.data import load_cluster_speed, load_single_gpu_speed
+
+CMDARE = [sys.executable, "-c", "from cmdare.cli import main; main()"]
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    return {**os.environ, "CMDARE_HOME": str(home)}
+
+
+def run(env, *args: str) -> Result:
+    """In-process run, mapping cmdare errors to exit 1 + one message like ``cmdare.cli.main``."""
+    old = os.environ.get("CMDARE_HOME")
+    os.environ["CMDARE_HOME"] = env["CMDARE_HOME"]
+    try:
+        res = CliRunner().invoke(app, list(args))
+    finally:
+        if old is None:
+            os.environ.pop("CMDARE_HOME")
+        else:
+            os.environ["CMDARE_HOME"] = old
+    if isinstance(res.exception, CmdareError):
+        return Result(1, res.stdout, f"error: {res.exception}")
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return Result(res.exit_code, res.stdout, "")
+
+
+def run_subprocess(env, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CMDARE, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def test_single_questions(env):
+    out = run(env, "predict", "step-time", "--model", "resnet32", "--gpu", "k80")
+    assert out.returncode == 0, out.stderr
+    assert 0.19 < float(out.stdout.split()[0]) < 0.24
+    out = run(env, "predict", "cluster-speed", "--model", "resnet15", "--workers", "k80:2,p100:2", "--ps", "2")
+    assert out.returncode == 0 and float(out.stdout.split()[0]) > 40
+    out = run(env, "predict", "checkpoint", "--size-mb", "16", "--tensors", "104", "--remote")
+    assert out.returncode == 0 and 3.0 < float(out.stdout.split()[0]) < 4.5
+    out = run(env, "predict", "startup", "--gpu", "p100", "--transient", "--samples", "50")
+    assert out.returncode == 0 and "Staging=" in out.stdout and "p95=" in out.stdout
+
+
+def test_step_time_table_keeps_rows_and_extra_columns(env, tmp_path):
+    df = load_single_gpu_speed()
+    sub = df.groupby(["gpu", "cnn"]).first().reset_index()
+    cols = ["GPU TFLOPS", "Model FLOPs", "Number of Parameters", "Average Tensor Size (MB)", "Latency (ms)"]
+    table = sub[["cnn", *cols]].rename(columns={"cnn": "key"})
+    table["Average Tensor Size (MB)"] = sub["Number of Parameters"] * 4 / sub["Number of Tensors"] / 2**20
+    inp, outp = tmp_path / "in.csv", tmp_path / "out.csv"
+    table.to_csv(inp, index=False)
+    res = run(env, "predict", "step-time", "--input", str(inp), "--output", str(outp))
+    assert res.returncode == 0, res.stderr
+    out = pd.read_csv(outp)
+    assert list(out.columns) == [*table.columns, "Predicted Step Time (s)"]
+    assert (out["key"] == table["key"]).all()
+    measured = df.groupby(["gpu", "cnn"])["Step Time (s)"].mean().to_numpy()
+    ape = (out["Predicted Step Time (s)"] - measured).abs() / measured
+    assert ape.mean() < 0.05  # in-sample (the models are fitted on this data)
+
+
+def test_cluster_table_with_gpus_or_tflops(env, tmp_path):
+    c = load_cluster_speed()
+    rows = c[c["Workers"].isin([1, 4, 8])]
+    header = ["key", "GPU TFLOPS", "Workers", "PS", "Model FLOPs", "Number of Parameters", "Number of Tensors"]
+    data = [
+        [
+            f"{r.cnn}-{r.gpu}-{r.Workers}",
+            r["GPU TFLOPS"],
+            r.Workers,
+            1,
+            r["Model FLOPs"],
+            r["Number of Parameters"],
+            r["Number of Tensors"],
+        ]
+        for _, r in rows.iterrows()
+    ]
+    inp = write_csv(tmp_path / "c.csv", header, data)
+    res = run(env, "predict", "cluster-speed", "--input", str(inp), "--output", str(tmp_path / "o.csv"))
+    assert res.returncode == 0, res.stderr
+    out = pd.read_csv(tmp_path / "o.csv")
+    ape = (out["Predicted Speed (steps/sec)"] - rows["Speed (steps/sec)"].to_numpy()).abs() / rows[
+        "Speed (steps/sec)"
+    ].to_numpy()
+    assert len(out) == len(rows) and ape.mean() < 0.08
+    mixed = write_csv(
+        tmp_path / "m.csv",
+        ["GPUs", "PS", "Model FLOPs", "Number of Parameters"],
+        [["k80:2,p100:1", 1, 1658696889, 1857722], ["v100:4", 2, 630989589, 693818]],
+    )
+    res = run(env, "predict", "cluster-speed", "--input", str(mixed))
+    assert res.returncode == 0, res.stderr
+    assert "Predicted Speed (steps/sec)" in res.stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    ("kind", "header", "row", "message"),
+    [
+        ("step-time", ["GPU TFLOPS", "Model FLOPs"], [4.1, 1e9], "missing column"),
+        (
+            "step-time",
+            ["GPU TFLOPS", "Model FLOPs", "Number of Parameters"],
+            [4.1, "lots", 1e6],
+            "row 2, column 'Model FLOPs'",
+        ),
+        (
+            "step-time",
+            ["GPU TFLOPS", "Model FLOPs", "Number of Parameters"],
+            [4.1, 1e9, -5],
+            "row 2, column 'Number of Parameters'",
+        ),
+        (
+            "step-time",
+            ["GPU TFLOPS", "Model FLOPs", "Number of Parameters"],
+            [4.1, "", 1e6],
+            "row 2, column 'Model FLOPs'",
+        ),
+        (
+            "cluster-speed",
+            ["GPUs", "PS", "Model FLOPs", "Number of Parameters"],
+            ["x100:2", 1, 1e9, 1e6],
+            "row 2, column 'GPUs'",
+        ),
+        (
+            "cluster-speed",
+            ["GPUs", "PS", "Model FLOPs", "Number of Parameters"],
+            ["k80:2", 0, 1e9, 1e6],
+            "row 2, column 'PS'",
+        ),
+        ("checkpoint", ["Checkpoint Size (MB)"], ["nan"], "row 2, column 'Checkpoint Size (MB)'"),
+    ],
+)
+def test_bad_input_is_one_line_error(env, tmp_path, kind, header, row, message):
+    good = {
+        "step-time": [4.113, 630989589, 693818],
+        "cluster-speed": ["k80:1", 1, 630989589, 693818],
+        "checkpoint": [6.27],
+    }[kind]
+    good = good[: len(header)] + [1] * (len(header) - len(good))
+    inp = write_csv(tmp_path / "bad.csv", header, [good, row])
+    res = run(env, "predict", kind, "--input", str(inp))
+    assert res.returncode == 1
+    assert message in res.stderr
+
+
+def test_bad_input_through_the_real_entry_point_is_one_line(env, tmp_path):
+    inp = write_csv(
+        tmp_path / "bad.csv",
+        ["GPU TFLOPS", "Model FLOPs", "Number of Parameters"],
+        [[4.113, 630989589, 693818], [4.113, "n/a", 693818]],
+    )
+    res = run_subprocess(env, "predict", "step-time", "--input", str(inp))
+    assert res.returncode == 1
+    assert "Traceback" not in res.stderr
+    assert "row 2, column 'Model FLOPs'" in " ".join(res.stderr.split())
+    assert len(res.stderr.strip().splitlines()) <= 2  # one message (rich may wrap it)
+
+
+def test_missing_input_and_unknown_names(env, tmp_path):
+    res = run(env, "predict", "step-time", "--input", str(tmp_path / "none.csv"))
+    assert res.returncode == 1 and "does not exist" in res.stderr and "Traceback" not in res.stderr
+    res = run(env, "predict", "step-time", "--model", "resnet32", "--gpu", "x100")
+    assert res.returncode == 1 and "x100" in res.stderr and "Traceback" not in res.stderr
+    res = run(env, "predict", "cluster-speed", "--model", "nope", "--workers", "k80:1")
+    assert res.returncode == 1 and "Res32" in res.stderr
+
+
+def test_models_evaluate_prints_baselines_and_writes_plots(env, tmp_path):
+    res = run(env, "models", "evaluate", "--task", "checkpoint_remote", "--plot-dir", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert "published SVR on size" in res.stdout and "cmdare CheckpointModel" in res.stdout
+    assert "loco" in res.stdout and "random" in res.stdout
+    assert (tmp_path / "models_checkpoint_remote.png").stat().st_size > 10_000
+    res = run(env, "models", "evaluate", "--task", "nope")
+    assert res.returncode == 1 and "step_time" in res.stderr
