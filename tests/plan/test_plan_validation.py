@@ -68,3 +68,13 @@ def test_zero_revocation_rate_gives_the_deterministic_time():
     on_demand = Simulator(JOB, k80s(8, False, 1), never).base_time_s
     assert s.time_mean_s == pytest.approx(on_demand) and s.time_p95_s == pytest.approx(on_demand)
     assert s.revocations_mean == 0
+
+
+def test_p100_plan_explains_the_second_ps(models):
+    from cmdare.plan.recommender import enumerate_clusters, recommend
+
+    clusters = enumerate_clusters(["p100"], ["us-east1"], max_workers=8, max_ps=2)
+    rec = recommend(JOB, clusters, models, deadline_s=20 * 60, runs=50, seed=0)
+    assert rec.constraint_met and rec.choice.cluster.ps == 2
+    ps_reason = next(r for r in rec.reasons if r.startswith("a 2nd PS:"))
+    assert "P100 workers saturate one PS at 4-5 workers" in ps_reason

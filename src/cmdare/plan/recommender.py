@@ -173,12 +173,13 @@ def _speed(models: PlanModels, counts: dict[str, int], ps: int) -> float:
 
 
 def _saturation_workers(models: PlanModels, gpu: str, ps: int, up_to: int = 16) -> int | None:
-    """Smallest worker count after which one more worker adds under 10% speed with ``ps`` PS."""
+    """Worker count ``n`` after which one more ``gpu`` worker adds under half its solo speed."""
+    solo = models.speed.worker_steps_per_s(gpu)
     prev = _speed(models, {gpu: 1}, ps)
-    for n in range(2, up_to + 1):
-        cur = _speed(models, {gpu: n}, ps)
-        if cur < prev * (1 + 0.1 / (n - 1)) and cur < prev * 1.1:
-            return n - 1
+    for n in range(1, up_to):
+        cur = _speed(models, {gpu: n + 1}, ps)
+        if cur - prev < 0.5 * solo:
+            return n
         prev = cur
     return None
 
@@ -194,8 +195,12 @@ def explain(choice: PlanOption, options: Sequence[PlanOption], models: PlanModel
         gpu = max(counts, key=counts.get)
         sat = _saturation_workers(models, gpu, c.ps - 1)
         ordinal = {2: "2nd", 3: "3rd"}.get(c.ps, f"{c.ps}th")
-        where = f"{gpu.upper()} workers saturate {c.ps - 1} PS at {sat}-{sat + 1} workers; " if sat else ""
-        reasons.append(f"a {ordinal} PS: {where}{fewer:.1f} -> {more:.1f} steps/s")
+        shards = "one PS" if c.ps == 2 else f"{c.ps - 1} PS"
+        where = f"; {gpu.upper()} workers saturate {shards} at {sat}-{sat + 1} workers" if sat else ""
+        reasons.append(
+            f"a {ordinal} PS: {fewer:.1f} -> {more:.1f} steps/s ({more / fewer - 1:+.0%}) "
+            f"for {c.n_workers} workers{where}"
+        )
     elif c.ps == 1 and c.n_workers > 1:
         gain = _speed(models, counts, 2) / _speed(models, counts, 1) - 1
         reasons.append(f"one PS suffices: a 2nd would add only {gain:.0%} speed for {c.n_workers} workers")
