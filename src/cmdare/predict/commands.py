@@ -34,7 +34,7 @@ def evaluate_cmd(
     from rich.table import Table
 
     from cmdare.errors import UnknownNameError
-    from cmdare.predict.evaluate import TASKS, evaluate, plot_predictions
+    from cmdare.predict.evaluate import TASKS, evaluate, plot_cluster_scaling, plot_predictions
 
     for name in task or []:
         if name not in TASKS:
@@ -65,7 +65,10 @@ def evaluate_cmd(
                 table.add_row(protocol, subset, *cells)
             console.print(table)
     if plot_dir is not None:
-        for path in plot_predictions(preds, plot_dir):
+        paths = plot_predictions(preds, plot_dir)
+        if not task or "cluster_speed" in task:
+            paths.append(plot_cluster_scaling(plot_dir))
+        for path in paths:
             typer.echo(f"wrote {path}", err=as_json)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -211,8 +212,6 @@ def plot_predictions(preds: dict, plot_dir) -> list:
     import matplotlib
 
     matplotlib.use("Agg")
-    from pathlib import Path
-
     import matplotlib.pyplot as plt
 
     plot_dir = Path(plot_dir)
@@ -233,7 +232,7 @@ def plot_predictions(preds: dict, plot_dir) -> list:
         ax.plot([lo, hi], [lo, hi], "k--", lw=1)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel(f"measured {task.target} [{task.unit}]")
+        ax.set_xlabel(f"measured {task.target}" + ("" if f"({task.unit})" in task.target else f" [{task.unit}]"))
         ax.set_ylabel(f"predicted [{task.unit}]")
         ax.set_title(f"{name}, protocol {task.main_protocol} (MAPE)")
         ax.legend(fontsize=7)
@@ -243,3 +242,42 @@ def plot_predictions(preds: dict, plot_dir) -> list:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def plot_cluster_scaling(plot_dir) -> Path:
+    """Measured steps/s vs workers (1 PS) with cmdare's leave-one-configuration-out predictions
+    and its 2-PS prediction, one panel per GPU type."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from cmdare.predict.cluster_speed import PSQueueModel
+
+    X, y, meta = task_data("cluster_speed")
+    rows, pred = cross_predict(PSQueueModel(), X, y, meta, "loo")
+    loo = np.empty(len(y))
+    loo[rows] = pred
+    full = PSQueueModel().fit(X, y)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, gpu in zip(axes, ("K80", "P100"), strict=True):
+        for k, cnn in enumerate(pd.unique(meta["cnn"])):
+            m = ((meta["gpu"] == gpu) & (meta["cnn"] == cnn)).to_numpy()
+            w = meta["Workers"].to_numpy()[m]
+            color = f"C{k}"
+            ax.plot(w, y[m], "o", color=color, label=f"{cnn} measured")
+            ax.plot(w, loo[m], "-", color=color, label=f"{cnn} predicted (held out)")
+            X2 = X[m].copy()
+            X2[:, 4] = 2
+            ax.plot(w, full.predict(X2), ":", color=color, label=f"{cnn} 2 PS (predicted)")
+        ax.set_yscale("log")
+        ax.set_xlabel("workers")
+        ax.set_ylabel("global steps/s")
+        ax.set_title(f"{gpu}, 1 PS: measured vs PSQueueModel")
+    axes[1].legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    path = Path(plot_dir) / "models_cluster_scaling.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
