@@ -30,6 +30,9 @@ from cmdare.train.callbacks import (
 
 # Event kinds that move a server through its life (column set on the server row).
 _SERVER_PHASE = {
+    "server_requested": "requested_at",
+    "server_joined": "joined_at",
+    "server_ended": "ended_at",
     "replacement_requested": "requested_at",
     "replacement_joined": "joined_at",
     "revocation": "ended_at",
