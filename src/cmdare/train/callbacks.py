@@ -104,6 +104,9 @@ class EventReport:
 
 EVENT_KINDS = (
     "run_start",
+    "server_requested",
+    "server_joined",
+    "server_ended",
     "run_end",
     "revocation",
     "notice",

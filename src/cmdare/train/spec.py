@@ -37,6 +37,15 @@ class TrainSpec:
     image_size: int | None = None
     channels: int | None = None
     keep_checkpoints: int = 3
+    # Servers (CM-DARE: workers on GPU servers, each shard on an on-demand CPU server). Locally they are
+    # emulated: prices come from the catalog, revocations from ``revocations`` (see cmdare.cloud.injection).
+    transient: bool = False
+    gpu: str = "k80"
+    cloud: str = "gcp"
+    region: str | None = None
+    revocations: str | None = None  # e.g. "lifetime=bathtub,speedup=7200", "every=5", "none"
+    replace: str = "same"  # same | cheapest | none
+    startup: str = "model"  # replacement start-up delay: "model" (CM-DARE data, compressed) or seconds
 
     def __post_init__(self) -> None:
         for name in ("workers", "ps", "steps", "batch_size", "chunk_steps"):

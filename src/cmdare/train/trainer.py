@@ -1,15 +1,19 @@
-"""The coordinator: starts shards and workers, drives chunks of steps, runs the chief's duties.
+"""The coordinator: starts shards and workers, drives chunks of steps, handles membership.
 
-State of a run (the driver's loop)::
+States of a run (the driver's loop)::
 
-    starting -> running -> finishing -> finished
-                   |  ^
-                   v  |           (quiesced: no chunk in flight; migrations, shard changes)
-                 quiesced
+    starting -> running -> finishing -> finished          (any state -> failed on a final error)
+                 |   ^
+      revocation |   | replacement joined / chief re-elected
+                 v   |
+               degraded (fewer workers; training goes on)
 
 Workers run chunks of steps; when a chunk returns, the coordinator records it and hands the worker
-another, until the shards report the target step. Checkpoints and evaluations are calls on the
-chief worker between its chunks.
+another, until the shards report the target step. Checkpoints and evaluations are calls on the chief
+worker, awaited in the same loop, so a revocation is noticed while they run. A worker lost to a
+revocation, a notice or a failure is dropped at once; the chief role moves to a survivor; the
+replacement policy may start a new server, whose worker takes the lost data slot, pulls the latest
+parameters and trains.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ from typing import Any
 import numpy as np
 
 from cmdare import __version__
-from cmdare.errors import CheckpointError, UserInputError
+from cmdare.cloud.injection import RevocationClock, RevocationPlan
+from cmdare.cloud.local import LocalProcessProvider, RayClusterProvider, Server, ServerProvider, StartupDelay
+from cmdare.cloud.servers import ServerSpec, cost_usd
+from cmdare.errors import CheckpointError, TransientError, UserInputError
 from cmdare.paths import checkpoint_root
 from cmdare.ps.blocks import ParamInfo, param_infos
 from cmdare.ps.layout import shard_arrays_from_model_flat
@@ -45,11 +52,13 @@ from cmdare.train.callbacks import (
 )
 from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
 from cmdare.train.cluster import ensure_ray
+from cmdare.train.membership import Replace, elect_chief, get_replacement_policy
 from cmdare.train.spec import TrainSpec
 from cmdare.train.worker import ChunkResult, Worker
 
 SHARD_STATS_EVERY_S = 2.0
 SPEED_WINDOW_S = 5.0
+LOOP_TICK_S = 0.05  # how often the loop looks at revocation deadlines and arriving replacements
 
 
 def new_run_id() -> str:
@@ -59,11 +68,15 @@ def new_run_id() -> str:
 
 @dataclass
 class WorkerHandle:
-    """A running worker: its actor, data slot and whether it is the chief."""
+    """A running worker: its actor, data slot and server."""
 
     worker_id: int
     slot: int
     actor: Any
+    server: Server
+    revoke_at: float | None = None  # injected revocation deadline
+    revoked_at: float | None = None  # when it was revoked (injected) or told to leave (notice)
+    replaces: dict[str, Any] | None = None  # the loss this worker replaces (for recovery times)
 
 
 class Trainer:
@@ -76,33 +89,48 @@ class Trainer:
         run_id: the run's id (default: a new one).
         resume: continue run ``run_id`` from its latest checkpoint (or from ``resume_from``).
         checkpoint_dir: where checkpoints go (default: the data directory's ``checkpoints/RUN``).
+        provider: where servers come from (default: one local Ray node, or the joined cluster).
     """
 
     def __init__(self, spec: TrainSpec, callbacks: Sequence[TrainCallback] = (), *,
                  address: str | None = None, run_id: str | None = None, resume: bool = False,
-                 resume_from: str | Path | None = None, checkpoint_dir: str | Path | None = None):
+                 resume_from: str | Path | None = None, checkpoint_dir: str | Path | None = None,
+                 provider: ServerProvider | None = None):
+        if resume and run_id is None and resume_from is None:
+            raise UserInputError("resume needs the run id or a checkpoint path")
         self.spec = spec
         self.callbacks = list(callbacks)
         self.address = address
-        if resume and run_id is None and resume_from is None:
-            raise UserInputError("resume needs the run id or a checkpoint path")
         self.resuming = resume or resume_from is not None
         self.run_id = run_id or new_run_id()
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else checkpoint_root() / self.run_id
         self.resume_from = Path(resume_from) if resume_from else None
+        self.plan = RevocationPlan.parse(spec.revocations, seed=spec.seed)
+        self.replacement = get_replacement_policy(spec.replace)
+        self.worker_spec, self.ps_spec = _server_specs(spec)
+        startup = StartupDelay(spec.startup, self.plan.speedup, spec.seed)
+        if provider is None:
+            provider = RayClusterProvider(startup) if address else LocalProcessProvider(startup)
+        self.provider = provider
         self.shards: list[Any] = []
-        self.workers: list[WorkerHandle] = []
+        self.shard_servers: list[Server] = []
+        self.workers: dict[int, WorkerHandle] = {}
         self.chief: WorkerHandle | None = None
         self.placement: Placement | None = None
         self.infos: list[ParamInfo] = []
         self.global_step = 0
-        self._started_ray = False
-        self._speed = collections.deque()  # (time, global_step)
+        self.revocations = 0
+        self.replacements = 0
+        self.lost_worker_s = 0.0
         self.last_accuracy: float | None = None
+        self.last_loss: float | None = None
+        self._pending: list[tuple[Server, int, dict[str, Any]]] = []  # replacements on their way
+        self._next_worker_id = 0
+        self._started_ray = False
+        self._speed: collections.deque = collections.deque()  # (time, global_step)
         self._first_chunk_at: float | None = None
         self._first_chunk_step = 0
         self._last_chunk_at: float | None = None
-        self.last_loss: float | None = None
 
     # -- set-up --------------------------------------------------------------------------------
     def _prepare(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], int]:
@@ -134,6 +162,8 @@ class Trainer:
             params, momentum, buffers, step = ckpt.params, ckpt.momentum, ckpt.buffers, ckpt.step
             if step >= spec.steps:
                 raise UserInputError(f"run {self.run_id} is already at step {step} >= --steps {spec.steps}")
+        if self.plan.lifetime:
+            RevocationClock(self.plan)  # fail fast on an unknown or unreadable lifetime model
         return params, momentum, buffers, step
 
     def _start_shards(self, params: np.ndarray, momentum: np.ndarray, step: int) -> None:
@@ -143,25 +173,41 @@ class Trainer:
         self.placement = get_placement(spec.placement).place(self.infos, spec.ps)
         values = shard_arrays_from_model_flat(params, self.infos, self.placement)
         moms = shard_arrays_from_model_flat(momentum, self.infos, self.placement)
-        opts = {"num_cpus": spec.cpus_per_shard, "max_restarts": 0}
-        if spec.sync:
-            cls = ray.remote(SyncShardActor).options(**opts)
-            self.shards = [cls.remote(k, spec.optimizer, spec.steps, spec.workers) for k in range(spec.ps)]
-        else:
-            cls = ray.remote(AsyncShardActor).options(**opts)
-            self.shards = [cls.remote(k, spec.optimizer, spec.steps) for k in range(spec.ps)]
+        self.shard_servers = [self.provider.request(self.ps_spec) for _ in range(spec.ps)]
+        self.shards = []
+        for k, server in enumerate(self.shard_servers):
+            self._server_event("server_requested", server)
+            opts = {"num_cpus": spec.cpus_per_shard, "max_restarts": 0, **self.provider.actor_options(server)}
+            if spec.sync:
+                actor = ray.remote(SyncShardActor).options(**opts).remote(k, spec.optimizer, spec.steps, spec.workers)
+            else:
+                actor = ray.remote(AsyncShardActor).options(**opts).remote(k, spec.optimizer, spec.steps)
+            server.actor = actor
+            self.shards.append(actor)
         ray.get([s.load.remote(BlockData(tuple(self.placement.blocks_on(k)), values[k], moms[k], step))
                  for k, s in enumerate(self.shards)])
+        for server in self.shard_servers:
+            server.joined_at = time.time()
+            self._server_event("server_joined", server)
 
-    def _start_worker(self, worker_id: int, slot: int, start_step: int = 0) -> WorkerHandle:
+    def _start_worker(self, server: Server, slot: int, start_step: int) -> WorkerHandle:
         import ray
 
         spec = self.spec
+        self.provider.prepare(server)
         threads = max(1, int(spec.cpus_per_worker)) if spec.cpus_per_worker else None
-        cls = ray.remote(Worker).options(num_cpus=spec.cpus_per_worker, num_gpus=spec.gpus_per_worker,
-                                         max_restarts=0)
-        actor = cls.remote(worker_id, slot, spec.workers, spec, self.shards, self.placement, threads, start_step)
-        return WorkerHandle(worker_id, slot, actor)
+        opts = {"num_cpus": spec.cpus_per_worker, "num_gpus": spec.gpus_per_worker, "max_restarts": 0,
+                **self.provider.actor_options(server)}
+        worker_id = self._next_worker_id
+        self._next_worker_id += 1
+        actor = ray.remote(Worker).options(**opts).remote(
+            worker_id, slot, spec.workers, spec, self.shards, self.placement, threads, start_step, server.notice)
+        server.actor = actor
+        handle = WorkerHandle(worker_id, slot, actor, server)
+        if spec.transient:
+            handle.revoke_at = self._clock.deadline(server.ready_at) if self._clock else None
+        self.workers[worker_id] = handle
+        return handle
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -171,93 +217,234 @@ class Trainer:
         spec = self.spec
         params, momentum, buffers, step = self._prepare()
         need_cpus = spec.workers * spec.cpus_per_worker + spec.ps * spec.cpus_per_shard
-        self._started_ray = ensure_ray(self.address, num_cpus=max(os.cpu_count() or 1, int(np.ceil(need_cpus))))
+        self._started_ray = ensure_ray(self.address, num_cpus=max(os.cpu_count() or 1, int(np.ceil(need_cpus)) + 2))
+        self._clock = RevocationClock(self.plan) if (self.plan.enabled and spec.transient) else None
         t_start = time.time()
-        info = RunInfo(self.run_id, dict(spec.to_dict(), checkpoint_dir=str(self.checkpoint_dir)), t_start,
-                       code_version=__version__, resumed_from_step=step)
+        config = dict(spec.to_dict(), checkpoint_dir=str(self.checkpoint_dir), provider=self.provider.kind)
+        info = RunInfo(self.run_id, config, t_start, code_version=__version__,
+                       emulated=self.provider.kind != "ray", resumed_from_step=step)
         self._emit("on_run_start", info)
         status = "failed"
         try:
             self._start_shards(params, momentum, step)
-            self.workers = [self._start_worker(i, i, step) for i in range(spec.workers)]
-            self.chief = self.workers[0]
-            if buffers:
-                ray.get([w.actor.load_buffers.remote(buffers) for w in self.workers])
             self.global_step = step
+            for slot in range(spec.workers):
+                server = self.provider.request(self.worker_spec)
+                server.ready_at = server.requested_at  # initial servers: start-up is not part of the run
+                self._server_event("server_requested", server)
+                self._start_worker(server, slot, step)
+            self.chief = self.workers[elect_chief(self.workers)]
+            if buffers:
+                ray.get([w.actor.load_buffers.remote(buffers) for w in self.workers.values()])
             if self.resuming:
                 self._event("resume", details={"step": step})
-            self._loop()
+            self._loop(t_start)
             self._final_duties()
             status = "finished"
         except KeyboardInterrupt:
             status = "interrupted"
             raise
         finally:
-            wall = time.time() - t_start
-            summary = RunSummary(self.run_id, time.time(), status, self.global_step, wall, self._mean_speed(),
-                                 self.last_accuracy, self.last_loss,
-                                 details={"checkpoint_dir": str(self.checkpoint_dir),
-                                          "startup_s": (self._first_chunk_at or time.time()) - t_start})
+            summary = self._summary(status, t_start)
             self._emit("on_run_end", summary)
             self._shutdown()
         return summary
 
-    def _loop(self) -> None:
+    def _loop(self, t_start: float) -> None:
         import ray
 
         spec = self.spec
         next_ckpt = _next_multiple(self.global_step, spec.checkpoint_every)
         next_eval = _next_multiple(self.global_step, spec.eval_every)
         next_stats = time.time() + SHARD_STATS_EVERY_S
-        inflight = {w.actor.run_steps.remote(spec.chunk_steps, spec.chunk_s): w for w in self.workers}
+        inflight: dict[Any, WorkerHandle] = {}
+        duties: dict[Any, tuple[str, WorkerHandle]] = {}
+        for w in self.workers.values():
+            inflight[self._submit(w)] = w
         finished = False
-        while inflight:
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+        while inflight or duties or (not finished and self._pending):
+            ready, _ = ray.wait(list(inflight) + list(duties), num_returns=1, timeout=LOOP_TICK_S)
             for ref in ready:
+                if ref in duties:
+                    kind, w = duties.pop(ref)
+                    self._finish_duty(kind, w, ref)
+                    continue
                 w = inflight.pop(ref)
-                res: ChunkResult = ray.get(ref)
-                self._record_chunk(res)
+                try:
+                    res: ChunkResult = ray.get(ref)
+                except ray.exceptions.RayActorError as err:
+                    self._on_worker_lost(w, err)
+                    continue
+                self._record_chunk(w, res)
                 finished = finished or res.done or self.global_step >= spec.steps
-                if not finished:
-                    inflight[w.actor.run_steps.remote(spec.chunk_steps, spec.chunk_s)] = w
-            if time.time() >= next_stats:
+                if res.notice is not None:
+                    self._on_notice(w, res.notice)
+                elif not finished:
+                    inflight[self._submit(w)] = w
+            now = time.time()
+            if not finished:
+                self._inject_revocations(now, t_start)
+                for w in self._arrive_replacements(now):
+                    inflight[self._submit(w)] = w
+                if not self.workers and not self._pending:
+                    raise TransientError("every worker was lost and --replace none: no worker left to train "
+                                         f"(resume from the checkpoint with --resume {self.run_id})")
+            if now >= next_stats:
                 self._collect_shard_stats()
-                next_stats = time.time() + SHARD_STATS_EVERY_S
-            if finished:
+                next_stats = now + SHARD_STATS_EVERY_S
+            if finished or self.chief is None or any(d[0] for d in duties.values()):
                 continue
-            if next_ckpt and self.global_step >= next_ckpt and self.global_step < spec.steps:
-                self._checkpoint()
+            if next_ckpt and next_ckpt <= self.global_step < spec.steps:
+                duties[self._checkpoint_ref(self.chief)] = ("checkpoint", self.chief)
                 next_ckpt = _next_multiple(self.global_step, spec.checkpoint_every)
-            if next_eval and self.global_step >= next_eval and self.global_step < spec.steps:
-                self._evaluate()
+            elif next_eval and next_eval <= self.global_step < spec.steps:
+                duties[self.chief.actor.evaluate.remote()] = ("eval", self.chief)
                 next_eval = _next_multiple(self.global_step, spec.eval_every)
 
+    def _submit(self, w: WorkerHandle) -> Any:
+        return w.actor.run_steps.remote(self.spec.chunk_steps, self.spec.chunk_s)
+
     def _final_duties(self) -> None:
+        """Final evaluation and checkpoint by the chief (by the next chief if it dies meanwhile)."""
         self._collect_shard_stats()
-        self._evaluate()
-        if self.spec.checkpoint_every:
-            self._checkpoint()
+        for kind in ("eval", "checkpoint") if self.spec.checkpoint_every else ("eval",):
+            while self.chief is not None:
+                ref = self.chief.actor.evaluate.remote() if kind == "eval" else self._checkpoint_ref(self.chief)
+                if self._finish_duty(kind, self.chief, ref):
+                    break
 
     # -- chief duties --------------------------------------------------------------------------
-    def _checkpoint(self) -> None:
-        import ray
-
-        assert self.chief is not None
+    def _checkpoint_ref(self, chief: WorkerHandle) -> Any:
         meta = {"run_id": self.run_id, "spec": self.spec.to_dict()}
-        res = ray.get(self.chief.actor.checkpoint.remote(str(self.checkpoint_dir), self.infos, meta))
-        self._emit("on_checkpoint", CheckpointReport(self.run_id, time.time(), res["step"], self.chief.worker_id,
-                                                     res["path"], res["size_bytes"], res["duration_s"],
-                                                     res["num_tensors"]))
+        return chief.actor.checkpoint.remote(str(self.checkpoint_dir), self.infos, meta)
 
-    def _evaluate(self) -> None:
+    def _finish_duty(self, kind: str, w: WorkerHandle, ref: Any) -> bool:
+        """Record a checkpoint or evaluation; a chief lost meanwhile is handled like any loss.
+
+        Returns False when the chief died before finishing (the next due point, or the caller, retries).
+        """
         import ray
 
-        assert self.chief is not None
-        acc, loss, step = ray.get(self.chief.actor.evaluate.remote())
-        self.last_accuracy, self.last_loss = acc, loss
-        self._emit("on_eval", EvalReport(self.run_id, time.time(), step, self.chief.worker_id, acc, loss))
+        try:
+            res = ray.get(ref)
+        except ray.exceptions.RayActorError as err:
+            if w.worker_id in self.workers:
+                self._on_worker_lost(w, err)
+            return False
+        now = time.time()
+        if kind == "eval":
+            acc, loss, step = res
+            self.last_accuracy, self.last_loss = acc, loss
+            self._emit("on_eval", EvalReport(self.run_id, now, step, w.worker_id, acc, loss))
+        else:
+            self._emit("on_checkpoint", CheckpointReport(self.run_id, now, res["step"], w.worker_id, res["path"],
+                                                         res["size_bytes"], res["duration_s"], res["num_tensors"]))
+        return True
+
+    # -- membership ----------------------------------------------------------------------------
+    def _inject_revocations(self, now: float, t_start: float) -> None:
+        if self._clock is None:
+            return
+        due = [w for w in self.workers.values() if w.revoke_at is not None and w.revoke_at <= now
+               and w.revoked_at is None]
+        if self._clock.periodic_due(now, t_start):
+            live = [w for w in self.workers.values() if w.revoked_at is None]
+            if live:
+                due.append(live[int(self._clock.rng.integers(len(live)))])
+        for w in due:
+            w.revoked_at = time.time()
+            self.revocations += 1
+            self._event("revocation", worker_id=w.worker_id, server_id=w.server.server_id,
+                        details={"source": "injected", "uptime_s": w.server.uptime_s(),
+                                 "chief": w is self.chief})
+            self.provider.revoke(w.server)
+
+    def _on_worker_lost(self, w: WorkerHandle, err: Exception | None) -> None:
+        """Drop a dead worker, re-elect the chief, ask for a replacement."""
+        if w.worker_id not in self.workers:
+            return
+        now = time.time()
+        del self.workers[w.worker_id]
+        if w.revoked_at is None:  # not injected: a real failure or an outside revocation
+            w.revoked_at = now
+            self.revocations += 1
+            self._event("revocation", worker_id=w.worker_id, server_id=w.server.server_id,
+                        details={"source": "failure", "error": type(err).__name__ if err else "unreachable"})
+        detection_s = now - w.revoked_at
+        self._end_server(w.server, "revoked")
+        self._event("worker_lost", worker_id=w.worker_id, server_id=w.server.server_id,
+                    details={"detection_delay_s": detection_s, "steps_per_s_before": self._window_speed(),
+                             "reason": "revoked"})
+        self._after_departure(w)
+
+    def _on_notice(self, w: WorkerHandle, notice: dict[str, Any]) -> None:
+        """A preemption notice: checkpoint if chief, hand the role over, leave cleanly, replace."""
+        import ray
+
+        w.revoked_at = time.time()
+        self.revocations += 1
+        self._event("notice", worker_id=w.worker_id, server_id=w.server.server_id,
+                    details=dict(notice, chief=w is self.chief))
+        if w is self.chief and self.spec.checkpoint_every:
+            self._finish_duty("checkpoint", w, self._checkpoint_ref(w))
+            if w.worker_id not in self.workers:  # it died while checkpointing: handled as a loss
+                return
+        with contextlib.suppress(Exception):
+            ray.get(w.actor.leave.remote(), timeout=5)
+        del self.workers[w.worker_id]
+        self._end_server(w.server, "notice")
+        with contextlib.suppress(Exception):
+            ray.kill(w.actor)
+        self._after_departure(w)
+
+    def _after_departure(self, w: WorkerHandle) -> None:
+        if self.chief is w:
+            new = elect_chief(self.workers)
+            self.chief = self.workers[new] if new is not None else None
+            self._event("chief_change", worker_id=new, details={"from": w.worker_id, "to": new})
+        if self.spec.sync:
+            n = max(1, len(self.workers))
+            for s in self.shards:
+                s.set_num_workers.remote(n)
+        decision = self.replacement.decide(w.server.spec)
+        lost = {"revoked_at": w.revoked_at, "worker_id": w.worker_id, "speed_before": self._window_speed()}
+        if isinstance(decision, Replace):
+            server = self.provider.request(decision.spec)
+            self._pending.append((server, w.slot, lost))
+            startup_s = server.ready_at - server.requested_at
+            self._server_event("replacement_requested", server, worker_id=w.worker_id,
+                               extra={"replaces": w.server.server_id, "startup_s": startup_s})
+        else:
+            self.lost_worker_s += max(0.0, time.time() - (w.revoked_at or time.time()))
+
+    def _arrive_replacements(self, now: float) -> list[WorkerHandle]:
+        arrived = [p for p in self._pending if p[0].ready_at <= now]
+        self._pending = [p for p in self._pending if p[0].ready_at > now]
+        out = []
+        for server, slot, lost in arrived:
+            w = self._start_worker(server, slot, self.global_step)
+            w.replaces = lost
+            if self.spec.sync:
+                for s in self.shards:
+                    s.set_num_workers.remote(len(self.workers))
+            if self.chief is None:
+                self.chief = w
+                self._event("chief_change", worker_id=w.worker_id, details={"from": None, "to": w.worker_id})
+            out.append(w)
+        return out
+
+    def _end_server(self, server: Server, reason: str) -> None:
+        if server.alive:
+            server.ended_at, server.end_reason = time.time(), reason
+        self._server_event("server_ended", server, extra={"reason": reason, "uptime_s": server.uptime_s()})
 
     # -- measurement ---------------------------------------------------------------------------
+    def _window_speed(self) -> float:
+        if len(self._speed) < 2:
+            return 0.0
+        (t0, s0), (t1, s1) = self._speed[0], self._speed[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
     def _mean_speed(self) -> float:
         """Global steps/s from the first reported chunk to the last (start-up excluded)."""
         if self._first_chunk_at is None or self._last_chunk_at is None:
@@ -265,23 +452,32 @@ class Trainer:
         span = self._last_chunk_at - self._first_chunk_at
         return (self.global_step - self._first_chunk_step) / span if span > 0 else 0.0
 
-    def _record_chunk(self, res: ChunkResult) -> None:
+    def _record_chunk(self, w: WorkerHandle, res: ChunkResult) -> None:
         now = time.time()
         if self._first_chunk_at is None:
-            # The first chunk's own steps count from its start, estimated from its duration.
             self._first_chunk_at = now - res.duration_s
             self._first_chunk_step = self.global_step
         self._last_chunk_at = now
+        if w.server.joined_at is None:
+            w.server.joined_at = now - res.duration_s
+            if w.replaces is not None:
+                self.replacements += 1
+                recovery_s = w.server.joined_at - w.replaces["revoked_at"]
+                self.lost_worker_s += recovery_s
+                self._server_event("replacement_joined", w.server, worker_id=w.worker_id,
+                                   extra={"recovery_s": recovery_s, "replaces_worker": w.replaces["worker_id"],
+                                          "startup_s": w.server.ready_at - w.server.requested_at,
+                                          "steps_per_s_before": w.replaces["speed_before"], "steps_lost": 0})
+            else:
+                self._server_event("server_joined", w.server, worker_id=w.worker_id)
         self.global_step = max(self.global_step, res.global_step)
         self._speed.append((now, self.global_step))
         while len(self._speed) > 2 and now - self._speed[0][0] > SPEED_WINDOW_S:
             self._speed.popleft()
-        (t0, s0), (t1, s1) = self._speed[0], self._speed[-1]
-        speed = (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
         if res.steps:
             self._emit("on_step", StepReport(self.run_id, now, self.global_step, res.worker_id, res.steps,
-                                             res.duration_s, res.loss, speed, res.compute_s, res.comm_s,
-                                             res.staleness))
+                                             res.duration_s, res.loss, self._window_speed(), res.compute_s,
+                                             res.comm_s, res.staleness))
 
     def _collect_shard_stats(self) -> None:
         import ray
@@ -292,6 +488,14 @@ class Trainer:
             self._emit("on_shard", ShardReport(self.run_id, now, self.global_step, st.shard_id, st.pushes,
                                                st.bytes_in, st.bytes_out, st.busy_s, st.num_params))
 
+    def _server_event(self, kind: str, server: Server, worker_id: int | None = None,
+                      extra: dict[str, Any] | None = None) -> None:
+        details = server.record()
+        if server.joined_at is not None:
+            details["joined_at"] = server.joined_at
+        details.update(extra or {})
+        self._event(kind, worker_id=worker_id, server_id=server.server_id, details=details)
+
     def _event(self, kind: str, **fields: Any) -> None:
         self._emit("on_event", EventReport(self.run_id, time.time(), kind, self.global_step, **fields))
 
@@ -299,14 +503,54 @@ class Trainer:
         for cb in self.callbacks:
             getattr(cb, hook)(report)
 
+    def _summary(self, status: str, t_start: float) -> RunSummary:
+        now = time.time()
+        servers = self.provider.servers
+        cost = sum(cost_usd(s.spec, s.uptime_s(now)) for s in servers if s.joined_at is not None or not s.alive)
+        n = max(1, self.spec.workers)
+        return RunSummary(self.run_id, now, status, self.global_step, now - t_start, self._mean_speed(),
+                          self.last_accuracy, self.last_loss, self.revocations, self.replacements, cost,
+                          details={"checkpoint_dir": str(self.checkpoint_dir),
+                                   "startup_s": (self._first_chunk_at or now) - t_start,
+                                   "time_lost_s": self.lost_worker_s / n, "emulated": self.provider.kind != "ray",
+                                   "servers": len(servers)})
+
     def _shutdown(self) -> None:
         import ray
 
-        for handle in [w.actor for w in self.workers] + list(self.shards):
+        now = time.time()
+        for w in list(self.workers.values()):
+            if w.server.alive:
+                w.server.ended_at, w.server.end_reason = now, "released"
+                self._server_event("server_ended", w.server, extra={"reason": "released",
+                                                                     "uptime_s": w.server.uptime_s()})
+        for server in self.shard_servers:
+            if server.alive:
+                server.ended_at, server.end_reason = now, "released"
+                self._server_event("server_ended", server, extra={"reason": "released"})
+        for handle in [w.actor for w in self.workers.values()] + list(self.shards):
             with contextlib.suppress(Exception):  # already gone
                 ray.kill(handle)
+        for server in self.provider.servers:
+            self.provider.release(server)
         if self._started_ray:
             ray.shutdown()
+
+
+def _server_specs(spec: TrainSpec) -> tuple[ServerSpec, ServerSpec]:
+    """Worker and PS server specs priced from the catalog (a local run emulates them)."""
+    from cmdare.cloud.catalog import default_catalog
+
+    catalog = default_catalog()
+    region = spec.region
+    if region is None:
+        offers = catalog.find(gpu=spec.gpu, cloud=spec.cloud)
+        if not offers:
+            catalog.offering(spec.gpu, spec.cloud, catalog.regions(spec.cloud)[0])  # raises a clear error
+        region = sorted(o.region for o in offers)[0]
+    worker = catalog.server_spec(spec.gpu, spec.cloud, region, spec.transient, role="worker")
+    ps = catalog.server_spec(None, spec.cloud, region, False, role="ps")
+    return worker, ps
 
 
 def _next_multiple(step: int, every: int) -> int:

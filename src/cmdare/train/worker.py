@@ -36,6 +36,7 @@ class ChunkResult:
     global_step: int
     staleness: tuple[int, ...]
     done: bool  # the shards refused a push: the target step is reached
+    notice: dict[str, Any] | None = None  # a preemption notice arrived: the worker stopped to leave
 
 
 def pick_device() -> torch.device:
@@ -56,7 +57,7 @@ class Worker:
 
     def __init__(self, worker_id: int, slot: int, num_slots: int, spec: TrainSpec,
                  shards: Sequence[Any], placement: Placement, threads: int | None = None,
-                 start_step: int = 0):
+                 start_step: int = 0, notice: tuple[str, str] | None = None):
         from cmdare.datasets import BatchStream, load_dataset
         from cmdare.workloads import build_model
 
@@ -75,6 +76,17 @@ class Worker:
         self.shards = list(shards)
         self.layout = FlatLayout(list(self.model.parameters()), placement, self.device)
         self.step = -1  # global step of the parameters held; -1 before the first pull
+        self.watcher = None
+        if notice is None:
+            from cmdare.cloud.notices import watcher_from_env
+
+            self.watcher = watcher_from_env(None, 1.0)  # on a real cloud node: CMDARE_NOTICE_PROVIDER
+        else:
+            from cmdare.cloud.notices import NoticeWatcher
+
+            self.watcher = NoticeWatcher(url=notice[0], provider=notice[1], poll_interval_s=0.2)
+        if self.watcher is not None:
+            self.watcher.start()
 
     # -- parameters ------------------------------------------------------------------------
     def set_layout(self, placement: Placement, shards: Sequence[Any]) -> int:
@@ -112,7 +124,12 @@ class Worker:
         t_start = time.perf_counter()
         compute_s = comm_s = loss_sum = 0.0
         steps, staleness, done = 0, [], False
+        notice = None
         while steps < max_steps and time.perf_counter() - t_start < max_s:
+            if self.watcher is not None and self.watcher.notice is not None:
+                n = self.watcher.notice
+                notice = {"provider": n.provider, "detected_at": n.detected_at, "deadline": n.deadline}
+                break
             t0 = time.perf_counter()
             x, y = next(self.stream)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -140,7 +157,7 @@ class Worker:
             steps += 1
         return ChunkResult(self.worker_id, steps, time.perf_counter() - t_start,
                            loss_sum / steps if steps else float("nan"), compute_s, comm_s, self.step,
-                           tuple(staleness), done)
+                           tuple(staleness), done, notice)
 
     # -- chief duties ----------------------------------------------------------------------
     @torch.no_grad()
@@ -187,3 +204,8 @@ class Worker:
 
     def ping(self) -> int:
         return self.step
+
+    def leave(self) -> None:
+        """Stop watching for notices before the coordinator releases this worker."""
+        if self.watcher is not None:
+            self.watcher.stop()

@@ -1,0 +1,206 @@
+"""Local server providers: where cmdare's servers come from when it runs on this machine.
+
+A *server* hosts one worker or the parameter shards. Two local providers emulate a cloud:
+
+* :class:`LocalProcessProvider` (one Ray node): a server is the worker process of one actor;
+  revoking it kills that process (``ray.kill``).
+* :class:`LocalClusterProvider` (``ray.cluster_utils.Cluster``): a server is a Ray node with its own
+  raylet; revoking it removes the node, killing every process on it, as a cloud would.
+
+Both sample each server's start-up delay (provisioning + staging + booting, from the startup model
+fitted on the CM-DARE data, divided by the time-compression ``speedup``) and record phase times.
+On a real Ray cluster (``--address``), :class:`RayClusterProvider` lets Ray's autoscaler supply the
+servers: a replacement is simply an actor that waits for a node with the ``cmdare_worker`` resource.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cmdare.cloud.servers import ServerSpec
+
+
+@dataclass
+class Server:
+    """A server cmdare asked for: its spec, identity, phase times and, once ended, why."""
+
+    server_id: str
+    spec: ServerSpec
+    requested_at: float
+    ready_at: float  # when it can host an actor (requested_at + startup delay)
+    phases_s: dict[str, float] = field(default_factory=dict)
+    notice: tuple[str, str] | None = None  # (metadata URL, provider) its worker should watch
+    joined_at: float | None = None
+    ended_at: float | None = None
+    end_reason: str | None = None
+    actor: Any = None  # the actor it hosts (set by the coordinator)
+    node: Any = None  # the Ray node (cluster provider)
+
+    @property
+    def alive(self) -> bool:
+        return self.ended_at is None
+
+    def uptime_s(self, now: float | None = None) -> float:
+        end = self.ended_at if self.ended_at is not None else (now or time.time())
+        return max(0.0, end - self.requested_at)
+
+    def record(self) -> dict[str, Any]:
+        """Fields for the store's servers table."""
+        out = {"role": self.spec.role, "gpu_type": self.spec.gpu_type, "region": self.spec.region,
+               "cloud": self.spec.cloud, "transient": self.spec.transient,
+               "price_per_hour_usd": self.spec.price_per_hour_usd, "requested_at": self.requested_at}
+        for name, key in (("Provisioning", "provisioning_s"), ("Staging", "staging_s"), ("Booting", "booting_s")):
+            if name in self.phases_s:
+                out[key] = self.phases_s[name]
+        return out
+
+
+class StartupDelay:
+    """Samples a server's start-up phases (seconds), compressed by ``speedup``.
+
+    ``mode`` is ``"model"`` (CM-DARE startup data: lognormal per GPU type and transient flag) or a
+    fixed number of seconds (``"0"`` for none).
+    """
+
+    def __init__(self, mode: str = "model", speedup: float = 1.0, seed: int = 0):
+        self.speedup = max(float(speedup), 1e-9)
+        self.rng = np.random.default_rng(seed)
+        self.fixed_s: float | None = None if mode == "model" else float(mode)
+        self._model = None
+
+    def sample(self, spec: ServerSpec) -> dict[str, float]:
+        if self.fixed_s is not None:
+            return {"Provisioning": self.fixed_s}
+        if self._model is None:
+            from cmdare.predict import startup_model
+
+            self._model = startup_model()
+        gpu = (spec.gpu_type or "k80").lower()
+        try:
+            return self._model.sample(self.rng, gpu, spec.transient, None)
+        except Exception:  # noqa: BLE001 - a GPU without startup data: use K80's figures
+            return self._model.sample(self.rng, "k80", spec.transient, None)
+
+    def wall_s(self, phases: dict[str, float]) -> float:
+        return sum(v for k, v in phases.items() if k != "Framework") / self.speedup
+
+
+class ServerProvider(ABC):
+    """Hands out servers, pins actors to them, and (for emulation) revokes them."""
+
+    kind = "abstract"
+
+    def __init__(self, startup: StartupDelay | None = None):
+        self.startup = startup or StartupDelay("0")
+        self._ids = itertools.count()
+        self.servers: list[Server] = []
+        self.notices: dict[int, tuple[str, str]] = {}  # n-th worker server -> (metadata url, provider)
+        self._worker_count = 0
+
+    def request(self, spec: ServerSpec) -> Server:
+        """Ask for a server; it is usable from ``server.ready_at`` on."""
+        n = next(self._ids)
+        notice = None
+        if spec.role == "worker":
+            notice = self.notices.get(self._worker_count)
+            self._worker_count += 1
+        phases = self.startup.sample(spec) if spec.role == "worker" else {}
+        now = time.time()
+        server = Server(f"{self.kind}-{spec.role}-{n}", spec, now, now + self.startup.wall_s(phases), phases,
+                        notice=notice)
+        self.servers.append(server)
+        return server
+
+    def prepare(self, server: Server) -> None:  # noqa: B027 - optional hook
+        """Make the server exist (e.g. start its Ray node) once its start-up delay has passed."""
+
+    @abstractmethod
+    def actor_options(self, server: Server) -> dict[str, Any]:
+        """Ray ``.options(...)`` that place an actor on ``server``."""
+
+    @abstractmethod
+    def revoke(self, server: Server) -> None:
+        """Kill ``server`` abruptly (revocation emulation)."""
+
+    def release(self, server: Server, reason: str = "released") -> None:
+        """End ``server`` normally."""
+        if server.alive:
+            server.ended_at, server.end_reason = time.time(), reason
+
+
+class LocalProcessProvider(ServerProvider):
+    """One Ray node; each server is one actor's process."""
+
+    kind = "local"
+
+    def actor_options(self, server: Server) -> dict[str, Any]:
+        return {}
+
+    def revoke(self, server: Server) -> None:
+        import ray
+
+        if server.actor is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(server.actor, no_restart=True)
+
+
+class LocalClusterProvider(ServerProvider):
+    """A multi-node local Ray cluster; each worker server is a Ray node of its own."""
+
+    kind = "node"
+
+    def __init__(self, cluster: Any, startup: StartupDelay | None = None, cpus_per_node: int = 1):
+        super().__init__(startup)
+        self.cluster = cluster
+        self.cpus_per_node = cpus_per_node
+
+    def _resource(self, server: Server) -> str:
+        return f"cmdare_srv_{server.server_id}"
+
+    def prepare(self, server: Server) -> None:
+        if server.spec.role == "worker" and server.node is None:
+            server.node = self.cluster.add_node(num_cpus=self.cpus_per_node, node_ip_address="127.0.0.1",
+                                                resources={self._resource(server): 1})
+
+    def actor_options(self, server: Server) -> dict[str, Any]:
+        if server.spec.role != "worker":
+            return {"resources": {"cmdare_ps": 0.01}} if _has_resource("cmdare_ps") else {}
+        return {"resources": {self._resource(server): 1}}
+
+    def revoke(self, server: Server) -> None:
+        if server.node is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.remove_node(server.node, allow_graceful=False)
+
+    def release(self, server: Server, reason: str = "released") -> None:
+        super().release(server, reason)
+        if server.node is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.remove_node(server.node)
+            server.node = None
+
+
+class RayClusterProvider(ServerProvider):
+    """A real Ray cluster: workers go to nodes with ``cmdare_worker``, shards to ``cmdare_ps`` nodes."""
+
+    kind = "ray"
+
+    def actor_options(self, server: Server) -> dict[str, Any]:
+        key = "cmdare_worker" if server.spec.role == "worker" else "cmdare_ps"
+        return {"resources": {key: 1}} if _has_resource(key) else {}
+
+    def revoke(self, server: Server) -> None:
+        LocalProcessProvider.revoke(self, server)  # type: ignore[arg-type]
+
+
+def _has_resource(name: str) -> bool:
+    import ray
+
+    return name in ray.cluster_resources()

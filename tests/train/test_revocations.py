@@ -1,0 +1,106 @@
+"""Revocations on one Ray node: chief loss moves the chief's duties; a notice loses no step."""
+
+from __future__ import annotations
+
+import pytest
+
+from cmdare.cloud.local import LocalProcessProvider
+from cmdare.cloud.notices import LocalMetadataServer
+from cmdare.ps.optimizer import OptimizerConfig
+from cmdare.train import Trainer, TrainSpec
+from cmdare.train.callbacks import TrainCallback
+
+
+class _Log(TrainCallback):
+    def __init__(self, on_step=None):
+        self.steps, self.events, self.ckpts, self.end = [], [], [], None
+        self._hook = on_step
+
+    def on_step(self, r):
+        self.steps.append(r)
+        if self._hook:
+            self._hook(r)
+
+    def on_event(self, r):
+        self.events.append(r)
+
+    def on_checkpoint(self, r):
+        self.ckpts.append(r)
+
+    def on_run_end(self, s):
+        self.end = s
+
+    def kinds(self, kind):
+        return [e for e in self.events if e.kind == kind]
+
+
+def _spec(**kw):
+    base = dict(model="resnet8", dataset="digits", workers=3, ps=1, steps=240, batch_size=32,
+                optimizer=OptimizerConfig(lr=0.05), checkpoint_every=40, eval_every=0, seed=2, transient=True,
+                revocations="none", replace="same", startup="0", chunk_steps=5)
+    base.update(kw)
+    return TrainSpec(**base)
+
+
+def test_chief_revocation_moves_checkpointing_without_restart(local_ray, tmp_path):
+    state = {}
+
+    def revoke_chief(r):
+        if r.global_step >= 80 and "done" not in state:
+            state["done"] = trainer.chief.worker_id
+            trainer.chief.revoked_at = __import__("time").time()
+            trainer.revocations += 1
+            trainer.provider.revoke(trainer.chief.server)  # kills the chief's process
+
+    log = _Log(revoke_chief)
+    trainer = Trainer(_spec(), [log], checkpoint_dir=tmp_path)
+    summary = trainer.run()
+    assert summary.status == "finished" and summary.global_step == 240
+    old = state["done"]
+    change = log.kinds("chief_change")[0]
+    assert change.details["from"] == old and change.details["to"] not in (None, old)
+    # checkpoints continue, written by the new chief, at increasing steps; training was not restarted
+    after = [c for c in log.ckpts if c.time > change.time]
+    assert after and all(c.worker_id == change.details["to"] for c in after)
+    steps = [c.global_step for c in log.ckpts]
+    assert steps == sorted(steps) and steps[-1] == 240
+    assert [r.global_step for r in log.steps] == sorted(r.global_step for r in log.steps)
+    lost = log.kinds("worker_lost")[0]
+    assert lost.worker_id == old and 0 <= lost.details["detection_delay_s"] < 1.0
+    joined = log.kinds("replacement_joined")
+    assert joined and joined[0].details["recovery_s"] > 0 and summary.replacements == 1
+
+
+def test_notice_checkpoints_leaves_and_loses_no_step(local_ray, tmp_path):
+    with LocalMetadataServer() as meta:
+        provider = LocalProcessProvider()
+        provider.notices = {0: (meta.gce_url, "gce")}  # the first worker's server (the chief) watches it
+
+        def preempt(r):
+            if r.global_step >= 60 and not meta.preempted:
+                meta.preempt()
+
+        log = _Log(preempt)
+        summary = Trainer(_spec(workers=2, steps=200, checkpoint_every=100), [log], checkpoint_dir=tmp_path,
+                          provider=provider).run()
+    assert summary.status == "finished" and summary.global_step == 200
+    notice = log.kinds("notice")[0]
+    assert notice.worker_id == 0 and notice.details["chief"] is True
+    # the chief checkpointed on the notice (between the periodic ones), then handed the role over
+    on_notice = [c for c in log.ckpts if c.worker_id == 0 and c.global_step not in (100, 200)]
+    assert on_notice and on_notice[0].global_step >= notice.global_step
+    assert log.kinds("chief_change")[0].details == {"from": 0, "to": 1}
+    ended = [e for e in log.kinds("server_ended") if e.details.get("reason") == "notice"]
+    assert len(ended) == 1
+    # no step lost: every applied push was reported by a finished chunk
+    assert sum(r.steps for r in log.steps) == 200
+    assert log.kinds("replacement_joined") and summary.revocations == 1
+
+
+@pytest.mark.parametrize("text", ["lifetime", "every=-1", "speedup=2,every=3,lifetime=bathtub", "foo=1"])
+def test_bad_revocation_specs(text):
+    from cmdare.cloud.injection import RevocationPlan
+    from cmdare.errors import UserInputError
+
+    with pytest.raises(UserInputError):
+        RevocationPlan.parse(text)
