@@ -16,3 +16,13 @@ def test_public_api_is_pinned():
     for name in plan.__all__:
         assert getattr(plan, name) is not None
     assert callable(plan.simulate) and callable(plan.recommend) and callable(plan.load_plan_models)
+
+
+def test_every_export_has_a_home_and_import_stays_light():
+    import subprocess
+    import sys
+
+    assert set(plan._HOMES) == set(plan.__all__)
+    code = "import sys, cmdare.plan.commands; print('numpy' in sys.modules, 'simpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

@@ -6,31 +6,10 @@
 - :mod:`~cmdare.plan.bottleneck`: pure bottleneck diagnosis and mitigation decisions for live runs;
 - :mod:`~cmdare.plan.adapters`: the protocols over cmdare.predict, cmdare.measure and cmdare.cloud.
 
-Heavy dependencies (SimPy, the fitted models) load only when these names are used.
+Every name loads on first use (numpy, SimPy and the fitted models stay out of ``cmdare --help``).
 """
 
 from __future__ import annotations
-
-from cmdare.plan.bottleneck import (
-    AddShard,
-    BottleneckKind,
-    Diagnosis,
-    NoAction,
-    Rebalance,
-    ReplaceWorker,
-    decide_mitigation,
-    diagnose,
-)
-from cmdare.plan.pareto import pareto_front
-from cmdare.plan.spec import (
-    ClusterSpec,
-    JobSpec,
-    PlanModels,
-    RunResult,
-    SimSummary,
-    WorkerGroup,
-    parse_workers,
-)
 
 __all__ = [
     "AddShard",
@@ -55,18 +34,31 @@ __all__ = [
 ]
 
 
+_HOMES = {
+    **dict.fromkeys(
+        ["AddShard", "BottleneckKind", "Diagnosis", "NoAction", "Rebalance", "ReplaceWorker",
+         "decide_mitigation", "diagnose"], "cmdare.plan.bottleneck"),
+    **dict.fromkeys(
+        ["ClusterSpec", "JobSpec", "PlanModels", "RunResult", "SimSummary", "WorkerGroup", "parse_workers"],
+        "cmdare.plan.spec"),
+    "pareto_front": "cmdare.plan.pareto",
+    "simulate": "cmdare.plan.simulator",
+    "recommend": "cmdare.plan.recommender",
+    "load_plan_models": "cmdare.plan.adapters",
+}
+
+
 def __getattr__(name: str):
-    # simpy and the fitted models load on first use, keeping `import cmdare.plan` light.
-    if name == "simulate":
-        from cmdare.plan.simulator import simulate
+    # Everything loads on first use, so `cmdare --help` (which imports cmdare.plan.commands) stays fast.
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'cmdare.plan' has no attribute {name!r}")
+    import importlib
 
-        return simulate
-    if name == "recommend":
-        from cmdare.plan.recommender import recommend
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
 
-        return recommend
-    if name == "load_plan_models":
-        from cmdare.plan.adapters import load_plan_models
 
-        return load_plan_models
-    raise AttributeError(f"module 'cmdare.plan' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
