@@ -24,6 +24,7 @@ from cmdare.measure.reports.base import Report, require_rows
 from cmdare.measure.store import Store
 
 MIN_FIT = 30  # fit models only on types with at least this many servers
+MIN_REGION_FIT = 100  # ... and per region (key "<type>-<region>") from this many
 BEFORE_DEADLINE_S = 24 * 3600.0 - 300.0  # "revoked before 24 h": ended more than 5 min before the deadline
 # Types whose end times are trustworthy revocations; "gpu"/"unlabeled" (the spreadsheet's previous
 # experiments) may include servers deleted by the experimenters, so they get no default models.
@@ -41,11 +42,14 @@ def fit_models(lifetimes_s: np.ndarray, censored: np.ndarray | None) -> dict[str
 
 
 def fit_default_models(df: Any) -> dict[str, dict[str, Any]]:
-    """``{model: {key: model_dict}}`` for the shipped defaults: one key per type with data, plus
-    ``default`` = the GPU types pooled."""
+    """``{model: {key: model_dict}}`` for the shipped defaults: one key per type with data, one per
+    type and region with enough data (``cpu-us-central1``), and ``default`` = the GPU types pooled."""
     out: dict[str, dict[str, Any]] = {"exponential": {}, "bathtub": {}, "empirical": {}}
     groups = {t: df[df.server_type == t] for t in DEFAULT_TYPES}
     groups["default"] = df[df.server_type.isin(GPU_TYPES)]
+    for (stype, region), g in df[df.server_type.isin(DEFAULT_TYPES)].groupby(["server_type", "region"]):
+        if len(g) >= MIN_REGION_FIT and region:
+            groups[f"{stype}-{region}"] = g
     for key, g in groups.items():
         if len(g) < MIN_FIT:
             continue
