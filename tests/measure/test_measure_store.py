@@ -176,3 +176,18 @@ def test_concurrent_writers_lose_no_rows(db_url):
     assert hist["count"].sum() == 2 * procs * rows  # two staleness values per step, none lost
     assert len(hist) == 2 * procs
     assert time.time() - start < 120
+
+
+def test_recorder_keeps_rows_while_the_store_fails(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path / 'f.db'}")
+    rec = StoreRecorder(store, batch_size=10)
+    rec.on_run_start(RunInfo("run-f", {}, 1.0))
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE step_metrics RENAME TO step_metrics_away")
+    _run(rec, "run-f", 25)  # two failed flushes: training goes on, rows stay buffered
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE step_metrics_away RENAME TO step_metrics")
+    _run(rec, "run-f", 5, t0=2.0e9)
+    rec.close()
+    assert store.count("step_metrics") == 30
+    assert store.frame("staleness")["count"].sum() == 60

@@ -4,17 +4,21 @@ Rows are buffered in memory and written in batches (one executemany per table), 
 list append; a flush of ``batch_size`` rows costs a few milliseconds on SQLite. Staleness values are
 folded into a per-worker histogram in memory and merged into the store with an upsert
 (``count = count + excluded.count``), so several recorders of one run never lose counts.
+If a write fails during training, the rows stay buffered and are retried at the next batch (up to
+:data:`MAX_BACKLOG_BATCHES` batches), so a store hiccup does not stop a run; ``close()`` raises.
 The recorder pickles (the store handle is reopened from its URL on first use after unpickling).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import Counter
 from typing import Any
 
+from cmdare.errors import StoreError
 from cmdare.measure.store import Store, open_store
 from cmdare.measure.store.schema import Run, Server, Staleness
 from cmdare.train.callbacks import (
@@ -27,6 +31,9 @@ from cmdare.train.callbacks import (
     StepReport,
     TrainCallback,
 )
+
+log = logging.getLogger(__name__)
+MAX_BACKLOG_BATCHES = 50  # rows kept in memory while the store is unreachable, in batches
 
 # Event kinds that move a server through its life (column set on the server row).
 _SERVER_PHASE = {
@@ -256,7 +263,13 @@ class StoreRecorder(TrainCallback):
 
     def _maybe_flush(self) -> None:
         if self._pending >= self.batch_size:
-            self.flush()
+            try:
+                self.flush()
+            except StoreError as err:  # never stop training for the store: keep the rows, retry later
+                if self._pending < self.batch_size * MAX_BACKLOG_BATCHES:
+                    log.warning("recording delayed, store write failed (rows kept): %s", err)
+                else:
+                    raise
 
     def flush(self) -> int:
         """Write every buffered row now (one transaction); returns the rows written."""
@@ -268,19 +281,28 @@ class StoreRecorder(TrainCallback):
         n = sum(len(v) for v in buf.values())
         if not n and not stale and not servers:
             return 0
-        store = self.store
-        with store.session() as s:
-            for table, rows in buf.items():
-                store.insert_rows(table, rows, session=s)
-            if stale:
-                _merge_staleness(store, s, stale)
-            for run_id, server_id, fields in servers:
-                row = s.query(Server).filter_by(run_id=run_id, server_id=server_id).one_or_none()
-                if row is None:
-                    s.add(Server(run_id=run_id, server_id=server_id, source="cmdare", **fields))
-                else:
-                    for k, v in fields.items():
-                        setattr(row, k, v)
+        try:
+            store = self.store
+            with store.session() as s:
+                for table, rows in buf.items():
+                    store.insert_rows(table, rows, session=s)
+                if stale:
+                    _merge_staleness(store, s, stale)
+                for run_id, server_id, fields in servers:
+                    row = s.query(Server).filter_by(run_id=run_id, server_id=server_id).one_or_none()
+                    if row is None:
+                        s.add(Server(run_id=run_id, server_id=server_id, source="cmdare", **fields))
+                    else:
+                        for k, v in fields.items():
+                            setattr(row, k, v)
+        except StoreError:
+            with self._lock:  # the transaction rolled back: put everything back, in order
+                for table, rows in buf.items():
+                    self._buf[table][:0] = rows
+                self._staleness.update(stale)
+                self._server_updates[:0] = servers
+                self._pending += n
+            raise
         self.rows_written += n
         return n
 
