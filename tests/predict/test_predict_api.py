@@ -25,6 +25,7 @@ def test_public_api_is_pinned():
         "WorkloadFeatures",
         "checkpoint_model",
         "cluster_speed_model",
+        "fit_from_store",
         "gpu_tflops",
         "list_published_workloads",
         "predict_checkpoint_s",
@@ -179,3 +180,72 @@ def test_recovery_formulas():
     assert P.recovery_time_published_s(1000, 900, 10, 20, 100) == pytest.approx(55.0)
     with pytest.raises(UserInputError):
         P.recovery_time_s(10, 20, 1, 1, 1)
+
+
+def test_fit_from_store_adds_own_checkpoints_and_servers(tmp_path):
+    from cmdare.measure.store.repository import open_store
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    store = open_store(url)
+    # cmdare's own run: a much slower bucket than CM-DARE's, so the refit visibly moves
+    store.insert_rows(
+        "checkpoints",
+        [
+            {
+                "run_id": "r1",
+                "size_bytes": int(500e6),
+                "num_tensors": 300,
+                "local_duration_s": 2.0,
+                "remote_duration_s": 30.0 + i,
+                "source": "cmdare",
+            }
+            for i in range(5)
+        ]
+        + [
+            {
+                "run_id": None,
+                "size_bytes": int(6.27e6),
+                "num_tensors": 50,
+                "local_duration_s": 0.2,
+                "remote_duration_s": 99.0,
+                "source": "cmdare:checkpoint",
+            }
+        ],
+    )  # public import: ignored
+    store.insert_rows(
+        "servers",
+        [
+            {
+                "server_id": f"s{i}",
+                "gpu_type": "t4",
+                "region": "us-central1",
+                "transient": True,
+                "provisioning_s": 3.0,
+                "staging_s": 100.0 + i,
+                "booting_s": 50.0,
+                "source": "cmdare",
+            }
+            for i in range(6)
+        ],
+    )
+    store.close()
+    before = P.predict_checkpoint_s(500e6, 300, remote=True)
+    staging_before = P.startup_model().mean_s("t4", True, "us-central1")["Staging"]
+    used = P.fit_from_store(url)
+    assert used == {"checkpoints": 5, "servers": 6}
+    after = P.predict_checkpoint_s(500e6, 300, remote=True)
+    assert after > before + 5
+    assert P.predict_checkpoint_s(6.27e6, 50, remote=True) < 5  # the public-import row was skipped
+    # 6 own samples at ~102 s, partially pooled with the preemptible fit (~45 s)
+    assert P.startup_model().mean_s("t4", True, "us-central1")["Staging"] > staging_before + 20
+    assert P.startup_model().mean_s("k80", True, "us-east1") == P.startup_model().mean_s("k80", True, "east")
+    meta = json.loads((P._cache_dir() / "startup.json.meta.json").read_text())
+    assert meta["base_fingerprint"] == P._fingerprint() and meta["store_rows"]["servers"] == 6
+    # a fresh process would load the store-extended models, not refit them from the CSVs
+    assert persist.load_model(P._cache_dir() / "checkpoint_remote.skops", P._fingerprint()) is not None
+    # back to the public data only, for the other tests
+    import shutil
+
+    shutil.rmtree(P._cache_dir())
+    P.checkpoint_model.cache_clear()
+    P.startup_model.cache_clear()

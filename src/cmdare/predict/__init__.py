@@ -7,6 +7,7 @@ Public API (fitted on the public CM-DARE data on first use, cached under
     cluster_speed_model() -> PSQueueModel               # X: cluster_speed.CLUSTER_COLUMNS -> steps/s
     checkpoint_model(remote=False) -> CheckpointModel   # X: features.CHECKPOINT_COLUMNS -> s
     startup_model() -> StartupModel                     # .sample(rng, gpu, transient, region)
+    fit_from_store(db_url=None) -> dict                 # add cmdare's own checkpoints/servers
     predict_step_time_s(workload, gpu, latency_ms=0.3) -> float
     predict_cluster_steps_per_s(workload, gpus, ps=1) -> float
     predict_checkpoint_s(size_bytes, num_tensors=None, remote=False) -> float
@@ -34,6 +35,7 @@ __all__ = [
     "WorkloadFeatures",
     "checkpoint_model",
     "cluster_speed_model",
+    "fit_from_store",
     "gpu_tflops",
     "list_published_workloads",
     "predict_checkpoint_s",
@@ -143,11 +145,75 @@ def checkpoint_model(remote: bool = False):
 
 @lru_cache(maxsize=1)
 def startup_model():
-    """Fitted :class:`~cmdare.predict.startup.StartupModel` (CM-DARE startup phases)."""
+    """Fitted :class:`~cmdare.predict.startup.StartupModel` (CM-DARE startup phases, plus cmdare's
+    own server records after :func:`fit_from_store`)."""
     from cmdare.predict.data import load_startup
     from cmdare.predict.startup import StartupModel
 
-    return StartupModel().fit(load_startup())
+    def fit():
+        df = load_startup()
+        return StartupModel().fit(df), len(df)
+
+    return _cached("startup", ".json", fit, "startup_time/")
+
+
+def fit_from_store(db_url: str | None = None) -> dict[str, int]:
+    """Refit the checkpoint and startup models on the public data plus cmdare's own measurements
+    in the store (see :mod:`cmdare.predict.store_data`) and cache them; returns own rows used.
+
+    Raises:
+        StoreError: if the store cannot be opened.
+    """
+    import hashlib
+
+    import pandas as pd
+
+    from cmdare.measure.store.repository import open_store
+    from cmdare.predict.checkpoint import CheckpointModel
+    from cmdare.predict.data import load_startup
+    from cmdare.predict.evaluate import task_data
+    from cmdare.predict.features import CHECKPOINT_COLUMNS
+    from cmdare.predict.persist import save_model
+    from cmdare.predict.startup import StartupModel
+    from cmdare.predict.store_data import own_checkpoint_rows, own_startup_rows
+
+    store = open_store(db_url)
+    try:
+        ckpt, servers = own_checkpoint_rows(store), own_startup_rows(store)
+    finally:
+        store.close()
+    used = {"checkpoints": len(ckpt), "servers": len(servers)}
+    digest = hashlib.sha256(
+        pd.util.hash_pandas_object(ckpt).values.tobytes() + pd.util.hash_pandas_object(servers).values.tobytes()
+    ).hexdigest()[:12]
+
+    def meta(source: str, rows: int) -> dict:
+        return {
+            **_provenance(source, rows),
+            "base_fingerprint": _fingerprint(),
+            "data_fingerprint": f"{_fingerprint()}+store:{digest}",
+            "store_rows": used,
+            "store": str(db_url or "default"),
+        }
+
+    for remote, target in ((False, "Local duration"), (True, "Duration")):
+        X, y, _ = task_data("checkpoint_remote" if remote else "checkpoint_local")
+        own = ckpt.dropna(subset=[target])
+        X = np.vstack([X, own[list(CHECKPOINT_COLUMNS)].to_numpy(float)])
+        y = np.concatenate([y, own[target].to_numpy(float)])
+        name = "checkpoint_remote" if remote else "checkpoint_local"
+        save_model(
+            CheckpointModel().fit(X, y),
+            _cache_dir() / f"{name}.skops",
+            meta("checkpoint/whole_data.csv + store checkpoints", len(y)),
+        )
+    startup = pd.concat([load_startup(), servers], ignore_index=True)
+    save_model(
+        StartupModel().fit(startup), _cache_dir() / "startup.json", meta("startup_time/ + store servers", len(startup))
+    )
+    checkpoint_model.cache_clear()
+    startup_model.cache_clear()
+    return used
 
 
 def _workload(workload: str | WorkloadFeatures) -> WorkloadFeatures:

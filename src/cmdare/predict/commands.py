@@ -78,8 +78,15 @@ def pd_unique(values) -> list:
 
 
 @models_app.command("fit")
-def fit_cmd() -> None:
-    """Refit all models on the shared data and cache them under the models directory."""
+def fit_cmd(
+    from_store: bool = typer.Option(
+        False,
+        "--from-store",
+        help="Also use cmdare's own checkpoints and server startups recorded in the measurement store.",
+    ),
+    db: str = typer.Option(None, "--db", help="Store URL (default: CMDARE_DB_URL or the local SQLite file)."),
+) -> None:
+    """Refit all models on the shared data (and the store) and cache them under the models directory."""
     import shutil
 
     import cmdare.predict as P
@@ -91,6 +98,10 @@ def fit_cmd() -> None:
     P.cluster_speed_model()
     P.checkpoint_model(False)
     P.checkpoint_model(True)
+    P.startup_model()
+    if from_store:
+        used = P.fit_from_store(db)
+        typer.echo(f"added {used['checkpoints']} checkpoints and {used['servers']} servers from the store")
     typer.echo(f"fitted models cached in {P._cache_dir()}")
 
 

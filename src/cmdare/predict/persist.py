@@ -63,7 +63,9 @@ def save_model(model, path: Path, provenance: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     name = type(model).__name__
-    if path.suffix == ".json":
+    if path.suffix == ".json" and name == "StartupModel":
+        path.write_text(json.dumps({"class": name, "startup": model.to_json()}, indent=1))
+    elif path.suffix == ".json":
         if name not in _JSON_CLASSES:
             raise DataFormatError(f"{name} cannot be saved as JSON; use a .skops path")
         fitted = {k: _to_jsonable(v) for k, v in vars(model).items() if k.endswith("_") and not k.startswith("_")}
@@ -83,6 +85,10 @@ def load_json_model(path: Path):
     import importlib
 
     payload = json.loads(Path(path).read_text())
+    if payload.get("class") == "StartupModel":
+        from cmdare.predict.startup import StartupModel
+
+        return StartupModel.from_json(payload["startup"])
     if payload.get("class") not in _JSON_CLASSES:
         raise DataFormatError(f"{path}: unknown model class {payload.get('class')!r}")
     module, cls = _JSON_CLASSES[payload["class"]]
@@ -108,7 +114,11 @@ def load_model(path: Path, expect_fingerprint: str | None = None):
         return None
     if meta.get("model_version") != MODEL_VERSION:
         return None
-    if expect_fingerprint is not None and meta.get("data_fingerprint") != expect_fingerprint:
+    # A model refitted with cmdare's own store rows extends the public data it was built on.
+    if expect_fingerprint is not None and expect_fingerprint not in (
+        meta.get("data_fingerprint"),
+        meta.get("base_fingerprint"),
+    ):
         return None
     if path.suffix == ".json":
         return load_json_model(path)

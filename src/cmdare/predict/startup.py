@@ -20,6 +20,12 @@ PHASES = ("Provisioning", "Staging", "Booting")
 _PRIOR_N = 5.0  # pseudo-samples of the pooled fit mixed into a group's fit
 
 
+def _region_key(region: str | None) -> str:
+    """``us-east1`` -> ``east`` (the public data names regions by coast); others as given."""
+    text = (region or "*").lower()
+    return "east" if "east" in text else "west" if "west" in text else text
+
+
 @dataclass
 class StartupModel:
     """Log-normal startup phases per (gpu, region, transient).
@@ -43,7 +49,7 @@ class StartupModel:
                 self.params_[("*", "*", transient)] = self._fit_group(part, None)
         for (gpu, region, transient), part in df.groupby(["gpu", "region", "transient"]):
             prior = self.params_.get(("*", "*", bool(transient)))
-            self.params_[(str(gpu).upper(), str(region).lower(), bool(transient))] = self._fit_group(part, prior)
+            self.params_[(str(gpu).upper(), _region_key(str(region)), bool(transient))] = self._fit_group(part, prior)
         for (gpu, transient), part in df.groupby(["gpu", "transient"]):
             prior = self.params_.get(("*", "*", bool(transient)))
             self.params_[(str(gpu).upper(), "*", bool(transient))] = self._fit_group(part, prior)
@@ -67,7 +73,7 @@ class StartupModel:
     def _group(self, gpu: str, transient: bool, region: str | None) -> dict[str, tuple[float, float, int]]:
         if not self.params_:
             raise RuntimeError("StartupModel is not fitted; call fit() or use cmdare.predict.startup_model()")
-        gpu, reg = gpu.upper(), (region or "*").lower()
+        gpu, reg = gpu.upper(), _region_key(region)
         for key in ((gpu, reg, transient), (gpu, "*", transient), ("*", "*", transient)):
             if key in self.params_:
                 return self.params_[key]
