@@ -53,6 +53,9 @@ def test_simulate_mix_table(monkeypatch, capsys):
         (["--workers", "h800:2"], "unknown GPU"),
         (["--workers", "k80:2", "--region", "mars-1"], "unknown gcp region"),
         (["--workers", "k80:2", "--replacement", "maybe"], "replacement policy"),
+        (["--workers", "k80:2", "--lifetime", "weird"], "unknown lifetime model"),
+        (["--workers", "k80:2", "--ps", "0"], "needs 1 worker"),
+        (["--workers", "k80:2", "--runs", "0"], "at least 1"),
     ],
 )
 def test_simulate_bad_input_one_line(monkeypatch, capsys, args, needle):

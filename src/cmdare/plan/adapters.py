@@ -37,9 +37,12 @@ class QuantileLifetimes:
     """
 
     def __init__(self, spec: str = "bathtub"):
+        from cmdare.measure.lifetime_models import load_lifetime_model
+
         self.spec = spec
         self._tables: dict[str, np.ndarray] = {}
         self.sources: dict[str, str] = {}
+        load_lifetime_model(spec)  # an unknown model name or a bad file fails here, not mid-plan
 
     def _table(self, server: str) -> np.ndarray:
         table = self._tables.get(server)
