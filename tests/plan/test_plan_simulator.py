@@ -150,3 +150,15 @@ def test_parse_workers_mix():
     assert [(g.gpu, g.count, g.transient, g.region) for g in groups] == [
         ("v100", 1, True, "us-west1"), ("p100", 1, True, "us-west1"), ("k80", 2, True, "us-west1")
     ]
+
+
+def test_lower_bounds_hold_for_every_run():
+    job = JobSpec("toy", 5000, checkpoint_every_steps=250)
+    models = toy_models(ExpLifetimes(1500.0), startup_s=200.0, checkpoint_s=1.0, cap_per_ps=2.5)
+    for c in (cluster(("a", 3, True)), cluster(("a", 2, True), ("b", 2, True), ps=2),
+              cluster(("b", 4, True), ps=1, ps_transient=True)):
+        sim = Simulator(job, c, models)
+        t_low, c_low = sim.lower_bounds()
+        runs = sim.run_many(100, seed=5)
+        assert sum(r.revocations for r in runs) > 0
+        assert all(r.wall_time_s >= t_low * (1 - 1e-9) and r.cost_usd >= c_low * (1 - 1e-9) for r in runs)

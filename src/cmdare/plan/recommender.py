@@ -106,29 +106,6 @@ def enumerate_clusters(
     return out
 
 
-def _lower_bounds(sim: Simulator) -> tuple[float, float]:
-    """(time, cost) no run of ``sim``'s configuration can beat (see the module docstring)."""
-    c = sim.cluster
-    full = tuple(c.gpu_counts.values())
-    gpu_price_s = [
-        sum(sim._price_s[(s.gpu, s.transient, s.region)] for s in sim._slots if s.gpu == i) / full[i]
-        for i in range(len(full))
-    ]
-    ps_cost_s = c.ps * sim._ps_price_s
-    best_rate, best_usd_per_step = 0.0, math.inf
-    for counts in itertools.product(*(range(n + 1) for n in full)):
-        if not any(counts):
-            continue
-        usd_s = ps_cost_s + sum(n * p for n, p in zip(counts, gpu_price_s, strict=True))
-        for chief, n in enumerate(counts):
-            if n:
-                rate = sim.rate(counts, chief)
-                best_rate = max(best_rate, rate)
-                best_usd_per_step = min(best_usd_per_step, usd_s / rate)
-    steps = sim.job.total_steps
-    return steps / best_rate, steps * best_usd_per_step
-
-
 def evaluate(
     job: JobSpec,
     clusters: Sequence[ClusterSpec],
@@ -146,7 +123,7 @@ def evaluate(
         if not sim.cluster.any_transient:
             options.append(PlanOption(sim.cluster, sim.summarize(1, seed)))
         elif prune and sim.cluster.replacement == "same":
-            t_low, c_low = _lower_bounds(sim)
+            t_low, c_low = sim.lower_bounds()
             pending.append((t_low, c_low, sim))
         else:
             pending.append((0.0, 0.0, sim))

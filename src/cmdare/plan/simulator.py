@@ -31,6 +31,7 @@ vectorized call per run, slot-major, which gives common random numbers across cl
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -78,7 +79,7 @@ class Simulator:
             self._slots += [_Slot(gpus.index(g.gpu), g.transient, g.region) for _ in range(g.count)]
         self._replacement_gpu = None
         if cluster.replacement == "cheapest":
-            # Most cost-efficient type of the cluster (USD per step); it may be one not yet in it.
+            # The most cost-efficient of the cluster's GPU types (spot USD per step).
             def usd_per_step(name: str) -> float:
                 price = models.prices.price_per_hour_usd(name, cluster.region, True)
                 return price / models.speed.worker_steps_per_s(name)
@@ -119,6 +120,30 @@ class Simulator:
     def total_time_at(self, counts: tuple[int, ...], chief_gpu: int) -> float:
         """Revocation-free training time of the whole job with this membership."""
         return self.job.total_steps / self.rate(counts, chief_gpu)
+
+    def lower_bounds(self) -> tuple[float, float]:
+        """(time s, cost USD) that no run of this configuration can beat (replacement policy "same").
+
+        Revocations only remove workers, so every membership a run passes through is a
+        sub-membership of the initial one: the run takes at least the steps at the fastest
+        sub-membership's speed, and pays at least the steps times the cheapest USD per step of any
+        sub-membership (replacements also bill while they start, adding cost without speed).
+        """
+        full = tuple(self.cluster.gpu_counts.values())
+        usd_s = [0.0] * len(full)
+        for s in self._slots:
+            usd_s[s.gpu] += self._price_s[(s.gpu, s.transient, s.region)] / full[s.gpu]
+        ps_usd_s = self.cluster.ps * self._ps_price_s
+        best_rate, best_usd_per_step = 0.0, math.inf
+        for counts in itertools.product(*(range(n + 1) for n in full)):
+            cost_s = ps_usd_s + sum(n * p for n, p in zip(counts, usd_s, strict=True))
+            for chief, n in enumerate(counts):
+                if n:
+                    rate = self.rate(counts, chief)
+                    best_rate = max(best_rate, rate)
+                    best_usd_per_step = min(best_usd_per_step, cost_s / rate)
+        steps = self.job.total_steps
+        return steps / best_rate, steps * best_usd_per_step
 
     # ---- runs ----------------------------------------------------------------------------------
     def run_once(self, rng: np.random.Generator) -> RunResult:
