@@ -249,3 +249,19 @@ def test_fit_from_store_adds_own_checkpoints_and_servers(tmp_path):
     shutil.rmtree(P._cache_dir())
     P.checkpoint_model.cache_clear()
     P.startup_model.cache_clear()
+
+
+def test_mva_exact_and_large_cluster_approximation():
+    import time
+
+    from cmdare.predict.cluster_speed import _schweitzer_throughput, mva_throughput
+
+    # one worker never queues: speed = 1 / (think + demand)
+    assert mva_throughput([0.03], [1], 0.01) == pytest.approx(25.0)
+    # saturation at 1 / demand
+    assert mva_throughput([0.03], [200], 0.01) == pytest.approx(100.0, rel=1e-3)
+    exact = mva_throughput([0.03, 0.1], [30, 30], 0.0096)
+    assert _schweitzer_throughput([0.03, 0.1], [30, 30], 0.0096) == pytest.approx(exact, rel=0.03)
+    start = time.perf_counter()
+    big = mva_throughput([0.2, 0.08, 0.05], [100, 100, 100], 0.01)
+    assert time.perf_counter() - start < 0.5 and big == pytest.approx(100.0, rel=0.01)

@@ -32,6 +32,7 @@ from cmdare.predict.features import fixed_width
 
 __all__ = ["CLUSTER_COLUMNS", "OptimusModel", "PSQueueModel", "SumOfWorkers", "mva_throughput"]
 
+_EXACT_MVA_MAX_POPULATIONS = 20_000  # beyond this many population vectors use Schweitzer's MVA
 CLUSTER_COLUMNS = ("Single Step Time (s)", "Number of Parameters", "Number of Tensors", "Workers", "PS")
 
 
@@ -53,6 +54,8 @@ def mva_throughput(think_s: Sequence[float], counts: Sequence[int], demand_s: fl
     counts = [int(n) for n in counts]
     if sum(counts) == 0:
         return 0.0
+    if int(np.prod([n + 1 for n in counts])) > _EXACT_MVA_MAX_POPULATIONS:
+        return _schweitzer_throughput(think, counts, demand_s)
     queue: dict[tuple[int, ...], float] = {}  # mean queue length at one station, per population
     total = 0.0
     for pop in itertools.product(*(range(n + 1) for n in counts)):
@@ -71,6 +74,23 @@ def mva_throughput(think_s: Sequence[float], counts: Sequence[int], demand_s: fl
             total += x_k
         queue[pop] = q
     return total
+
+
+def _schweitzer_throughput(think: list[float], counts: list[int], demand_s: float, iters: int = 2000) -> float:
+    """Bard-Schweitzer approximate MVA (for many classes x many workers, where exact MVA is slow)."""
+    active = [(z, n) for z, n in zip(think, counts, strict=True) if n > 0]
+    q = np.array([n / 2.0 for _, n in active])
+    z = np.array([t for t, _ in active])
+    n = np.array([c for _, c in active], dtype=float)
+    x = np.zeros_like(q)
+    for _ in range(iters):
+        resp = demand_s * (1.0 + q.sum() - q / n)
+        x = n / (z + resp)
+        new_q = x * resp
+        if np.max(np.abs(new_q - q)) < 1e-10:
+            break
+        q = 0.5 * q + 0.5 * new_q
+    return float(x.sum())
 
 
 class PSQueueModel(RegressorMixin, BaseEstimator):
