@@ -109,3 +109,16 @@ def test_parse_deadline():
     assert parse_deadline_s("600") == 600
     with pytest.raises(UserInputError):
         parse_deadline_s("soon")
+
+
+def test_plan_without_model_says_what_is_missing(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "plan")
+    assert code == 1 and "needs --model and --steps" in err
+
+
+def test_plot_into_missing_folder_is_one_line(monkeypatch, capsys, tmp_path: Path):
+    code, _, err = run_cli(
+        monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "6400", "--gpus", "k80",
+        "--max-workers", "2", "--runs", "5", "--plot", str(tmp_path / "no" / "p.png"),
+    )
+    assert code == 1 and "does not exist" in err and len(err.strip().splitlines()) == 1
