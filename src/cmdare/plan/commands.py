@@ -121,6 +121,13 @@ def plan(
         raise UserInputError(f"the budget must not be negative, got {budget}")
     if runs < 1:
         raise UserInputError(f"--runs must be at least 1, got {runs}")
+    if plot:
+        from pathlib import Path
+
+        from cmdare.errors import DataNotFoundError
+
+        if not Path(plot).expanduser().parent.exists():  # fail before minutes of simulation, not after
+            raise DataNotFoundError(f"folder for the plot does not exist: {Path(plot).parent}")
     gpu_list, region_list = _split(gpus), _split(regions)
     if not gpu_list or not region_list:
         raise UserInputError("--gpus and --regions need at least one name each")
