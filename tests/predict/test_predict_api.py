@@ -110,12 +110,12 @@ def test_checkpoint_predictions_and_cache_roundtrip():
     with pytest.raises(UserInputError):
         P.predict_checkpoint_s(0)
     cache = P._cache_dir()
-    meta = json.loads((cache / "checkpoint_remote.skops.meta.json").read_text())
+    meta = json.loads((cache / "checkpoint_remote.json.meta.json").read_text())
     assert meta["data_fingerprint"] == P._fingerprint() and meta["rows"] == 100
-    loaded = persist.load_model(cache / "checkpoint_remote.skops", P._fingerprint())
+    loaded = persist.load_model(cache / "checkpoint_remote.json", P._fingerprint())
     X = np.array([[6.27, 50.0], [204.0, np.nan]])
     assert np.allclose(loaded.predict(X), P.checkpoint_model(True).predict(X))
-    assert persist.load_model(cache / "checkpoint_remote.skops", "other-fingerprint") is None
+    assert persist.load_model(cache / "checkpoint_remote.json", "other-fingerprint") is None
 
 
 def test_json_models_roundtrip():
@@ -134,21 +134,22 @@ def test_json_models_roundtrip():
         assert np.allclose(loaded.predict(X), original.predict(X))
 
 
-def test_untrusted_skops_file_is_refused(tmp_path):
-    import skops.io as sio
-
-    from cmdare.predict.step_time import StepTimeModel
-    from cmdare.predict.workloads import WorkloadFeatures
-
-    path = tmp_path / "evil.skops"
-    sio.dump({"model": StepTimeModel(), "x": WorkloadFeatures("a", "a", 1.0, 1, 1, 1.0)}, path)
-    (tmp_path / "evil.skops.meta.json").write_text(json.dumps({"model_version": persist.MODEL_VERSION}))
-    with pytest.raises(DataFormatError, match="untrusted"):
-        persist.load_model(path)
+def test_foreign_or_malformed_model_files_are_refused(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"class": "os.system", "params": {}, "fitted": {}}))
-    with pytest.raises(DataFormatError):
+    with pytest.raises(DataFormatError, match="unknown model class"):
         persist.load_json_model(bad)
+    bad.write_text(json.dumps({"class": "StepTimeModel", "params": {"evil": 1}, "fitted": {}}))
+    with pytest.raises(DataFormatError, match="not a valid"):
+        persist.load_json_model(bad)
+    bad.write_text(json.dumps({"class": "PSQueueModel", "params": {}, "fitted": {"__class__": 1}}))
+    with pytest.raises(DataFormatError, match="not a fitted attribute"):
+        persist.load_json_model(bad)
+    # a cache file that cannot be read is refitted, never trusted
+    (tmp_path / "x.json").write_text("{")
+    (tmp_path / "x.json.meta.json").write_text(json.dumps({"model_version": persist.MODEL_VERSION}))
+    with pytest.raises(json.JSONDecodeError):
+        persist.load_model(tmp_path / "x.json")
 
 
 def test_startup_model_groups_fallbacks_and_json():
@@ -242,7 +243,7 @@ def test_fit_from_store_adds_own_checkpoints_and_servers(tmp_path):
     meta = json.loads((P._cache_dir() / "startup.json.meta.json").read_text())
     assert meta["base_fingerprint"] == P._fingerprint() and meta["store_rows"]["servers"] == 6
     # a fresh process would load the store-extended models, not refit them from the CSVs
-    assert persist.load_model(P._cache_dir() / "checkpoint_remote.skops", P._fingerprint()) is not None
+    assert persist.load_model(P._cache_dir() / "checkpoint_remote.json", P._fingerprint()) is not None
     # back to the public data only, for the other tests
     import shutil
 

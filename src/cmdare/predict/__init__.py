@@ -140,7 +140,7 @@ def checkpoint_model(remote: bool = False):
         return CheckpointModel().fit(X, y), len(y)
 
     name = "checkpoint_remote" if remote else "checkpoint_local"
-    return _cached(name, ".skops", fit, "checkpoint/whole_data.csv")
+    return _cached(name, ".json", fit, "checkpoint/whole_data.csv")
 
 
 @lru_cache(maxsize=1)
@@ -204,7 +204,7 @@ def fit_from_store(db_url: str | None = None) -> dict[str, int]:
         name = "checkpoint_remote" if remote else "checkpoint_local"
         save_model(
             CheckpointModel().fit(X, y),
-            _cache_dir() / f"{name}.skops",
+            _cache_dir() / f"{name}.json",
             meta("checkpoint/whole_data.csv + store checkpoints", len(y)),
         )
     startup = pd.concat([load_startup(), servers], ignore_index=True)

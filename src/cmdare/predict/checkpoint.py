@@ -63,6 +63,9 @@ class CheckpointModel(RegressorMixin, BaseEstimator):
         X = fixed_width(X, 2, np.nan)
         if np.isnan(X[:, 0]).any():
             raise ValueError("checkpoint size must not be NaN")
+        # The training rows are the model's parameters (an SVR's support vectors are a subset of
+        # them): kept so the model can be saved as plain JSON and rebuilt exactly by refitting.
+        self.X_fit_, self.y_fit_ = X.copy(), y.copy()
         proto = _LinearPlusSVR(C=self.C, epsilon=self.epsilon)
         self.size_model_ = clone(proto).fit(X[:, :1], y)
         known = ~np.isnan(X[:, 1])

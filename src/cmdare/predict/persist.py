@@ -1,10 +1,12 @@
 """Saving fitted models safely, with the provenance of their training data.
 
-Estimators whose fitted state is a few arrays (``StepTimeModel``, ``PSQueueModel``) are saved as
-plain JSON (class name, constructor parameters, fitted attributes). Those holding scikit-learn
-objects (``CheckpointModel``) go through skops, loading only the types listed in
-``_SKOPS_TRUSTED``: nothing is ever unpickled. A sidecar records the data fingerprint and model
-version, so a cached model is refitted when the data or the code changes.
+Every model is saved as plain JSON: class name (from a fixed list), constructor parameters and
+fitted attributes. ``CheckpointModel`` (a linear model plus an SVR) is saved with its training rows
+and rebuilt by refitting, which is exact (libsvm is deterministic) and takes milliseconds. Nothing
+is ever unpickled, and no file can name a class outside ``_JSON_CLASSES``. A ``.meta.json``
+sidecar records the data fingerprint and model version, so a cached model is refitted when the
+data or the code changes. (skops was the alternative; importing it costs ~10 s, as it imports
+every scikit-learn estimator, so it is not used.)
 """
 
 from __future__ import annotations
@@ -19,20 +21,14 @@ from cmdare.errors import DataFormatError
 
 __all__ = ["MODEL_VERSION", "data_fingerprint", "load_json_model", "load_model", "save_model"]
 
-MODEL_VERSION = 1
+MODEL_VERSION = 2
 
 _JSON_CLASSES = {
     "StepTimeModel": ("cmdare.predict.step_time", "StepTimeModel"),
     "PSQueueModel": ("cmdare.predict.cluster_speed", "PSQueueModel"),
+    "CheckpointModel": ("cmdare.predict.checkpoint", "CheckpointModel"),
 }
-_SKOPS_TRUSTED = {
-    "cmdare.predict.checkpoint.CheckpointModel",
-    "cmdare.predict.checkpoint._LinearPlusSVR",
-    "sklearn.linear_model._base.LinearRegression",
-    "sklearn.pipeline.Pipeline",
-    "sklearn.preprocessing._data.StandardScaler",
-    "sklearn.svm._classes.SVR",
-}
+_REFIT_CLASSES = {"CheckpointModel"}  # rebuilt from their saved training rows
 
 
 def data_fingerprint(paths: list[Path]) -> str:
@@ -46,7 +42,9 @@ def data_fingerprint(paths: list[Path]) -> str:
 
 def _to_jsonable(value):
     if isinstance(value, np.ndarray):
-        return {"__array__": value.tolist()}
+        return {
+            "__array__": np.where(np.isnan(value), None, value).tolist() if value.dtype.kind == "f" else value.tolist()
+        }
     if isinstance(value, np.generic):
         return value.item()
     return value
@@ -54,27 +52,26 @@ def _to_jsonable(value):
 
 def _from_jsonable(value):
     if isinstance(value, dict) and "__array__" in value:
-        return np.asarray(value["__array__"], dtype=float)
+        return np.array(value["__array__"], dtype=float)  # None (a saved NaN) -> nan
     return value
 
 
 def save_model(model, path: Path, provenance: dict) -> Path:
-    """Write ``model`` to ``path`` (``.json`` or ``.skops``) and ``path + .meta.json``."""
+    """Write ``model`` as JSON to ``path`` and its provenance to ``path + .meta.json``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     name = type(model).__name__
-    if path.suffix == ".json" and name == "StartupModel":
+    if name == "StartupModel":
         path.write_text(json.dumps({"class": name, "startup": model.to_json()}, indent=1))
-    elif path.suffix == ".json":
+    else:
         if name not in _JSON_CLASSES:
-            raise DataFormatError(f"{name} cannot be saved as JSON; use a .skops path")
-        fitted = {k: _to_jsonable(v) for k, v in vars(model).items() if k.endswith("_") and not k.startswith("_")}
+            raise DataFormatError(f"{name} cannot be saved as JSON")
+        if name in _REFIT_CLASSES:
+            fitted = {"X_fit_": _to_jsonable(model.X_fit_), "y_fit_": _to_jsonable(model.y_fit_)}
+        else:
+            fitted = {k: _to_jsonable(v) for k, v in vars(model).items() if k.endswith("_") and not k.startswith("_")}
         payload = {"class": name, "params": model.get_params(), "fitted": fitted}
         path.write_text(json.dumps(payload, indent=1))
-    else:
-        import skops.io as sio
-
-        sio.dump(model, path)
     meta = {"class": name, "model_version": MODEL_VERSION, **provenance}
     Path(str(path) + ".meta.json").write_text(json.dumps(meta, indent=1))
     return path
@@ -92,9 +89,17 @@ def load_json_model(path: Path):
     if payload.get("class") not in _JSON_CLASSES:
         raise DataFormatError(f"{path}: unknown model class {payload.get('class')!r}")
     module, cls = _JSON_CLASSES[payload["class"]]
-    model = getattr(importlib.import_module(module), cls)(**payload["params"])
-    for key, value in payload["fitted"].items():
-        setattr(model, key, int(value) if key == "n_features_in_" else _from_jsonable(value))
+    try:
+        model = getattr(importlib.import_module(module), cls)(**payload["params"])
+        if payload["class"] in _REFIT_CLASSES:
+            fitted = payload["fitted"]
+            return model.fit(_from_jsonable(fitted["X_fit_"]), _from_jsonable(fitted["y_fit_"]))
+        for key, value in payload["fitted"].items():
+            if not key.endswith("_") or key.startswith("_"):
+                raise DataFormatError(f"{path}: {key!r} is not a fitted attribute")
+            setattr(model, key, int(value) if key == "n_features_in_" else _from_jsonable(value))
+    except (TypeError, KeyError, ValueError) as err:
+        raise DataFormatError(f"{path}: not a valid saved {cls} ({err})") from err
     return model
 
 
@@ -102,7 +107,7 @@ def load_model(path: Path, expect_fingerprint: str | None = None):
     """Load a saved model, or return None if it is missing, stale or of another version.
 
     Raises:
-        DataFormatError: if a skops file holds types outside the trusted list.
+        DataFormatError: if the file names a class outside the allowed list.
     """
     path = Path(path)
     meta_path = Path(str(path) + ".meta.json")
@@ -120,12 +125,4 @@ def load_model(path: Path, expect_fingerprint: str | None = None):
         meta.get("base_fingerprint"),
     ):
         return None
-    if path.suffix == ".json":
-        return load_json_model(path)
-    import skops.io as sio
-
-    untrusted = set(sio.get_untrusted_types(file=path))
-    extra = untrusted - _SKOPS_TRUSTED
-    if extra:
-        raise DataFormatError(f"{path}: refusing to load untrusted types {sorted(extra)}")
-    return sio.load(path, trusted=sorted(untrusted))
+    return load_json_model(path)
