@@ -205,5 +205,7 @@ def test_models_evaluate_prints_baselines_and_writes_plots(env, tmp_path):
     assert "published SVR on size" in res.stdout and "cmdare CheckpointModel" in res.stdout
     assert "loco" in res.stdout and "random" in res.stdout
     assert (tmp_path / "models_checkpoint_remote.png").stat().st_size > 10_000
+    res = run(env, "models", "evaluate", "--task", "startup")
+    assert res.returncode == 0 and "group held out: mean APE" in res.stdout
     res = run(env, "models", "evaluate", "--task", "nope")
     assert res.returncode == 1 and "step_time" in res.stderr

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
 @models_app.command("evaluate")
 def evaluate_cmd(
     task: list[str] = typer.Option(
-        None, "--task", help="step_time, cluster_speed, checkpoint_remote, checkpoint_local (default: all)"
+        None, "--task", help="step_time, cluster_speed, checkpoint_remote, checkpoint_local, startup (default: all)"
     ),
     plot_dir: Path = typer.Option(None, "--plot-dir", help="Write predicted-vs-measured plots here."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of tables."),
@@ -34,14 +34,20 @@ def evaluate_cmd(
     from rich.table import Table
 
     from cmdare.errors import UnknownNameError
-    from cmdare.predict.evaluate import TASKS, evaluate, plot_cluster_scaling, plot_predictions
+    from cmdare.predict.evaluate import TASKS, evaluate, evaluate_startup, plot_cluster_scaling, plot_predictions
 
+    valid = [*TASKS, "startup"]
     for name in task or []:
-        if name not in TASKS:
-            raise UnknownNameError("model task", name, list(TASKS))
-    frame, preds = evaluate(tuple(task) if task else None)
+        if name not in valid:
+            raise UnknownNameError("model task", name, valid)
+    regression = tuple(t for t in task if t in TASKS) if task else tuple(TASKS)
+    frame, preds = evaluate(regression) if regression else (pd_frame(), {})
+    startup = evaluate_startup() if not task or "startup" in task else None
     if as_json:
-        typer.echo(json.dumps(frame.to_dict(orient="records")))
+        out = frame.to_dict(orient="records")
+        if startup is not None:
+            out += [{"task": "startup", **r} for r in startup.to_dict(orient="records")]
+        typer.echo(json.dumps(out))
     else:
         console = Console(width=200)
         for name in pd_unique(frame["task"]):
@@ -64,12 +70,36 @@ def evaluate_cmd(
                     )
                 table.add_row(protocol, subset, *cells)
             console.print(table)
+        if startup is not None:
+            table = Table(title="startup: mean total seconds (provisioning + staging + booting)")
+            for col in ("GPU", "region", "transient", "n", "measured", "model", "group held out", "APE %"):
+                table.add_column(col)
+            for r in startup.itertuples():
+                table.add_row(
+                    r.gpu,
+                    r.region,
+                    str(r.transient),
+                    str(r.n),
+                    f"{r.measured_total_s:.1f}",
+                    f"{r.model_total_s:.1f}",
+                    f"{r.held_out_total_s:.1f}",
+                    f"{r.held_out_ape:.1f}",
+                )
+            console.print(table)
+            console.print(f"startup, group held out: mean APE {startup.held_out_ape.mean():.2f}%")
     if plot_dir is not None:
         paths = plot_predictions(preds, plot_dir)
-        if not task or "cluster_speed" in task:
+        if "cluster_speed" in regression:
             paths.append(plot_cluster_scaling(plot_dir))
         for path in paths:
             typer.echo(f"wrote {path}", err=as_json)
+
+
+def pd_frame():
+    """An empty DataFrame with the columns of :func:`cmdare.predict.evaluate.evaluate`."""
+    import pandas as pd
+
+    return pd.DataFrame(columns=["task", "model", "protocol", "subset", "mae", "mape", "max_ape", "n"])
 
 
 def pd_unique(values) -> list:

@@ -281,3 +281,31 @@ def plot_cluster_scaling(plot_dir) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def evaluate_startup() -> pd.DataFrame:
+    """Startup model per (GPU, region, transient): measured mean total vs the fitted model's mean,
+    and vs a model fitted with that group held out (it then answers from partial pooling)."""
+    from cmdare.predict.startup import PHASES, StartupModel
+
+    df = _data.load_startup()
+    full = StartupModel().fit(df)
+    rows = []
+    for (gpu, region, transient), part in df.groupby(["gpu", "region", "transient"]):
+        measured = float(part[list(PHASES)].sum(axis=1).mean())
+        held_out = StartupModel().fit(df.drop(part.index))
+        model = sum(full.mean_s(gpu, bool(transient), region).values())
+        pred = sum(held_out.mean_s(gpu, bool(transient), region).values())
+        rows.append(
+            {
+                "gpu": gpu,
+                "region": region,
+                "transient": bool(transient),
+                "n": len(part),
+                "measured_total_s": measured,
+                "model_total_s": model,
+                "held_out_total_s": pred,
+                "held_out_ape": abs(pred - measured) / measured * 100,
+            }
+        )
+    return pd.DataFrame(rows)
