@@ -81,5 +81,6 @@ def test_checkpoint_random_split_beats_published_svr(checkpoint_errors):
 
 
 def test_checkpoint_leave_one_cnn_out_is_reported(checkpoint_errors):
-    # Reported, not a target: 8.4% for cmdare vs 7.9% for the SVR baseline (see docs/models.md).
-    assert 0 < checkpoint_errors[("cmdare CheckpointModel", "loco", "all")] < 12.0
+    # Not a target; reported in docs/models.md (7.27% vs 7.88% for the SVR baseline).
+    ours = checkpoint_errors[("cmdare CheckpointModel", "loco", "all")]
+    assert 0 < ours < checkpoint_errors[("published SVR on size", "loco", "all")]
