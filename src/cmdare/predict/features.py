@@ -19,26 +19,12 @@ from cmdare.errors import DataFormatError, UnknownNameError
 __all__ = [
     "fixed_width",
     "CHECKPOINT_COLUMNS",
-    "GPU_TFLOPS",
     "STEP_COLUMNS",
     "gpu_tflops",
     "impute_num_tensors",
     "parse_gpu_counts",
     "table_features",
 ]
-
-# FP32 peak TFLOPS. K80/P100/V100 as used by CM-DARE (K80 = one of the board's two GK210 dies).
-# Others from NVIDIA data sheets: T4 8.1; L4 30.3; A100 19.5 (non-tensor-core FP32);
-# H100 SXM 67 (PCIe: 51). Superseded by cmdare.cloud.catalog when that module provides TFLOPS.
-GPU_TFLOPS: dict[str, float] = {
-    "k80": 4.113,
-    "p100": 9.526,
-    "v100": 15.7,
-    "t4": 8.1,
-    "l4": 30.3,
-    "a100": 19.5,
-    "h100": 67.0,
-}
 
 STEP_COLUMNS = ("GPU TFLOPS", "Model FLOPs", "Number of Parameters", "Number of Tensors", "Latency (ms)")
 CHECKPOINT_COLUMNS = ("Checkpoint Size (MB)", "Number of Tensors")
@@ -59,23 +45,16 @@ def fixed_width(X: np.ndarray, width: int, fill: float = 0.0) -> np.ndarray:
 def gpu_tflops(name: str) -> float:
     """FP32 peak TFLOPS of a GPU type (case-insensitive, e.g. ``k80``, ``V100``).
 
-    Uses ``cmdare.cloud.catalog`` when it offers a lookup, else the table above.
+    The single source of GPU facts is the server catalog, :func:`cmdare.cloud.catalog.gpu_tflops`
+    (K80 4.113 for one die as in the CM-DARE data, P100 9.526, V100 15.7, T4 8.1, L4 30.3,
+    A100 19.5, H100 SXM 67; sources in the catalog file).
 
     Raises:
-        UnknownNameError: for a GPU type neither knows.
+        UnknownNameError: for a GPU type the catalog does not know (the message lists them).
     """
-    key = name.strip().lower()
-    try:  # the cloud catalog, when present, is the single source of GPU facts
-        from cmdare.cloud import catalog  # type: ignore[attr-defined]
+    from cmdare.cloud.catalog import gpu_tflops as catalog_tflops
 
-        lookup = getattr(catalog, "gpu_tflops", None)
-        if callable(lookup):
-            return float(lookup(key))
-    except (ImportError, KeyError, LookupError):
-        pass
-    if key not in GPU_TFLOPS:
-        raise UnknownNameError("GPU type", name, sorted(GPU_TFLOPS))
-    return GPU_TFLOPS[key]
+    return float(catalog_tflops(name.strip()))
 
 
 def parse_gpu_counts(spec: str | Sequence[str] | Mapping[str, int]) -> dict[str, int]:
