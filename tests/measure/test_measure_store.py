@@ -114,6 +114,22 @@ def test_recorder_hooks_write_every_table(db_url):
     assert stale == {0: 25, 1: 25}
     server = store.frame("servers").iloc[0]
     assert server.server_id == "srv-1" and server.gpu_type == "k80" and server.end_reason == "revocation"
+    rec.on_event(
+        EventReport(
+            "run-a",
+            t0 + 5,
+            "server_requested",
+            21,
+            2,
+            None,
+            "srv-2",
+            {"requested_at": t0 + 5, "provisioning_s": 2.0, "staging_s": 30.0, "booting_s": 40.0},
+        )
+    )
+    rec.on_event(EventReport("run-a", t0 + 95, "server_joined", 30, 2, None, "srv-2", {"joined_at": t0 + 95}))
+    rec.flush()
+    joined = store.frame("servers").set_index("server_id").loc["srv-2"]
+    assert joined.joining_s == pytest.approx(90 - 72)  # framework start after the VM booted
     with store.session() as s:
         run = s.get(Run, "run-a")
         assert (run.status, run.final_step, run.model, run.emulated, run.code_version) == (

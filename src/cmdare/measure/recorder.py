@@ -291,10 +291,12 @@ class StoreRecorder(TrainCallback):
                 for run_id, server_id, fields in servers:
                     row = s.query(Server).filter_by(run_id=run_id, server_id=server_id).one_or_none()
                     if row is None:
-                        s.add(Server(run_id=run_id, server_id=server_id, source="cmdare", **fields))
+                        row = Server(run_id=run_id, server_id=server_id, source="cmdare", **fields)
+                        s.add(row)
                     else:
                         for k, v in fields.items():
                             setattr(row, k, v)
+                    _fill_joining(row)
         except StoreError:
             with self._lock:  # the transaction rolled back: put everything back, in order
                 for table, rows in buf.items():
@@ -312,6 +314,13 @@ class StoreRecorder(TrainCallback):
         if self._owns_store and self._store is not None:
             self._store.close()
             self._store = None
+
+
+def _fill_joining(row: Server) -> None:
+    """Joining = request-to-join time not spent provisioning, staging or booting (framework start)."""
+    if row.joining_s is None and row.joined_at is not None and row.requested_at is not None:
+        phases = sum(v or 0.0 for v in (row.provisioning_s, row.staging_s, row.booting_s))
+        row.joining_s = max(row.joined_at - row.requested_at - phases, 0.0)
 
 
 def _str(value: Any) -> str | None:

@@ -140,7 +140,10 @@ def build(store: Store, run_id: str | None = None) -> Report:
         colors = {}
         for stype, (t, cens, models) in fitted.items():
             x, f = empirical_cdf(t, cens)
-            line = ax1.step(x / 3600, f, where="post", label=f"{stype} (n={len(t)})")[0]
+            ks_b = ks_distance(models["bathtub"], t, cens)
+            ks_e = ks_distance(models["exponential"], t, cens)
+            label = f"{stype} (n={len(t)}; KS bathtub {ks_b:.2f}, exp {ks_e:.2f})"
+            line = ax1.step(x / 3600, f, where="post", label=label)[0]
             colors[stype] = line.get_color()
             grid = np.linspace(0, max(x.max(), 24 * 3600) * 1.02, 400)
             ax1.plot(grid / 3600, models["bathtub"].cdf(grid), "--", color=line.get_color(), lw=1)
