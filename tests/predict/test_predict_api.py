@@ -84,6 +84,9 @@ def test_step_time_predictions_are_physical():
     assert P.predict_step_time_s("resnet32", 4.113) == pytest.approx(k80)
     with pytest.raises(UnknownNameError):
         P.predict_step_time_s("resnet32", "x9000")
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(UserInputError):
+            P.predict_step_time_s("resnet32", bad)
 
 
 def test_cluster_speed_ps_capacity_mixed_gpus_and_more_ps():

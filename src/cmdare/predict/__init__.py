@@ -224,6 +224,10 @@ def predict_step_time_s(workload: str | WorkloadFeatures, gpu: str | float, late
     """Seconds per step of ``workload`` on one GPU (a type name like ``k80`` or its TFLOPS)."""
     w = _workload(workload)
     tf = float(gpu) if isinstance(gpu, int | float) else gpu_tflops(gpu)
+    if not (np.isfinite(tf) and tf > 0) or not latency_ms >= 0:
+        from cmdare.errors import UserInputError
+
+        raise UserInputError(f"need GPU TFLOPS > 0 and latency >= 0 ms, got {gpu!r} and {latency_ms!r}")
     X = np.array([[tf, w.model_flops, w.num_params, w.num_tensors, latency_ms]])
     return float(step_time_model().predict(X)[0])
 
