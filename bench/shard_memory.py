@@ -12,8 +12,9 @@ How it counts: ``VmRSS = RssAnon + RssFile + RssShmem``. ``RssAnon`` is the proc
 memory (parameters, momentum, scratch, Python heap); ``RssShmem`` is Ray object-store pages the
 process touched (incoming gradients, outgoing parameters: shared memory owned and bounded by the
 object store, counted once per touched page). Reported raw, baseline-subtracted (loaded - baseline),
-and as ratios to the parameter bytes. Target (issue 2): at most 3x the parameter bytes; the figure
-judged is the baseline-subtracted VmRSS (steady-state maximum).
+and as ratios to the parameter bytes. Target (issue 2): at most 3x the parameter bytes. Judged twice,
+both baseline-subtracted at the steady-state maximum: the private memory (RssAnon) and the whole
+VmRSS including object-store pages (which grow to the store's size; cap it with --object-store-mb).
 
 Usage: .venv/bin/python bench/shard_memory.py [--mb 40] [--steps 150]
 Prints one JSON object as its last line.
@@ -53,6 +54,8 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=40.0, help="parameter bytes the shard holds, in MB")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--object-store-mb", type=int, default=0,
+                    help="cap Ray's object store (0: Ray's default, 30%% of memory)")
     args = ap.parse_args()
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -66,7 +69,8 @@ def main() -> None:
     param_bytes = numel * 4
     cfg = OptimizerConfig(lr=0.01, momentum=0.9, weight_decay=1e-4)
     t_start = time.perf_counter()
-    ray.init(address="local", num_cpus=4, _node_ip_address="127.0.0.1",
+    store = {"object_store_memory": args.object_store_mb * 2**20} if args.object_store_mb else {}
+    ray.init(address="local", num_cpus=4, _node_ip_address="127.0.0.1", **store,
              include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     try:
         cls = ray.remote(MeasuredShard).options(num_cpus=1)
@@ -121,9 +125,11 @@ def main() -> None:
         "ratio_anon_minus_baseline": round(sub["RssAnon"] / param_bytes, 2),
         "ratio_shmem": round(peak["RssShmem"] / param_bytes, 2),
         "target_ratio": 3.0,
-        "met": sub["VmRSS"] / param_bytes <= 3.0,
+        "met": {"private_anon": sub["RssAnon"] / param_bytes <= 3.0,
+                "vmrss_incl_object_store_pages": sub["VmRSS"] / param_bytes <= 3.0},
         "push_pull_ms": round(step_ms, 1),
         "steps": args.steps,
+        "object_store_mb": args.object_store_mb or "default",
         "wall_s": round(time.perf_counter() - t_start, 1),
     }
     print(json.dumps(result))

@@ -16,6 +16,10 @@ import torch
 from cmdare.errors import UnknownNameError, UserInputError
 
 SCHEDULES = ("constant", "step", "cosine")
+# Elements per chunk of the shard update (1 MiB of float32): the operands of a chunk stay in cache.
+# Measured on 2 cores (bench/ps_datapath.py notes): 25-35% faster than whole-buffer ops at 10-40 MB,
+# and the scratch buffer shrinks from the shard's size to 1 MiB.
+UPDATE_CHUNK_ELEMS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -58,19 +62,28 @@ def sgd_update(param: np.ndarray, grad: np.ndarray, buf: np.ndarray, lr: float, 
     """Apply one SGD step in place to ``param`` and its momentum ``buf`` (flat float32 arrays).
 
     ``buf`` starts as zeros: ``0 * momentum + d_p`` equals torch's first-step ``buf = d_p`` exactly.
-    ``grad`` may be read-only (zero-copy from Ray's object store); ``scratch`` (same size) avoids
-    allocating the weight-decayed gradient on every step.
+    ``grad`` may be read-only (zero-copy from Ray's object store). The update runs chunk by chunk
+    (``len(scratch)`` elements, at most :data:`UPDATE_CHUNK_ELEMS`) so a chunk's operands stay in
+    cache and the weight-decayed gradient needs only a chunk-sized ``scratch``; every element goes
+    through the same ops in the same order, so the result is bit-identical to whole-buffer ops.
     """
-    p = torch.from_numpy(param)
-    d_p = _as_tensor(grad)
-    if cfg.weight_decay:
-        out = torch.from_numpy(scratch) if scratch is not None else None
-        d_p = torch.add(d_p, p, alpha=cfg.weight_decay, out=out)
-    if cfg.momentum:
-        b = torch.from_numpy(buf)
-        b.mul_(cfg.momentum).add_(d_p)
-        d_p = d_p.add(b, alpha=cfg.momentum) if cfg.nesterov else b
-    p.add_(d_p, alpha=-lr)
+    p_all, g_all, b_all = torch.from_numpy(param), _as_tensor(grad), torch.from_numpy(buf)
+    n = p_all.numel()
+    if scratch is None or scratch.size == 0:
+        scratch = np.empty(min(n, UPDATE_CHUNK_ELEMS), np.float32)
+    chunk = max(1, min(scratch.size, UPDATE_CHUNK_ELEMS))
+    s_all = torch.from_numpy(scratch)
+    wd, mu = cfg.weight_decay, cfg.momentum
+    for a in range(0, n, chunk):
+        p = p_all[a:a + chunk]
+        d_p = g_all[a:a + chunk]
+        if wd:
+            d_p = torch.add(d_p, p, alpha=wd, out=s_all[:p.numel()])
+        if mu:
+            b = b_all[a:a + chunk]
+            b.mul_(mu).add_(d_p)
+            d_p = d_p.add(b, alpha=mu) if cfg.nesterov else b
+        p.add_(d_p, alpha=-lr)
 
 
 def _as_tensor(array: np.ndarray) -> torch.Tensor:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cmdare.ps.blocks import Block
-from cmdare.ps.optimizer import OptimizerConfig, sgd_update
+from cmdare.ps.optimizer import UPDATE_CHUNK_ELEMS, OptimizerConfig, sgd_update
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class ShardState:
             raise ValueError(f"shard {self.shard_id}: {data.params.size} values for {total} block elements")
         self.params = np.array(data.params, dtype=np.float32, copy=True)
         self.momentum = np.array(data.momentum, dtype=np.float32, copy=True)
-        self._scratch = np.empty_like(self.params)
+        self._scratch = _scratch_for(self.params)
         self.step = data.step
 
     def snapshot(self) -> BlockData:
@@ -88,7 +88,7 @@ class ShardState:
                           _gather(self.params, out), _gather(self.momentum, out), self.step)
         self.blocks = [self.blocks[i] for i, _ in keep]
         self.params, self.momentum = _gather(self.params, keep), _gather(self.momentum, keep)
-        self._scratch = np.empty_like(self.params)
+        self._scratch = _scratch_for(self.params)
         return taken
 
     def add(self, data: BlockData) -> None:
@@ -103,7 +103,7 @@ class ShardState:
         self.blocks = [merged.blocks[i] for i in order]
         self.params = _gather(merged.params, [(i, spans[i]) for i in order])
         self.momentum = _gather(merged.momentum, [(i, spans[i]) for i in order])
-        self._scratch = np.empty_like(self.params)
+        self._scratch = _scratch_for(self.params)
 
     def _split(self, block_ids: set[int]) -> tuple[list, list]:
         spans = _spans(self.blocks)
@@ -152,6 +152,11 @@ class ShardState:
         self._window_start = time.perf_counter()
         self._pushes = self._bytes_in = self._bytes_out = 0
         self._busy_s = 0.0
+
+
+def _scratch_for(params: np.ndarray) -> np.ndarray:
+    """The update's scratch: one chunk (see :func:`sgd_update`), not a copy of the whole shard."""
+    return np.empty(min(params.size, UPDATE_CHUNK_ELEMS), np.float32)
 
 
 def _spans(blocks) -> list[tuple[int, int]]:
