@@ -4,11 +4,27 @@ Python API::
 
     from cmdare.train import TrainSpec, train
     summary = train(TrainSpec(model="resnet15", dataset="digits", workers=2, ps=1, steps=500))
+
+Names are imported lazily, so ``import cmdare.train.callbacks`` does not pull in torch or Ray.
 """
 
-from cmdare.ps.optimizer import OptimizerConfig
-from cmdare.train.callbacks import TrainCallback
-from cmdare.train.spec import TrainSpec
-from cmdare.train.trainer import Trainer, train
+from __future__ import annotations
 
-__all__ = ["OptimizerConfig", "TrainCallback", "TrainSpec", "Trainer", "train"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "OptimizerConfig": "cmdare.ps.optimizer",
+    "TrainCallback": "cmdare.train.callbacks",
+    "TrainSpec": "cmdare.train.spec",
+    "Trainer": "cmdare.train.trainer",
+    "train": "cmdare.train.trainer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'cmdare.train' has no attribute {name!r}")

@@ -31,7 +31,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus
         if address:
             ray.init(address=address, **common)
         else:
-            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address="127.0.0.1", **common)
+            # address="local": always a new local instance, even when another Ray runs on this machine
+            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address="127.0.0.1",
+                     **common)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as err:
         where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -9,7 +9,11 @@ from rich.console import Console
 
 from cmdare.errors import UserInputError
 
-console = Console()
+console = Console(soft_wrap=True)
+
+# The main job shows the transient path: each server lives a bathtub-distributed GCE lifetime, with time
+# compressed 7200x (24 h in 12 s), so a few-hundred-step run sees servers revoked and replaced.
+DEFAULT_REVOCATIONS = "lifetime=bathtub,speedup=7200"
 
 
 def train_command(
@@ -31,6 +35,15 @@ def train_command(
     resume: str = typer.Option(None, help="Resume run RUN from its latest checkpoint."),
     address: str = typer.Option(None, help="Join this Ray cluster ('auto' on a cluster node)."),
     gpus_per_worker: float = typer.Option(0.0, help="GPUs per worker (Ray num_gpus)."),
+    transient: bool = typer.Option(True, "--transient/--on-demand",
+                                   help="Workers on transient (spot/preemptible) servers, or on-demand ones."),
+    gpu: str = typer.Option("k80", help="GPU type of the worker servers (priced from the catalog)."),
+    cloud: str = typer.Option("gcp", help="Cloud whose prices the servers take: gcp | aws."),
+    region: str = typer.Option(None, help="Region (default: the first region offering the GPU)."),
+    revocations: str = typer.Option(
+        DEFAULT_REVOCATIONS, help="Injected revocations: lifetime=MODEL[,speedup=S][,seed=N] | every=S | none."),
+    replace: str = typer.Option("same", help="Replacement policy for a lost worker: same | cheapest | none."),
+    startup: str = typer.Option("model", help="Replacement start-up delay: 'model' (CM-DARE data) or seconds."),
     record: bool = typer.Option(True, "--record/--no-record", help="Record measurements in the store."),
     tensorboard: Path = typer.Option(None, help="Also write TensorBoard scalars to this directory."),
 ) -> None:
@@ -46,7 +59,8 @@ def train_command(
                      ps=ps, steps=steps, batch_size=batch_size, sync=sync, placement=placement,
                      optimizer=OptimizerConfig(lr=lr, momentum=momentum, weight_decay=weight_decay),
                      checkpoint_every=checkpoint_every, eval_every=eval_every, seed=seed,
-                     gpus_per_worker=gpus_per_worker)
+                     gpus_per_worker=gpus_per_worker, transient=transient, gpu=gpu, cloud=cloud, region=region,
+                     revocations=revocations if transient else None, replace=replace, startup=startup)
     callbacks = [ProgressCallback(steps)]
     where = "not recorded (--no-record)"
     if record:
@@ -67,6 +81,10 @@ def train_command(
     acc = f"{summary.final_accuracy:.3f}" if summary.final_accuracy is not None else "-"
     console.print(f"[bold]run {summary.run_id}[/] {summary.status}: step {summary.global_step}, "
                   f"{summary.steps_per_s:.1f} steps/s over {summary.wall_s:.1f} s, test accuracy {acc}")
+    emulated = " (emulated servers, catalog prices)" if summary.details.get("emulated") else ""
+    console.print(f"servers: {summary.revocations} revoked, {summary.replacements} replaced, "
+                  f"{summary.details.get('time_lost_s', 0.0):.1f} s of cluster time lost; "
+                  f"cost so far ${summary.cost_usd:.4f}{emulated}")
     console.print(f"measurements: {where}; checkpoints: {summary.details.get('checkpoint_dir')}")
 
 
