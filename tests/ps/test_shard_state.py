@@ -76,3 +76,23 @@ def test_apply_respects_max_step_and_counts_load():
     assert stats.pushes == 2 and stats.bytes_in == 32 and stats.step == 2
     with pytest.raises(ValueError):
         ShardState(1, OptimizerConfig()).apply(g)
+
+
+def test_staleness_damping_divides_lr_by_one_plus_staleness():
+    cfg = OptimizerConfig(lr=0.1, momentum=0.0, weight_decay=0.0)
+    blocks = tuple(split_blocks(param_infos([("w", (2,))])))
+    st = ShardState(0, cfg)
+    st.load(BlockData(blocks, np.zeros(2, np.float32), np.zeros(2, np.float32), 5))
+    st.staleness_damping = True
+    st.apply(np.ones(2, np.float32), pulled_step=5)  # fresh: lr 0.1
+    st.apply(np.ones(2, np.float32), pulled_step=3)  # staleness 3 (step is 6): lr 0.1 / 4
+    np.testing.assert_allclose(st.params, -(0.1 + 0.025), rtol=1e-6)
+
+
+def test_lr_policies_scale_with_active_workers():
+    from cmdare.train.membership import lr_scale
+
+    assert lr_scale("linear", 2, 4) == 0.5 and lr_scale("sqrt", 1, 4) == 0.5
+    assert lr_scale("unchanged", 1, 4) == lr_scale("staleness", 1, 4) == 1.0
+    with pytest.raises(Exception, match="valid"):
+        lr_scale("nope", 1, 1)

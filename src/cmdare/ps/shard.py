@@ -54,6 +54,7 @@ class ShardState:
         self.cfg = cfg
         self.max_step = max_step
         self.lr_scale = 1.0
+        self.staleness_damping = False  # staleness-aware LR: each push's lr divided by (1 + staleness)
         self.slowdown = 1.0  # straggler injection: every apply takes this many times longer
         self.step = 0
         self.blocks: list[Block] = []
@@ -119,15 +120,21 @@ class ShardState:
     def done(self) -> bool:
         return self.max_step is not None and self.step >= self.max_step
 
-    def apply(self, grad: np.ndarray) -> bool:
-        """Apply one (possibly averaged) gradient; False when the step budget is already reached."""
+    def apply(self, grad: np.ndarray, pulled_step: int | None = None) -> bool:
+        """Apply one (possibly averaged) gradient; False when the step budget is already reached.
+
+        ``pulled_step`` is the global step of the parameters the gradient was computed on; with
+        staleness damping the learning rate is divided by ``1 + staleness``.
+        """
         if self.done:
             return False
         if grad.size != self.params.size:
             raise ValueError(f"shard {self.shard_id}: gradient of {grad.size} for {self.params.size} params")
         t0 = time.perf_counter()
-        sgd_update(self.params, grad, self.momentum, self.cfg.lr_at(self.step, self.lr_scale), self.cfg,
-                   self._scratch)
+        lr = self.cfg.lr_at(self.step, self.lr_scale)
+        if self.staleness_damping and pulled_step is not None:
+            lr /= 1 + max(0, self.step - pulled_step)
+        sgd_update(self.params, grad, self.momentum, lr, self.cfg, self._scratch)
         self.step += 1
         elapsed = time.perf_counter() - t0
         if self.slowdown > 1.0:
@@ -202,6 +209,9 @@ class _ShardActorBase:
     def set_lr_scale(self, scale: float) -> None:
         self.state.lr_scale = float(scale)
 
+    def set_staleness_damping(self, on: bool) -> None:
+        self.state.staleness_damping = bool(on)
+
     def set_slowdown(self, factor: float) -> None:
         self.state.slowdown = max(1.0, float(factor))
 
@@ -218,9 +228,9 @@ class AsyncShardActor(_ShardActorBase):
     def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None):
         self.state = ShardState(shard_id, cfg, max_step)
 
-    def push_pull(self, grad: np.ndarray) -> tuple[np.ndarray, int, bool]:
+    def push_pull(self, grad: np.ndarray, pulled_step: int | None = None) -> tuple[np.ndarray, int, bool]:
         """Apply ``grad``; return (parameters, global step after it, whether it was applied)."""
-        applied = self.state.apply(grad)
+        applied = self.state.apply(grad, pulled_step)
         self.state.count_pull()
         # Returned without a copy: Ray serialises the result before this actor runs the next call.
         return self.state.params, self.state.step, applied
@@ -237,7 +247,7 @@ class SyncShardActor(_ShardActorBase):
         self._count = 0
         self._round = asyncio.Event() if _has_loop() else None
 
-    async def push_pull(self, grad: np.ndarray) -> tuple[np.ndarray, int, bool]:
+    async def push_pull(self, grad: np.ndarray, pulled_step: int | None = None) -> tuple[np.ndarray, int, bool]:
         if self._round is None:
             self._round = asyncio.Event()
         if self.state.done:
@@ -294,6 +304,9 @@ class SyncShardActor(_ShardActorBase):
 
     async def set_lr_scale(self, scale: float) -> None:  # type: ignore[override]
         self.state.lr_scale = float(scale)
+
+    async def set_staleness_damping(self, on: bool) -> None:  # type: ignore[override]
+        self.state.staleness_damping = bool(on)
 
     async def set_slowdown(self, factor: float) -> None:  # type: ignore[override]
         self.state.slowdown = max(1.0, float(factor))

@@ -44,6 +44,7 @@ def train_command(
         DEFAULT_REVOCATIONS, help="Injected revocations: lifetime=MODEL[,speedup=S][,seed=N] | every=S | none."),
     replace: str = typer.Option("same", help="Replacement policy for a lost worker: same | cheapest | none."),
     startup: str = typer.Option("model", help="Replacement start-up delay: 'model' (CM-DARE data) or seconds."),
+    lr_policy: str = typer.Option("unchanged", help="LR on membership change: unchanged | linear | sqrt | staleness."),
     record: bool = typer.Option(True, "--record/--no-record", help="Record measurements in the store."),
     tensorboard: Path = typer.Option(None, help="Also write TensorBoard scalars to this directory."),
 ) -> None:
@@ -60,7 +61,8 @@ def train_command(
                      optimizer=OptimizerConfig(lr=lr, momentum=momentum, weight_decay=weight_decay),
                      checkpoint_every=checkpoint_every, eval_every=eval_every, seed=seed,
                      gpus_per_worker=gpus_per_worker, transient=transient, gpu=gpu, cloud=cloud, region=region,
-                     revocations=revocations if transient else None, replace=replace, startup=startup)
+                     revocations=revocations if transient else None, replace=replace, startup=startup,
+                     lr_policy=lr_policy)
     callbacks = [ProgressCallback(steps)]
     where = "not recorded (--no-record)"
     if record:

@@ -84,3 +84,19 @@ def get_replacement_policy(name: str) -> ReplacementPolicy:
 def elect_chief(live_worker_ids: Iterable[int]) -> int | None:
     """The new chief: the longest-serving live worker (lowest id), or None when none is left."""
     return min(live_worker_ids, default=None)
+
+
+LR_POLICIES = ("unchanged", "linear", "sqrt", "staleness")
+
+
+def lr_scale(policy: str, active_workers: int, planned_workers: int) -> float:
+    """Learning-rate multiplier when ``active_workers`` of ``planned_workers`` are training.
+
+    ``linear`` scales with the number of active workers (ICAC 2019: 92.85% vs 91.75% unchanged),
+    ``sqrt`` with its square root; ``unchanged`` and ``staleness`` (damped per push on the shards
+    instead) keep 1.
+    """
+    if policy not in LR_POLICIES:
+        raise UnknownNameError("learning-rate policy", policy, LR_POLICIES)
+    ratio = max(active_workers, 1) / max(planned_workers, 1)
+    return {"linear": ratio, "sqrt": ratio ** 0.5}.get(policy, 1.0)

@@ -46,6 +46,7 @@ class TrainSpec:
     revocations: str | None = None  # e.g. "lifetime=bathtub,speedup=7200", "every=5", "none"
     replace: str = "same"  # same | cheapest | none
     startup: str = "model"  # replacement start-up delay: "model" (CM-DARE data, compressed) or seconds
+    lr_policy: str = "unchanged"  # on membership change: unchanged | linear | sqrt | staleness
 
     def __post_init__(self) -> None:
         for name in ("workers", "ps", "steps", "batch_size", "chunk_steps"):

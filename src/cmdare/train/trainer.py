@@ -52,7 +52,7 @@ from cmdare.train.callbacks import (
 )
 from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
 from cmdare.train.cluster import ensure_ray
-from cmdare.train.membership import Replace, elect_chief, get_replacement_policy
+from cmdare.train.membership import Replace, elect_chief, get_replacement_policy, lr_scale
 from cmdare.train.spec import TrainSpec
 from cmdare.train.worker import ChunkResult, Worker
 
@@ -107,6 +107,8 @@ class Trainer:
         self.resume_from = Path(resume_from) if resume_from else None
         self.plan = RevocationPlan.parse(spec.revocations, seed=spec.seed)
         self.replacement = get_replacement_policy(spec.replace)
+        lr_scale(spec.lr_policy, 1, 1)  # fail fast on an unknown policy
+        self._lr_scale = 1.0
         self.worker_spec, self.ps_spec = _server_specs(spec)
         startup = StartupDelay(spec.startup, self.plan.speedup, spec.seed)
         if provider is None:
@@ -186,6 +188,8 @@ class Trainer:
             self.shards.append(actor)
         ray.get([s.load.remote(BlockData(tuple(self.placement.blocks_on(k)), values[k], moms[k], step))
                  for k, s in enumerate(self.shards)])
+        if spec.lr_policy == "staleness":
+            ray.get([s.set_staleness_damping.remote(True) for s in self.shards])
         for server in self.shard_servers:
             server.joined_at = time.time()
             self._server_event("server_joined", server)
@@ -406,6 +410,7 @@ class Trainer:
             n = max(1, len(self.workers))
             for s in self.shards:
                 s.set_num_workers.remote(n)
+        self._membership_changed()
         decision = self.replacement.decide(w.server.spec)
         lost = {"revoked_at": w.revoked_at, "worker_id": w.worker_id, "speed_before": self._window_speed()}
         if isinstance(decision, Replace):
@@ -427,11 +432,22 @@ class Trainer:
             if self.spec.sync:
                 for s in self.shards:
                     s.set_num_workers.remote(len(self.workers))
+            self._membership_changed()
             if self.chief is None:
                 self.chief = w
                 self._event("chief_change", worker_id=w.worker_id, details={"from": None, "to": w.worker_id})
             out.append(w)
         return out
+
+    def _membership_changed(self) -> None:
+        """Apply the learning-rate policy for the new number of active workers."""
+        scale = lr_scale(self.spec.lr_policy, len(self.workers), self.spec.workers)
+        if scale != self._lr_scale:
+            for s in self.shards:
+                s.set_lr_scale.remote(scale)
+            self._event("lr_change", details={"policy": self.spec.lr_policy, "scale": scale,
+                                              "from": self._lr_scale, "active_workers": len(self.workers)})
+            self._lr_scale = scale
 
     def _end_server(self, server: Server, reason: str) -> None:
         if server.alive:

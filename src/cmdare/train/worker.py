@@ -138,7 +138,7 @@ class Worker:
             loss.backward()
             self.layout.grads_to_host()
             t1 = time.perf_counter()
-            refs = [self.shards[k].push_pull.remote(self.layout.shard_grad(k)) for k in live]
+            refs = [self.shards[k].push_pull.remote(self.layout.shard_grad(k), self.step) for k in live]
             replies = ray.get(refs)
             applied = all(r[2] for r in replies)
             for k, (values, _, _) in zip(live, replies, strict=True):
