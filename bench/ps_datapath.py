@@ -115,6 +115,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=25, help="calls per variant per round")
     ap.add_argument("--warmup", type=int, default=60, help="calls per variant before measuring")
     args = ap.parse_args()
+    load_start = os.getloadavg()[0]  # the 2 cores are shared: say how busy they were
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
@@ -209,6 +210,7 @@ def main() -> None:
     }
     result["met"] = {"gloo": result["ratio_vs_gloo"] <= 0.7, "naive_ray": result["ratio_vs_naive_ray"] <= 0.7,
                      "floor": result["ratio_vs_floor"] <= 1.5}
+    result["loadavg_1m"] = [round(load_start, 1), round(os.getloadavg()[0], 1)]
     print(json.dumps(result))
 
 

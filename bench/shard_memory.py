@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--object-store-mb", type=int, default=0,
                     help="cap Ray's object store (0: Ray's default, 30%% of memory)")
     args = ap.parse_args()
+    load_start = os.getloadavg()[0]  # the 2 cores are shared: say how busy they were
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
@@ -132,6 +133,7 @@ def main() -> None:
         "object_store_mb": args.object_store_mb or "default",
         "wall_s": round(time.perf_counter() - t_start, 1),
     }
+    result["loadavg_1m"] = [round(load_start, 1), round(os.getloadavg()[0], 1)]
     print(json.dumps(result))
 
 
