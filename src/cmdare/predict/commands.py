@@ -24,7 +24,9 @@ def register(app: typer.Typer) -> None:
 @models_app.command("evaluate")
 def evaluate_cmd(
     task: list[str] = typer.Option(
-        None, "--task", help="step_time, cluster_speed, checkpoint_remote, checkpoint_local, startup (default: all)"
+        None,
+        "--task",
+        help="step_time, cluster_speed, checkpoint_remote, checkpoint_local, accuracy, startup (default: all)",
     ),
     plot_dir: Path = typer.Option(None, "--plot-dir", help="Write predicted-vs-measured plots here."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of tables."),
@@ -70,6 +72,9 @@ def evaluate_cmd(
                     )
                 table.add_row(protocol, subset, *cells)
             console.print(table)
+            if name == "accuracy":
+                pts = ", ".join(f"{m} {100 * grp.mae.iloc[0]:.2f}" for m, grp in part.groupby("model", sort=False))
+                console.print(f"accuracy, leave one published point out: MAE in percentage points: {pts}")
         if startup is not None:
             table = Table(title="startup: mean total seconds (provisioning + staging + booting)")
             for col in ("GPU", "region", "transient", "n", "measured", "model", "group held out", "APE %"):

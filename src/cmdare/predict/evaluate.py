@@ -3,8 +3,8 @@
 Protocols: ``random`` (80/20 split repeated over seeds 0..R-1, errors pooled over the repeats),
 ``kfold`` (10-fold, shuffled, seed 0), ``loco`` (leave one CNN out: a model never seen in
 training), ``logo`` (leave one GPU type out) and ``loo`` (leave one configuration out, for cluster
-speed). Errors: MAE (target units), MAPE (%) and the largest absolute percentage error (%), overall
-and per GPU type where the task has one.
+speed and the published accuracy points). Errors: MAE (target units), MAPE (%) and the largest
+absolute percentage error (%), overall and per GPU type where the task has one.
 """
 
 from __future__ import annotations
@@ -95,8 +95,25 @@ TASKS: dict[str, Task] = {
             "random",
             repeats=50,
         ),
+        Task(
+            "accuracy",
+            "Final test accuracy",
+            "fraction",
+            {
+                "cmdare AccuracyModel": lambda: _accuracy_model(True),
+                "baseline ignoring workers": lambda: _accuracy_model(False),
+            },
+            ("loo",),
+            "loo",
+        ),
     )
 }
+
+
+def _accuracy_model(use_staleness: bool):
+    from cmdare.predict.accuracy import AccuracyModel, published_curve_shape
+
+    return AccuracyModel(use_staleness=use_staleness, **published_curve_shape())
 
 
 def task_data(name: str) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
@@ -107,6 +124,11 @@ def task_data(name: str) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
     elif name == "cluster_speed":
         df = _data.load_cluster_speed()
         cols, meta = CLUSTER_COLUMNS, df[["cnn", "gpu", "Workers"]]
+    elif name == "accuracy":
+        from cmdare.predict.accuracy import published_accuracy_data
+
+        X, y, meta = published_accuracy_data()
+        return X, y, meta[["cnn", "gpu", "point"]]
     elif name.startswith("checkpoint"):
         df = _data.load_checkpoint().copy()
         df["Number of Tensors"] = df["Number of Tensors"].fillna(df["Index File Size"] / INDEX_KB_PER_TENSOR)
