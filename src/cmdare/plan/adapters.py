@@ -14,7 +14,14 @@ import numpy as np
 from cmdare.errors import UnknownNameError, UserInputError
 from cmdare.plan.spec import PS_SERVER, PlanModels
 
-__all__ = ["CatalogPrices", "NoRevocations", "QuantileLifetimes", "load_plan_models", "resolve_workload"]
+__all__ = [
+    "CatalogPrices",
+    "NoRevocations",
+    "PredictedAccuracy",
+    "QuantileLifetimes",
+    "load_plan_models",
+    "resolve_workload",
+]
 
 #: Quantiles kept per server type: sampling is one table lookup per lifetime, so a plan of 50,000
 #: runs does not call the model's (slower) inverse-CDF sampler 50,000 times.
@@ -156,6 +163,36 @@ class CatalogPrices:
         return True
 
 
+class PredictedAccuracy:
+    """Final accuracy from :mod:`cmdare.predict.accuracy` (fitted on the published ResNet-32/CIFAR-10
+    points unless ``model`` is given), as the planner's ``AccuracyPredictor``.
+
+    Staleness is not known before the run: the model uses its proxy, ``workers - 1``.
+
+    Args:
+        batch_size: per-worker batch size (Tensor2Tensor's 128 for the published points).
+        lr_policy: learning-rate policy on membership change (``unchanged``, ``linear``, ...).
+        model: a fitted :class:`~cmdare.predict.accuracy.AccuracyModel` (default: the published one).
+    """
+
+    def __init__(self, batch_size: int = 128, lr_policy: str = "unchanged", model=None):
+        from cmdare.predict.accuracy import accuracy_model, policy_code
+
+        self.batch_size = batch_size
+        self.lr_code = policy_code(lr_policy)
+        self.model = model if model is not None else accuracy_model()
+
+    def final_accuracy(self, workers: int, steps: int, revocations: np.ndarray) -> np.ndarray:
+        revs = np.asarray(revocations, dtype=float).ravel()
+        levels, back = np.unique(revs, return_inverse=True)
+        X = np.column_stack([
+            np.full(len(levels), float(workers)), np.full(len(levels), np.nan),
+            np.full(len(levels), float(self.batch_size)), np.full(len(levels), float(steps)),
+            np.full(len(levels), float(self.lr_code)), levels,
+        ])
+        return self.model.predict(X)[back]
+
+
 def resolve_workload(name: str):
     """The published workload descriptor for ``name`` (``resnet32`` -> ``Res32``).
 
@@ -199,6 +236,8 @@ def load_plan_models(
         checkpoint_s=checkpoint_s,
         source=(
             f"{features.name} ({features.source}); cmdare.predict speed/checkpoint/startup; "
-            f"lifetimes {lifetime}; prices {catalog or 'default catalog'} ({cloud})"
+            f"lifetimes {lifetime}; prices {catalog or 'default catalog'} ({cloud}); "
+            "accuracy: ICAC 2019 ResNet-32/CIFAR-10 points"
         ),
+        accuracy=PredictedAccuracy(),
     )

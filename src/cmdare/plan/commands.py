@@ -107,8 +107,13 @@ def plan(
     cloud: _Cloud = "gcp",
     plot: Annotated[str | None, typer.Option("--plot", help="Write the Pareto plot PNG here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the front and the choice as JSON.")] = False,
+    min_accuracy: Annotated[
+        float | None,
+        typer.Option("--min-accuracy", help="Keep configurations predicted to reach this final accuracy, e.g. 0.91."),
+    ] = None,
 ) -> None:
-    """Recommend a cluster: the cheapest meeting --deadline, or the fastest within --budget."""
+    """Recommend a cluster: the cheapest meeting --deadline, or the fastest within --budget; with
+    --min-accuracy only among configurations predicted to train accurately enough."""
     if ctx.invoked_subcommand is not None:
         return
     if model is None or steps is None:
@@ -121,6 +126,8 @@ def plan(
         raise UserInputError(f"the budget must not be negative, got {budget}")
     if runs < 1:
         raise UserInputError(f"--runs must be at least 1, got {runs}")
+    if min_accuracy is not None and not 0 < min_accuracy <= 1:
+        raise UserInputError(f"--min-accuracy is a fraction in (0, 1], e.g. 0.91 for 91%; got {min_accuracy}")
     if plot:
         from pathlib import Path
 
@@ -141,7 +148,7 @@ def plan(
     ]
     if not clusters:
         raise UserInputError(f"none of {gpus} is offered in {regions} on {cloud}")
-    rec = recommend(job, clusters, models, deadline_s, budget, runs, seed)
+    rec = recommend(job, clusters, models, deadline_s, budget, runs, seed, min_accuracy=min_accuracy)
     if plot:
         from cmdare.plan.plot import plot_pareto
 
@@ -173,15 +180,19 @@ def _print_rec(rec, source: str, plot: str | None) -> None:
     from cmdare.plan.recommender import format_duration
 
     console = Console()
-    table = Table(title="Time/cost Pareto front (expected, P95)")
-    for col in ("configuration", "time", "time P95", "cost", "cost P95", "revocations"):
+    table = Table(title="Time/cost Pareto front (expected, P95) with predicted final accuracy (mean, P5)")
+    cols = ["configuration", "time", "time P95", "cost", "cost P95", "revocations"]
+    with_acc = any("accuracy_mean" in o.summary.extra for o in rec.front)
+    cols += ["accuracy", "accuracy P5"] if with_acc else []
+    for col in cols:
         table.add_column(col, justify="left" if col == "configuration" else "right")
     for o in rec.front:
         s = o.summary
         mark = "* " if o is rec.choice else ""
+        acc = [f"{s.extra['accuracy_mean']:.1%}", f"{s.extra['accuracy_p5']:.1%}"] if with_acc else []
         table.add_row(
             mark + o.cluster.label(), format_duration(s.time_mean_s), format_duration(s.time_p95_s),
-            f"${s.cost_mean_usd:.2f}", f"${s.cost_p95_usd:.2f}", f"{s.revocations_mean:.2f}",
+            f"${s.cost_mean_usd:.2f}", f"${s.cost_p95_usd:.2f}", f"{s.revocations_mean:.2f}", *acc,
         )
     console.print(table)
     st = rec.stats
@@ -249,6 +260,7 @@ def simulate_cmd(
         "replacements_mean": summary.replacements_mean,
         "steps_lost_mean": summary.steps_lost_mean,
         "finished_fraction": summary.finished_fraction,
+        "accuracy": {"mean": summary.extra.get("accuracy_mean"), "p5": summary.extra.get("accuracy_p5")},
         "deterministic_time_s": summary.extra["deterministic_time_s"],
         "models": models.source,
     }
@@ -266,6 +278,9 @@ def simulate_cmd(
     t, c = out["time_s"], out["cost_usd"]
     table.add_row("time", *(format_duration(t[k]) for k in ("mean", "p50", "p95")))
     table.add_row("cost", *(f"${c[k]:.2f}" for k in ("mean", "p50", "p95")))
+    a = out["accuracy"]
+    if a["mean"] is not None:
+        table.add_row("accuracy", f"{a['mean']:.2%}", "", f"P5 {a['p5']:.2%}")
     console = Console()
     console.print(table)
     console.print(

@@ -42,6 +42,11 @@ class PlanOption:
         """(mean time s, mean cost USD)."""
         return (self.summary.time_mean_s, self.summary.cost_mean_usd)
 
+    @property
+    def accuracy(self) -> float:
+        """Mean predicted final accuracy (NaN without an accuracy model)."""
+        return self.summary.extra.get("accuracy_mean", math.nan)
+
 
 @dataclass(frozen=True)
 class Recommendation:
@@ -113,8 +118,12 @@ def evaluate(
     runs: int = 100,
     seed: int = 0,
     prune: bool = True,
+    min_accuracy: float | None = None,
 ) -> tuple[list[PlanOption], dict[str, float]]:
-    """Simulate ``clusters`` (pruning dominated ones when ``prune``); return options and counts."""
+    """Simulate ``clusters`` (pruning dominated ones when ``prune``); return options and counts.
+
+    With ``min_accuracy`` only options predicted to reach it may prune others (a dominated but more
+    accurate configuration may be the only one that qualifies)."""
     t0 = time.perf_counter()
     sims = [Simulator(job, c, models) for c in clusters]
     options: list[PlanOption] = []
@@ -130,7 +139,9 @@ def evaluate(
     pending.sort(key=lambda p: p[0] * p[1])
     pruned = 0
     for t_low, c_low, sim in pending:
-        if prune and any(o.point[0] <= t_low and o.point[1] <= c_low for o in options):
+        if prune and any(
+            o.point[0] <= t_low and o.point[1] <= c_low and _reaches(o, min_accuracy) for o in options
+        ):
             pruned += 1
             continue
         options.append(PlanOption(sim.cluster, sim.summarize(runs, seed)))
@@ -143,6 +154,21 @@ def evaluate(
         "seconds": time.perf_counter() - t0,
     }
     return options, stats
+
+
+def _desc(o: PlanOption) -> str:
+    s = o.summary
+    text = (
+        f"{o.cluster.label()}: {format_duration(s.time_mean_s)} (P95 {format_duration(s.time_p95_s)}), "
+        f"${s.cost_mean_usd:.2f} (P95 ${s.cost_p95_usd:.2f})"
+    )
+    if "accuracy_mean" in s.extra:
+        text += f", accuracy {s.extra['accuracy_mean']:.1%} (P5 {s.extra['accuracy_p5']:.1%})"
+    return text
+
+
+def _reaches(option: PlanOption, min_accuracy: float | None) -> bool:
+    return min_accuracy is None or option.accuracy >= min_accuracy
 
 
 def _speed(models: PlanModels, counts: dict[str, int], ps: int) -> float:
@@ -233,60 +259,75 @@ def recommend(
     runs: int = 100,
     seed: int = 0,
     prune: bool = True,
+    min_accuracy: float | None = None,
 ) -> Recommendation:
     """Simulate the configurations and pick one.
 
+    With ``min_accuracy``: only options whose mean predicted final accuracy reaches it are considered
+    (the front is theirs); when none does, the answer names the most accurate option.
     With a deadline: the cheapest option whose expected time meets it (and the budget, if given).
     With only a budget: the fastest option whose expected cost fits. With neither: the option with the
     smallest time x cost. When nothing meets the constraints the answer names the closest option.
 
     Raises:
-        UserInputError: for a non-positive deadline, a negative budget or no configurations.
+        UserInputError: for a non-positive deadline, a negative budget, an accuracy outside (0, 1],
+            an accuracy threshold without an accuracy model, or no configurations.
     """
+    if min_accuracy is not None:
+        if not 0 < min_accuracy <= 1:
+            raise UserInputError(f"the minimum accuracy is a fraction in (0, 1], e.g. 0.91; got {min_accuracy}")
+        if models.accuracy is None:
+            raise UserInputError("no accuracy model for this workload: drop the minimum accuracy")
     if deadline_s is not None and deadline_s <= 0:
         raise UserInputError(f"the deadline must be in the future, got {deadline_s:.0f} s from now")
     if budget_usd is not None and budget_usd < 0:
         raise UserInputError(f"the budget must not be negative, got ${budget_usd}")
     if not clusters:
         raise UserInputError("no configurations to consider")
-    options, stats = evaluate(job, clusters, models, runs, seed, prune)
-    front = [options[i] for i in pareto_front([o.point for o in options])]
+    options, stats = evaluate(job, clusters, models, runs, seed, prune, min_accuracy)
+    qualified = [o for o in options if _reaches(o, min_accuracy)]
+    if not qualified:
+        # the most accurate; among equally accurate ones the best time x cost
+        best = max(options, key=lambda o: (round(o.accuracy, 6), -o.point[0] * o.point[1]))
+        msg = (
+            f"no configuration is predicted to reach {min_accuracy:.1%} accuracy; the most accurate is "
+            f"{_desc(best)}"
+        )
+        front = [options[i] for i in pareto_front([o.point for o in options])]
+        return Recommendation(tuple(options), tuple(front), best, False, msg, (), stats)
+    front = [qualified[i] for i in pareto_front([o.point for o in qualified])]
     fastest = front[0]
     cheapest = front[-1]
     ok_time = [o for o in front if deadline_s is None or o.summary.time_mean_s <= deadline_s]
     ok = [o for o in ok_time if budget_usd is None or o.summary.cost_mean_usd <= budget_usd]
 
-    def desc(o: PlanOption) -> str:
-        s = o.summary
-        return (
-            f"{o.cluster.label()}: {format_duration(s.time_mean_s)} (P95 {format_duration(s.time_p95_s)}), "
-            f"${s.cost_mean_usd:.2f} (P95 ${s.cost_p95_usd:.2f})"
-        )
-
+    note = "" if min_accuracy is None else (
+        f" (of the {len(qualified)} configurations predicted to reach {min_accuracy:.1%} accuracy)"
+    )
     if deadline_s is not None:
         if not ok_time:
-            msg = f"no configuration meets {format_duration(deadline_s)}; fastest is {desc(fastest)}"
-            return Recommendation(tuple(options), tuple(front), fastest, False, msg, (), stats)
+            msg = f"no configuration meets {format_duration(deadline_s)}; fastest is {_desc(fastest)}"
+            return Recommendation(tuple(options), tuple(front), fastest, False, msg + note, (), stats)
         if not ok:
             best = min(ok_time, key=lambda o: o.summary.cost_mean_usd)
             msg = (
                 f"no configuration meets {format_duration(deadline_s)} within ${budget_usd:.2f}; "
-                f"cheapest that meets the deadline is {desc(best)}"
+                f"cheapest that meets the deadline is {_desc(best)}"
             )
-            return Recommendation(tuple(options), tuple(front), best, False, msg, (), stats)
+            return Recommendation(tuple(options), tuple(front), best, False, msg + note, (), stats)
         choice = min(ok, key=lambda o: (o.summary.cost_mean_usd, o.summary.time_mean_s))
-        msg = f"cheapest meeting {format_duration(deadline_s)}: {desc(choice)}"
+        msg = f"cheapest meeting {format_duration(deadline_s)}: {_desc(choice)}"
     elif budget_usd is not None:
         if not ok:
-            msg = f"no configuration fits ${budget_usd:.2f}; cheapest is {desc(cheapest)}"
-            return Recommendation(tuple(options), tuple(front), cheapest, False, msg, (), stats)
+            msg = f"no configuration fits ${budget_usd:.2f}; cheapest is {_desc(cheapest)}"
+            return Recommendation(tuple(options), tuple(front), cheapest, False, msg + note, (), stats)
         choice = min(ok, key=lambda o: (o.summary.time_mean_s, o.summary.cost_mean_usd))
-        msg = f"fastest within ${budget_usd:.2f}: {desc(choice)}"
+        msg = f"fastest within ${budget_usd:.2f}: {_desc(choice)}"
     else:
         choice = min(front, key=lambda o: o.summary.time_mean_s * o.summary.cost_mean_usd)
-        msg = f"best time x cost: {desc(choice)}"
+        msg = f"best time x cost: {_desc(choice)}"
     return Recommendation(
-        tuple(options), tuple(front), choice, True, msg, tuple(explain(choice, options, models)), stats
+        tuple(options), tuple(front), choice, True, msg + note, tuple(explain(choice, options, models)), stats
     )
 
 

@@ -163,10 +163,22 @@ class Simulator:
         return [self.run_once(np.random.Generator(np.random.PCG64(int(w)))) for w in words]
 
     def summarize(self, runs: int, seed: int) -> SimSummary:
-        """Mean, P50 and P95 of time and cost, and mean revocations, over ``runs`` seeded runs."""
-        summary = SimSummary.from_runs(self.run_many(runs, seed))
+        """Mean, P50 and P95 of time and cost, and mean revocations, over ``runs`` seeded runs; with an
+        accuracy model also the predicted accuracy's mean and P5 (``extra``: accuracy_mean, accuracy_p5)."""
+        results = self.run_many(runs, seed)
+        summary = SimSummary.from_runs(results)
         summary.extra["deterministic_time_s"] = self.base_time_s
+        if self.models.accuracy is not None:
+            acc = self._accuracy(np.array([r.revocations for r in results], dtype=float))
+            summary.extra["accuracy_mean"] = float(acc.mean())
+            summary.extra["accuracy_p5"] = float(np.percentile(acc, 5))
         return summary
+
+    def _accuracy(self, revocations: np.ndarray) -> np.ndarray:
+        assert self.models.accuracy is not None
+        return np.asarray(
+            self.models.accuracy.final_accuracy(self.cluster.n_workers, self.job.total_steps, revocations), float
+        )
 
     def _static_cost_per_s(self) -> float:
         worker = sum(self._price_s[(s.gpu, s.transient, s.region)] for s in self._slots)

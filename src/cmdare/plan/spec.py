@@ -19,6 +19,7 @@ from cmdare.errors import UnknownNameError, UserInputError
 
 __all__ = [
     "MAX_PS",
+    "AccuracyPredictor",
     "REPLACEMENT_POLICIES",
     "ClusterSpec",
     "JobSpec",
@@ -82,6 +83,16 @@ class PriceBook(Protocol):
         ...
 
 
+@runtime_checkable
+class AccuracyPredictor(Protocol):
+    """Predicted final test accuracy of the workload (the third objective beside time and cost)."""
+
+    def final_accuracy(self, workers: int, steps: int, revocations: np.ndarray) -> np.ndarray:
+        """Accuracy (a fraction) of a run of ``steps`` global steps that started with ``workers``
+        asynchronous workers, for each run's number of revocations."""
+        ...
+
+
 @dataclass(frozen=True)
 class PlanModels:
     """The models one simulation needs, for one workload.
@@ -93,6 +104,7 @@ class PlanModels:
         prices: whole-VM prices.
         checkpoint_s: time one checkpoint of the workload takes (saved by the chief).
         source: where the models come from, for reports.
+        accuracy: predicted final accuracy, or None when no accuracy model applies.
     """
 
     speed: SpeedModel
@@ -101,6 +113,7 @@ class PlanModels:
     prices: PriceBook
     checkpoint_s: float
     source: str = ""
+    accuracy: AccuracyPredictor | None = None
 
 
 @dataclass(frozen=True)

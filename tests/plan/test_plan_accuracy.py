@@ -1,0 +1,124 @@
+"""Accuracy as the planner's third objective: predicted accuracy per run, --min-accuracy, clear failures."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import numpy as np
+import pytest
+from plan_toys import ExpLifetimes, toy_models
+
+from cmdare import cli
+from cmdare.errors import UserInputError
+from cmdare.plan.adapters import PredictedAccuracy
+from cmdare.plan.recommender import enumerate_clusters, recommend
+from cmdare.plan.simulator import simulate
+from cmdare.plan.spec import AccuracyPredictor, ClusterSpec, JobSpec, WorkerGroup
+
+
+class ToyAccuracy:
+    """0.95 with one worker, -1 point per extra worker, -2 points per revocation."""
+
+    def final_accuracy(self, workers: int, steps: int, revocations: np.ndarray) -> np.ndarray:
+        return 0.95 - 0.01 * (workers - 1) - 0.02 * np.asarray(revocations, float)
+
+
+def _models():
+    base = toy_models(ExpLifetimes(5000.0), startup_s=100.0, cap_per_ps=4.0)
+    return dataclasses.replace(base, accuracy=ToyAccuracy())
+
+
+def _clusters():
+    return enumerate_clusters(["a", "b"], ["r1"], max_workers=4, max_ps=2)
+
+
+def test_protocol_and_adapter():
+    assert isinstance(ToyAccuracy(), AccuracyPredictor)
+    real = PredictedAccuracy()
+    assert isinstance(real, AccuracyPredictor)
+    acc = real.final_accuracy(8, 64000, np.array([0, 0, 2]))
+    one = real.final_accuracy(1, 64000, np.array([0]))
+    assert acc.shape == (3,) and acc[0] == acc[1] > acc[2] and one[0] > acc[0]
+    lin = PredictedAccuracy(lr_policy="linear").final_accuracy(8, 64000, np.array([2]))
+    assert lin[0] > acc[2]  # scaling the learning rate with the workers costs less per revocation
+
+
+def test_simulated_runs_differ_in_revocations_and_accuracy():
+    cluster = ClusterSpec((WorkerGroup("a", 4, True, "r1"),), ps=1, region="r1")
+    s = simulate(JobSpec("toy", 20000), cluster, _models(), runs=60, seed=3)
+    assert s.revocations_mean > 0
+    assert s.extra["accuracy_p5"] < s.extra["accuracy_mean"] <= 0.95 - 0.03
+    expected = 0.95 - 0.03 - 0.02 * s.revocations_mean
+    assert s.extra["accuracy_mean"] == pytest.approx(expected)
+    assert "accuracy_mean" not in simulate(JobSpec("toy", 20000), cluster, toy_models(), runs=5).extra
+
+
+def test_min_accuracy_keeps_only_qualifying_configurations():
+    job, models, clusters = JobSpec("toy", 20000), _models(), _clusters()
+    free = recommend(job, clusters, models, runs=30, seed=1)
+    rec = recommend(job, clusters, models, runs=30, seed=1, min_accuracy=0.93)
+    assert rec.constraint_met and rec.front
+    assert all(o.accuracy >= 0.93 for o in rec.front) and rec.choice.accuracy >= 0.93
+    assert min(o.accuracy for o in free.front) < 0.93  # the threshold removed something
+    assert "predicted to reach 93.0% accuracy" in rec.message
+    unpruned = recommend(job, clusters, models, runs=30, seed=1, min_accuracy=0.93, prune=False)
+    assert [o.cluster for o in unpruned.front] == [o.cluster for o in rec.front]
+
+
+def test_unreachable_threshold_names_the_most_accurate():
+    rec = recommend(JobSpec("toy", 20000), _clusters(), _models(), runs=20, seed=1, min_accuracy=0.99)
+    assert not rec.constraint_met
+    best = max(o.accuracy for o in rec.options)
+    assert rec.choice.accuracy == best and rec.choice.cluster.n_workers == 1
+    assert rec.message.startswith("no configuration is predicted to reach 99.0% accuracy; the most accurate is ")
+    assert rec.choice.cluster.label() in rec.message
+
+
+def test_bad_thresholds():
+    job, clusters = JobSpec("toy", 20000), _clusters()[:3]
+    with pytest.raises(UserInputError, match="fraction"):
+        recommend(job, clusters, _models(), runs=2, min_accuracy=91)
+    with pytest.raises(UserInputError, match="no accuracy model"):
+        recommend(job, clusters, toy_models(), runs=2, min_accuracy=0.9)
+
+
+def _cli(monkeypatch, capsys, *args):
+    monkeypatch.setattr(sys, "argv", ["cmdare", *args])
+    monkeypatch.setenv("COLUMNS", "300")
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+PLAN = ["plan", "--model", "resnet32", "--steps", "64000", "--gpus", "k80", "--max-workers", "8", "--runs", "10"]
+
+
+def test_cli_simulate_json_reports_accuracy(monkeypatch, capsys):
+    sim = ["plan", "simulate", "--model", "resnet32", "--steps", "64000", "--runs", "30", "--seed", "1",
+           "--transient", "--json"]
+    one = json.loads(_cli(monkeypatch, capsys, *sim, "--workers", "k80:1")[1])
+    eight = json.loads(_cli(monkeypatch, capsys, *sim, "--workers", "k80:8")[1])
+    assert 0.85 < eight["accuracy"]["mean"] < one["accuracy"]["mean"] < 0.94
+    assert eight["accuracy"]["p5"] <= eight["accuracy"]["mean"]
+    assert eight["time_s"]["mean"] < one["time_s"]["mean"]  # faster, but less accurate
+
+
+def test_cli_min_accuracy(monkeypatch, capsys):
+    code, out, _ = _cli(monkeypatch, capsys, *PLAN, "--min-accuracy", "0.91", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["constraint_met"]
+    assert all(o["accuracy_mean"] >= 0.91 for o in data["front"])
+    code, out, _ = _cli(monkeypatch, capsys, *PLAN, "--min-accuracy", "0.91")
+    assert code == 0 and "accuracy P5" in out and "predicted to reach 91.0% accuracy" in out
+    code, out, _ = _cli(monkeypatch, capsys, *PLAN, "--min-accuracy", "0.97", "--json")
+    data = json.loads(out)
+    assert code == 0 and not data["constraint_met"]
+    assert data["message"].startswith("no configuration is predicted to reach 97.0% accuracy; the most accurate is 1x")
+    code, _, err = _cli(monkeypatch, capsys, *PLAN, "--min-accuracy", "91")
+    assert code == 1 and "fraction" in err and "Traceback" not in err
