@@ -1,0 +1,49 @@
+"""Push staleness grows with asynchronous workers (the ordering, not a fixed accuracy)."""
+
+from __future__ import annotations
+
+from cmdare.measure.recorder import StoreRecorder
+from cmdare.ps.optimizer import OptimizerConfig
+from cmdare.train import Trainer, TrainSpec
+from cmdare.train.callbacks import TrainCallback
+
+
+class _Staleness(TrainCallback):
+    def __init__(self):
+        self.values: list[int] = []
+        self.workers: set[int] = set()
+
+    def on_step(self, report):
+        self.values.extend(report.staleness)
+        if report.staleness:
+            self.workers.add(report.worker_id)
+
+
+def _run(workers: int, tmp_path, recorder=None) -> tuple[_Staleness, object]:
+    spec = TrainSpec(model="resnet8", dataset="digits", workers=workers, ps=1, steps=60, batch_size=16,
+                     optimizer=OptimizerConfig(lr=0.05), checkpoint_every=0, eval_every=0, seed=0, chunk_steps=3)
+    log = _Staleness()
+    summary = Trainer(spec, [log] + ([recorder] if recorder else []), checkpoint_dir=tmp_path / str(workers)).run()
+    return log, summary
+
+
+def test_staleness_grows_with_async_workers(local_ray, tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    one, s1 = _run(1, tmp_path)
+    recorder = StoreRecorder(url)
+    four, s4 = _run(4, tmp_path, recorder)
+    recorder.close()
+    assert s1.status == s4.status == "finished"
+    assert one.values and set(one.values) == {0}  # a lone worker is never stale
+    assert len(four.values) >= 60 and len(four.workers) >= 2
+    mean4 = sum(four.values) / len(four.values)
+    assert mean4 > 0 and max(four.values) >= 1  # others push between a worker's pull and its push
+    # The per-worker histogram reaches the store and agrees with the pushes seen by the callbacks.
+    from cmdare.measure.store.repository import open_store
+
+    store = open_store(url)
+    hist = store.frame("staleness")
+    store.close()
+    hist = hist[hist["run_id"] == s4.run_id]
+    assert hist["count"].sum() == len(four.values)
+    assert (hist["staleness"] * hist["count"]).sum() / hist["count"].sum() == mean4
