@@ -39,11 +39,29 @@ def test_staleness_grows_with_async_workers(local_ray, tmp_path):
     mean4 = sum(four.values) / len(four.values)
     assert mean4 > 0 and max(four.values) >= 1  # others push between a worker's pull and its push
     # The per-worker histogram reaches the store and agrees with the pushes seen by the callbacks.
+    from cmdare.measure.reports import build_report
     from cmdare.measure.store.repository import open_store
 
     store = open_store(url)
     hist = store.frame("staleness")
+    report = build_report("run", store, run_id=s4.run_id)
     store.close()
     hist = hist[hist["run_id"] == s4.run_id]
     assert hist["count"].sum() == len(four.values)
     assert (hist["staleness"] * hist["count"]).sum() / hist["count"].sum() == mean4
+    table = report.tables["staleness"]  # the staleness view of `cmdare report run`
+    assert table["worker_id"].iloc[-1] == "all" and table["pushes"].iloc[-1] == len(four.values)
+    assert table["mean"].iloc[-1] == round(mean4, 3)
+
+
+def test_staleness_table_quantiles():
+    import pandas as pd
+
+    from cmdare.measure.reports.run import staleness_table
+
+    hist = pd.DataFrame({"worker_id": [0, 0, 0, 1], "staleness": [0, 1, 5, 2], "count": [50, 40, 10, 100]})
+    t = staleness_table(hist).set_index("worker_id")
+    assert t.loc["0", "pushes"] == 100 and t.loc["0", "mean"] == 0.9
+    assert t.loc["0", "p50"] == 0 and t.loc["0", "p95"] == 5 and t.loc["0", "max"] == 5
+    assert t.loc["all", "pushes"] == 200 and t.loc["all", "mean"] == 1.45
+    assert staleness_table(hist.iloc[:0]).empty

@@ -1,4 +1,4 @@
-"""``cmdare report run RUN_ID``: one run's throughput over time, events and cost so far."""
+"""``cmdare report run RUN_ID``: one run's throughput over time, events, cost so far and push staleness."""
 
 from __future__ import annotations
 
@@ -35,6 +35,31 @@ def _cost_usd(servers: Any, run: Run, now: float) -> float | None:
     return float(((end - start).clip(lower=0) / 3600 * priced.price_per_hour_usd).sum())
 
 
+def _quantile(values: np.ndarray, counts: np.ndarray, q: float) -> float:
+    """The ``q`` quantile of a histogram (``counts`` pushes had staleness ``values``)."""
+    order = np.argsort(values)
+    cum = np.cumsum(counts[order])
+    return float(values[order][min(np.searchsorted(cum, q * cum[-1]), len(cum) - 1)])
+
+
+def staleness_table(hist: Any) -> Any:
+    """Per-worker push staleness (pushes, mean, P50, P95, max) from the ``staleness`` histogram rows,
+    plus an ``all`` row; empty when the run recorded none."""
+    import pandas as pd
+
+    cols = ["worker_id", "pushes", "mean", "p50", "p95", "max"]
+    if hist is None or not len(hist):
+        return pd.DataFrame(columns=cols)
+    rows = []
+    groups = [(str(int(w)), part) for w, part in hist.groupby("worker_id")] + [("all", hist)]
+    for worker, part in groups:
+        part = part.groupby("staleness", as_index=False)["count"].sum()
+        v, c = part["staleness"].to_numpy(float), part["count"].to_numpy(float)
+        rows.append({"worker_id": worker, "pushes": int(c.sum()), "mean": round(float((v * c).sum() / c.sum()), 3),
+                     "p50": _quantile(v, c, 0.5), "p95": _quantile(v, c, 0.95), "max": float(v.max())})
+    return pd.DataFrame(rows, columns=cols)
+
+
 def build(store: Store, run_id: str | None = None) -> Report:
     """The report of one run (throughput, events, checkpoints, cost)."""
     import pandas as pd
@@ -52,6 +77,8 @@ def build(store: Store, run_id: str | None = None) -> Report:
     ckpts = store.frame("checkpoints", where=lambda c: c.run_id == run_id, order_by=("time",))
     evals = store.frame("eval_metrics", where=lambda c: c.run_id == run_id, order_by=("time",))
     servers = store.frame("servers", where=lambda c: c.run_id == run_id)
+    stale_hist = store.frame("staleness", where=lambda c: c.run_id == run_id)
+    stale_df = staleness_table(stale_hist)
     t0 = run.started_at or (float(steps.time.min()) if len(steps) else 0.0)
     now = run.ended_at or (float(steps.time.max()) if len(steps) else time.time())
     speed = steps[steps.cluster_steps_per_s.notna()]
@@ -88,6 +115,8 @@ def build(store: Store, run_id: str | None = None) -> Report:
         if run.final_accuracy is not None
         else (float(evals.accuracy.iloc[-1]) if len(evals) else None),
         "cost_usd": _cost_usd(servers, run, now),
+        "staleness_mean": float(stale_df["mean"].iloc[-1]) if len(stale_df) else None,
+        "lr_changes": int(kinds.get("lr_change", 0)),
     }
     summary_df = pd.DataFrame({"field": list(summary), "value": [str(v) for v in summary.values()]})
     event_df = (
@@ -99,7 +128,17 @@ def build(store: Store, run_id: str | None = None) -> Report:
     )
 
     def plot(fig: Any) -> None:
-        ax = fig.subplots(1, 1)
+        if len(stale_hist):
+            ax, ax_stale = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2.2, 1]})
+            for k, (worker, part) in enumerate(stale_hist.groupby("worker_id")):
+                part = part.sort_values("staleness")
+                share = part["count"] / part["count"].sum()
+                ax_stale.plot(part["staleness"], share, "o-", ms=3, color=f"C{k % 10}", label=f"worker {worker}")
+            ax_stale.set(xlabel="push staleness (global steps since the pull)", ylabel="fraction of pushes",
+                         title=f"staleness, mean {stale_df['mean'].iloc[-1]:.2f}")
+            ax_stale.legend(fontsize=7)
+        else:
+            ax = fig.subplots(1, 1)
         if len(speed):
             ax.plot(speed.time - t0, speed.cluster_steps_per_s, ".", ms=2, alpha=0.3, color="C0")
             ax.plot(timeline.t_s, timeline.cluster_steps_per_s, "-", color="C0", label="cluster steps/s")
@@ -126,8 +165,8 @@ def build(store: Store, run_id: str | None = None) -> Report:
     return Report(
         "run",
         f"Run {run_id}",
-        {"summary": summary_df, "timeline": timeline, "events": event_df},
+        {"summary": summary_df, "timeline": timeline, "events": event_df, "staleness": stale_df},
         [],
         plot,
-        figsize=(11, 4.5),
+        figsize=(15, 4.5) if len(stale_hist) else (11, 4.5),
     )
