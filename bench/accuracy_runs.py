@@ -105,15 +105,18 @@ def plot(results: dict, plot_dir: Path) -> list[str]:
     scale = results["scale"]
     counts = sorted({r["workers"] for r in scale})
     written = []
+    if not scale:
+        return written + _plot_policies(results, plot_dir, plt)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for n in counts:
         hist: Counter = Counter()
         for r in (r for r in scale if r["workers"] == n):
             hist.update({int(k): v for k, v in r["staleness_hist"].items()})
         total = sum(hist.values())
-        xs = sorted(hist)
-        axes[0].step(xs, [hist[x] / total for x in xs], where="mid", label=f"{n} workers")
-    axes[0].set_xlabel("staleness (global steps since the pull)")
+        xs = [x for x in sorted(hist) if x <= 20]
+        axes[0].plot(xs, [hist[x] / total for x in xs], "o-", ms=3, label=f"{n} workers")
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("staleness (global steps since the pull; up to 20)")
     axes[0].set_ylabel("fraction of pushes")
     axes[0].set_title("push staleness, all seeds pooled")
     axes[0].legend()
@@ -153,7 +156,11 @@ def plot(results: dict, plot_dir: Path) -> list[str]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     written.append(str(path))
+    return written + _plot_policies(results, plot_dir, plt)
 
+
+def _plot_policies(results: dict, plot_dir: Path, plt) -> list[str]:
+    written = []
     if results.get("policies"):
         pol = results["policies"]
         names = list(dict.fromkeys(r["lr_policy"] for r in pol))
@@ -169,11 +176,40 @@ def plot(results: dict, plot_dir: Path) -> list[str]:
         ax.set_ylabel("final test accuracy % (mean +- s.e.)")
         ax.set_title(f"{results['args']['policy_workers']} workers, revocations {results['args']['revocations']}")
         fig.tight_layout()
-        path = plot_dir / "accuracy_lr_policy.png"
+        path = plot_dir / f"accuracy_lr_policy{results['args']['policy_plot_suffix']}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(str(path))
     return written
+
+
+def fit_own(db: str) -> dict:
+    """Fit the accuracy model on the runs recorded in ``db``, per workload; leave-one-run-out MAE next
+    to the baseline that ignores workers and staleness."""
+    from sklearn.base import clone
+
+    from cmdare.measure.store.repository import open_store
+    from cmdare.predict.accuracy import ACCURACY_COLUMNS, AccuracyModel, accuracy_model, own_accuracy_rows
+
+    store = open_store(db)
+    try:
+        rows = own_accuracy_rows(store)
+    finally:
+        store.close()
+    out = {}
+    for workload, part in rows.groupby("workload"):
+        X, y = part[list(ACCURACY_COLUMNS)].to_numpy(float), part["accuracy"].to_numpy(float)
+        if len(y) < 4:
+            continue
+        errs = {}
+        for name, est in (("model", AccuracyModel()), ("baseline", AccuracyModel(use_staleness=False))):
+            pred = [clone(est).fit(np.delete(X, i, 0), np.delete(y, i)).predict(X[i : i + 1])[0] for i in range(len(y))]
+            errs[name] = float(np.mean(np.abs(np.array(pred) - y)))
+        model = accuracy_model(workload, db)
+        out[workload] = {"runs": len(y), "loo_mae_model": round(errs["model"], 4),
+                         "loo_mae_baseline": round(errs["baseline"], 4),
+                         "params": {k: round(v, 5) for k, v in model.params_.items()}}
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -191,10 +227,20 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--revocations", default="every=4")
     ap.add_argument("--startup-s", type=float, default=2.0)
     ap.add_argument("--no-revocations", action="store_true", help="Skip the LR-policy experiment.")
+    ap.add_argument("--no-scale", action="store_true", help="Skip the worker-count experiment.")
+    ap.add_argument("--policy-plot-suffix", default="", help="Suffix of the LR-policy plot's file name.")
     ap.add_argument("--db", default=None, help="Also record every run in this store (SQLAlchemy URL).")
     ap.add_argument("--out", default="docs/img/accuracy_runs.json")
+    ap.add_argument("--replot", action="store_true", help="Only redraw the plots from --out (no runs).")
     ap.add_argument("--plot-dir", default="docs/img")
     args = ap.parse_args(argv)
+    if args.replot:
+        results = json.loads(Path(args.out).read_text())
+        results["args"].setdefault("policy_plot_suffix", args.policy_plot_suffix)
+        written = plot(results, Path(args.plot_dir))
+        own = fit_own(args.db) if args.db else {}
+        print(json.dumps({"plots": written, "own_fit": own}))
+        return {"plots": written, "own_fit": own}
 
     import ray
 
@@ -203,7 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     results: dict = {"args": vars(args), "scale": [], "policies": []}
     try:
-        for seed in range(args.seeds):
+        for seed in range(0 if args.no_scale else args.seeds):
             for n in (int(x) for x in args.workers.split(",")):
                 r = one_run(args, n, seed)
                 results["scale"].append(r)
@@ -234,6 +280,8 @@ def main(argv: list[str] | None = None) -> dict:
         m, e = _mean_ci([r["final_accuracy"] for r in rs])
         summary[f"policy_{p}"] = {"acc_mean": round(m, 4), "acc_se": round(e, 4),
                                   "revocations_mean": float(np.mean([r["revocations"] for r in rs]))}
+    if args.db:
+        summary["own_fit"] = fit_own(args.db)
     print(json.dumps(summary))
     return summary
 

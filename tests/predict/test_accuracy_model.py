@@ -131,3 +131,27 @@ def test_models_evaluate_cli_prints_accuracy_loo(tmp_path):
     rows = pd.DataFrame(json.loads(res.stdout))
     assert set(rows["model"]) == {"cmdare AccuracyModel", "baseline ignoring workers"}
     assert (rows["protocol"] == "loo").all() and (rows["n"] == 7).all()
+
+
+def _cli(monkeypatch, capsys, *args):
+    from cmdare import cli
+
+    monkeypatch.setattr(sys, "argv", ["cmdare", *args])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_predict_accuracy_cli(monkeypatch, capsys):
+    code, out, _ = _cli(monkeypatch, capsys, "predict", "accuracy", "--workers", "8", "--curve")
+    assert code == 0
+    final = float(out.split("%")[0])
+    assert 87.5 < final < 89.5  # the published 88.4-88.8%
+    steps = [float(x.rstrip("%")) for x in out.splitlines()[1].split()[2::3]]
+    assert steps == sorted(steps) and steps[-1] == pytest.approx(final, abs=0.01)
+    code, _, err = _cli(monkeypatch, capsys, "predict", "accuracy", "--workers", "2", "--lr-policy", "bogus")
+    assert code == 1 and "unchanged, linear" in err and "Traceback" not in err

@@ -211,9 +211,11 @@ def published_curve_shape() -> dict[str, float]:
     df = pd.concat(frames)
     df = df[df["Step"] > 100]
     step, acc = df["Step"].to_numpy(float), df["Value"].to_numpy(float)
-    (a, c, d), _ = curve_fit(lambda s, a, c, d: a - c * np.power(s, -d), step, acc, p0=(0.85, 5.0, 0.5),
-                             bounds=([0, 0, 0.05], [1, 1e6, 3]), maxfev=20000)
-    return {"curve_scale": float(c), "curve_exponent": float(d)}
+    # a - (step / s0)**-d, i.e. c = s0**d: well conditioned. The noisy curves fit d from 1 to 2 about
+    # equally well (RMS 0.036 vs 0.035), so d is capped at 1 (learning curves rarely fall faster).
+    (_, s0, d), _ = curve_fit(lambda s, a, s0, d: a - np.power(s / s0, -d), step, acc, p0=(0.85, 1000.0, 0.5),
+                              bounds=([0, 1, 0.1], [1, 1e5, 1.0]), maxfev=20000)
+    return {"curve_scale": float(s0**d), "curve_exponent": float(d)}
 
 
 def own_accuracy_rows(store) -> pd.DataFrame:

@@ -248,3 +248,27 @@ def workloads_cmd() -> None:
             f"{w.name:<11} {w.display_name:<16} FLOPs={w.model_flops:.3e} params={w.num_params:>9} "
             f"tensors={w.num_tensors:>3} checkpoint={w.checkpoint_mb} MB"
         )
+
+
+@predict_app.command("accuracy")
+def accuracy_cmd(
+    workers: int = typer.Option(..., "--workers", min=1, help="Asynchronous workers at the start."),
+    steps: int = typer.Option(64000, "--steps", min=1, help="Global training steps."),
+    batch_size: int = typer.Option(128, "--batch-size", min=1, help="Per-worker batch size."),
+    staleness: float = typer.Option(None, "--staleness", min=0.0, help="Mean push staleness (default: workers-1)."),
+    revocations: int = typer.Option(0, "--revocations", min=0, help="Membership changes during the run."),
+    lr_policy: str = typer.Option("unchanged", "--lr-policy", help="unchanged, linear, sqrt or staleness."),
+    curve: bool = typer.Option(False, "--curve", help="Also print the accuracy at 1/8, 1/4, 1/2 of the steps."),
+) -> None:
+    """Final test accuracy of ResNet-32 on CIFAR-10 (fitted on the published ICAC 2019 points)."""
+    import numpy as np
+
+    from cmdare.predict.accuracy import accuracy_model, policy_code
+
+    row = [workers, np.nan if staleness is None else staleness, batch_size, steps, policy_code(lr_policy), revocations]
+    model = accuracy_model()
+    typer.echo(f"{model.predict([row])[0]:.2%} final test accuracy")
+    if curve:
+        grid = [steps / 8, steps / 4, steps / 2, steps]
+        acc = model.predict_curve(row, grid)
+        typer.echo(" ".join(f"step {g:.0f}: {a:.2%}" for g, a in zip(grid, acc, strict=True)))
