@@ -30,7 +30,7 @@ def local_ray():
     """A single-node local Ray instance for one test module (Ray start costs seconds)."""
     import ray
 
-    ray.init(num_cpus=6, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=6, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
              logging_level="ERROR")
     yield ray
     ray.shutdown()

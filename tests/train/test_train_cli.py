@@ -47,3 +47,23 @@ def test_corrupt_checkpoint_is_refused_and_kept(tmp_path):
     res = _run(["--resume", "run-x", "--model", "resnet8", "--steps", "20"], tmp_path)
     assert res.returncode != 0 and "checksum mismatch" in res.stderr and "Traceback" not in res.stderr
     assert latest_checkpoint(run_dir) == path and path.read_bytes() == bytes(data)  # left as it was
+
+
+def test_ps_commands_refuse_finished_runs_and_the_last_shard(tmp_path):
+    from cmdare.train.balancing import write_status
+
+    env = dict(os.environ, CMDARE_HOME=str(tmp_path))
+    run_dir = tmp_path / "checkpoints" / "run-p"
+
+    def ps(*args):
+        return subprocess.run(CMDARE + ["ps", *args], capture_output=True, text=True, env=env, timeout=60)
+
+    res = ps("add", "run-none")
+    assert res.returncode == 1 and "no running training run" in res.stderr
+    write_status(run_dir, "running", 1, 10)
+    res = ps("remove", "run-p")
+    assert res.returncode == 1 and "last shard" in res.stderr and "Traceback" not in res.stderr
+    assert ps("add", "run-p").returncode == 0 and len(list((run_dir / "control").glob("*.json"))) == 1
+    write_status(run_dir, "finished", 2, 100)
+    res = ps("add", "run-p")
+    assert res.returncode == 1 and "finished" in res.stderr

@@ -45,6 +45,9 @@ def train_command(
     replace: str = typer.Option("same", help="Replacement policy for a lost worker: same | cheapest | none."),
     startup: str = typer.Option("model", help="Replacement start-up delay: 'model' (CM-DARE data) or seconds."),
     lr_policy: str = typer.Option("unchanged", help="LR on membership change: unchanged | linear | sqrt | staleness."),
+    elastic_ps: bool = typer.Option(False, "--elastic-ps", help="Let the PSLD balancer add and remove shards."),
+    balance_every: int = typer.Option(50, help="Steps between load-balancing decisions."),
+    straggler: str = typer.Option(None, help="Slow one shard down, SHARD:FACTOR (e.g. 0:3), for experiments."),
     record: bool = typer.Option(True, "--record/--no-record", help="Record measurements in the store."),
     tensorboard: Path = typer.Option(None, help="Also write TensorBoard scalars to this directory."),
 ) -> None:
@@ -54,6 +57,8 @@ def train_command(
     from cmdare.train.spec import TrainSpec
     from cmdare.train.trainer import Trainer
 
+    if elastic_ps and placement != "psld":
+        raise UserInputError("--elastic-ps needs --placement psld (the PSLD balancer adds and removes shards)")
     if dataset == "cifar10" and data_dir is None:
         raise UserInputError("--dataset cifar10 needs --data-dir DIR (the CIFAR-10 python batches)")
     spec = TrainSpec(model=model, dataset=dataset, data_dir=str(data_dir) if data_dir else None, workers=workers,
@@ -62,7 +67,7 @@ def train_command(
                      checkpoint_every=checkpoint_every, eval_every=eval_every, seed=seed,
                      gpus_per_worker=gpus_per_worker, transient=transient, gpu=gpu, cloud=cloud, region=region,
                      revocations=revocations if transient else None, replace=replace, startup=startup,
-                     lr_policy=lr_policy)
+                     lr_policy=lr_policy, elastic_ps=elastic_ps, balance_every=balance_every, straggler=straggler)
     callbacks = [ProgressCallback(steps)]
     where = "not recorded (--no-record)"
     if record:
@@ -90,5 +95,30 @@ def train_command(
     console.print(f"measurements: {where}; checkpoints: {summary.details.get('checkpoint_dir')}")
 
 
+ps_app = typer.Typer(help="Change the parameter shards of a running training run.", no_args_is_help=True)
+
+
+@ps_app.command("add")
+def ps_add(run: str = typer.Argument(..., help="Run id (see the train summary).")) -> None:
+    """Add one parameter shard to a running run; the coordinator fills it by migrating blocks."""
+    from cmdare.paths import checkpoint_root
+    from cmdare.train.balancing import request_change
+
+    request_change(checkpoint_root() / run, "add")
+    console.print(f"requested: add a shard to {run}")
+
+
+@ps_app.command("remove")
+def ps_remove(run: str = typer.Argument(..., help="Run id."),
+              shard: int = typer.Option(None, help="Shard index to remove (default: the last).")) -> None:
+    """Drain one parameter shard of a running run onto the others and stop it."""
+    from cmdare.paths import checkpoint_root
+    from cmdare.train.balancing import request_change
+
+    request_change(checkpoint_root() / run, "remove", shard)
+    console.print(f"requested: remove shard {'last' if shard is None else shard} of {run}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("train")(train_command)
+    app.add_typer(ps_app, name="ps")

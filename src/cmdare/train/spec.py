@@ -47,6 +47,10 @@ class TrainSpec:
     replace: str = "same"  # same | cheapest | none
     startup: str = "model"  # replacement start-up delay: "model" (CM-DARE data, compressed) or seconds
     lr_policy: str = "unchanged"  # on membership change: unchanged | linear | sqrt | staleness
+    # Parameter-server load distribution (PSLD): live block moves, elastic shards, straggler injection.
+    elastic_ps: bool = False  # let the balancer add and remove shards
+    balance_every: int = 50  # steps between balancing decisions
+    straggler: str | None = None  # "SHARD:FACTOR", e.g. "0:3" makes shard 0 three times slower
 
     def __post_init__(self) -> None:
         for name in ("workers", "ps", "steps", "batch_size", "chunk_steps"):
@@ -59,6 +63,24 @@ class TrainSpec:
             raise UserInputError("resource requests must not be negative")
         if self.chunk_s <= 0:
             raise UserInputError("chunk_s must be positive")
+        if self.balance_every < 1:
+            raise UserInputError("--balance-every must be at least 1")
+        if self.straggler is not None:
+            self.straggler_factor()  # validates
+
+    def straggler_factor(self) -> tuple[int, float] | None:
+        """``(shard, factor)`` from ``straggler`` ("0:3"), or None."""
+        if not self.straggler:
+            return None
+        shard, _, factor = self.straggler.partition(":")
+        try:
+            k, f = int(shard), float(factor)
+        except ValueError:
+            raise UserInputError(f"--straggler must be SHARD:FACTOR (e.g. 0:3), got {self.straggler!r}") from None
+        if not 0 <= k < self.ps or f < 1:
+            raise UserInputError(f"--straggler: shard must be in [0, {self.ps}) and factor >= 1, "
+                                 f"got {self.straggler!r}")
+        return k, f
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able configuration (stored with the run and in checkpoints)."""

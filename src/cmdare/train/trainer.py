@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import os
 import secrets
 import time
@@ -38,8 +39,17 @@ from cmdare.errors import CheckpointError, TransientError, UserInputError
 from cmdare.paths import checkpoint_root
 from cmdare.ps.blocks import ParamInfo, param_infos
 from cmdare.ps.layout import shard_arrays_from_model_flat
+from cmdare.ps.migration import execute as execute_decisions
 from cmdare.ps.placement import Placement, get_placement
+from cmdare.ps.psld.decisions import Decision
 from cmdare.ps.shard import AsyncShardActor, BlockData, SyncShardActor
+from cmdare.train.balancing import (
+    DecisionSource,
+    PsldSource,
+    decisions_for_request,
+    read_requests,
+    write_status,
+)
 from cmdare.train.callbacks import (
     CheckpointReport,
     EvalReport,
@@ -90,12 +100,14 @@ class Trainer:
         resume: continue run ``run_id`` from its latest checkpoint (or from ``resume_from``).
         checkpoint_dir: where checkpoints go (default: the data directory's ``checkpoints/RUN``).
         provider: where servers come from (default: one local Ray node, or the joined cluster).
+        decisions: who changes the placement while training (default: the PSLD balancer when
+            ``spec.placement == "psld"``; ``cmdare ps add|remove`` requests are always honoured).
     """
 
     def __init__(self, spec: TrainSpec, callbacks: Sequence[TrainCallback] = (), *,
                  address: str | None = None, run_id: str | None = None, resume: bool = False,
                  resume_from: str | Path | None = None, checkpoint_dir: str | Path | None = None,
-                 provider: ServerProvider | None = None):
+                 provider: ServerProvider | None = None, decisions: DecisionSource | None = None):
         if resume and run_id is None and resume_from is None:
             raise UserInputError("resume needs the run id or a checkpoint path")
         self.spec = spec
@@ -114,6 +126,9 @@ class Trainer:
         if provider is None:
             provider = RayClusterProvider(startup) if address else LocalProcessProvider(startup)
         self.provider = provider
+        self.decisions = decisions
+        self._planned: list[Decision] = []  # placement changes waiting for the workers to quiesce
+        self.migrations = 0
         self.shards: list[Any] = []
         self.shard_servers: list[Server] = []
         self.workers: dict[int, WorkerHandle] = {}
@@ -168,6 +183,27 @@ class Trainer:
             RevocationClock(self.plan)  # fail fast on an unknown or unreadable lifetime model
         return params, momentum, buffers, step
 
+    def _new_shard(self, k: int, server: Server | None = None) -> Any:
+        """Start shard actor ``k`` (empty) on a new on-demand PS server."""
+        import ray
+
+        spec = self.spec
+        server = server or self.provider.request(self.ps_spec)
+        self.shard_servers.append(server)
+        self._server_event("server_requested", server)
+        opts = {"num_cpus": spec.cpus_per_shard, "max_restarts": 0, **self.provider.actor_options(server)}
+        if spec.sync:
+            actor = ray.remote(SyncShardActor).options(**opts).remote(k, spec.optimizer, spec.steps,
+                                                                     max(1, len(self.workers) or spec.workers))
+        else:
+            actor = ray.remote(AsyncShardActor).options(**opts).remote(k, spec.optimizer, spec.steps)
+        server.actor = actor
+        if self._lr_scale != 1.0:
+            actor.set_lr_scale.remote(self._lr_scale)
+        if spec.lr_policy == "staleness":
+            actor.set_staleness_damping.remote(True)
+        return actor
+
     def _start_shards(self, params: np.ndarray, momentum: np.ndarray, step: int) -> None:
         import ray
 
@@ -175,24 +211,18 @@ class Trainer:
         self.placement = get_placement(spec.placement).place(self.infos, spec.ps)
         values = shard_arrays_from_model_flat(params, self.infos, self.placement)
         moms = shard_arrays_from_model_flat(momentum, self.infos, self.placement)
-        self.shard_servers = [self.provider.request(self.ps_spec) for _ in range(spec.ps)]
-        self.shards = []
-        for k, server in enumerate(self.shard_servers):
-            self._server_event("server_requested", server)
-            opts = {"num_cpus": spec.cpus_per_shard, "max_restarts": 0, **self.provider.actor_options(server)}
-            if spec.sync:
-                actor = ray.remote(SyncShardActor).options(**opts).remote(k, spec.optimizer, spec.steps, spec.workers)
-            else:
-                actor = ray.remote(AsyncShardActor).options(**opts).remote(k, spec.optimizer, spec.steps)
-            server.actor = actor
-            self.shards.append(actor)
+        self.shards = [self._new_shard(k) for k in range(spec.ps)]
         ray.get([s.load.remote(BlockData(tuple(self.placement.blocks_on(k)), values[k], moms[k], step))
                  for k, s in enumerate(self.shards)])
-        if spec.lr_policy == "staleness":
-            ray.get([s.set_staleness_damping.remote(True) for s in self.shards])
+        straggler = spec.straggler_factor()
+        if straggler:
+            ray.get(self.shards[straggler[0]].set_slowdown.remote(straggler[1]))
         for server in self.shard_servers:
             server.joined_at = time.time()
             self._server_event("server_joined", server)
+        if self.decisions is None and spec.placement == "psld":
+            self.decisions = PsldSource(self.placement, elastic=spec.elastic_ps, interval_steps=spec.balance_every,
+                                        seed=spec.seed)
 
     def _start_worker(self, server: Server, slot: int, start_step: int) -> WorkerHandle:
         import ray
@@ -250,6 +280,8 @@ class Trainer:
             raise
         finally:
             summary = self._summary(status, t_start)
+            with contextlib.suppress(OSError):
+                write_status(self.checkpoint_dir, status, len(self.shards), self.global_step)
             self._emit("on_run_end", summary)
             self._shutdown()
         return summary
@@ -261,12 +293,14 @@ class Trainer:
         next_ckpt = _next_multiple(self.global_step, spec.checkpoint_every)
         next_eval = _next_multiple(self.global_step, spec.eval_every)
         next_stats = time.time() + SHARD_STATS_EVERY_S
+        next_balance = self.global_step + spec.balance_every
         inflight: dict[Any, WorkerHandle] = {}
         duties: dict[Any, tuple[str, WorkerHandle]] = {}
         for w in self.workers.values():
             inflight[self._submit(w)] = w
         finished = False
-        while inflight or duties or (not finished and self._pending):
+        write_status(self.checkpoint_dir, "running", len(self.shards), self.global_step)
+        while inflight or duties or self._planned or (not finished and self._pending):
             ready, _ = ray.wait(list(inflight) + list(duties), num_returns=1, timeout=LOOP_TICK_S)
             for ref in ready:
                 if ref in duties:
@@ -281,22 +315,42 @@ class Trainer:
                     continue
                 self._record_chunk(w, res)
                 finished = finished or res.done or self.global_step >= spec.steps
+                if not finished and not self._planned:
+                    # Decide at a chunk boundary, before handing out more work: in synchronous mode every
+                    # worker returns from the same round, so none is left waiting at a shard's barrier.
+                    self._planned = self._poll_decisions(self.global_step >= next_balance)
+                    if self.global_step >= next_balance:
+                        next_balance = self.global_step + spec.balance_every
                 if res.notice is not None:
                     self._on_notice(w, res.notice)
-                elif not finished:
+                elif not finished and not self._planned:
                     inflight[self._submit(w)] = w
             now = time.time()
-            if not finished:
-                self._inject_revocations(now, t_start)
-                for w in self._arrive_replacements(now):
-                    inflight[self._submit(w)] = w
+            if finished:  # a revoked worker's last chunk may take Ray's node-death timeout to fail: skip it
+                self._planned = []
+                for ref in [r for r, w in inflight.items() if w.revoked_at is not None]:
+                    del inflight[ref]
+            else:
+                self._inject_revocations(now)
+                if not self._planned:
+                    for w in self._arrive_replacements(now):
+                        inflight[self._submit(w)] = w
                 if not self.workers and not self._pending:
                     raise TransientError("every worker was lost and --replace none: no worker left to train "
                                          f"(resume from the checkpoint with --resume {self.run_id})")
             if now >= next_stats:
                 self._collect_shard_stats()
                 next_stats = now + SHARD_STATS_EVERY_S
-            if finished or self.chief is None or any(d[0] for d in duties.values()):
+            if finished:
+                continue
+            if self._planned:
+                if not inflight and not duties:  # quiesced: no push in flight, no chief duty running
+                    self._migrate(self._planned)
+                    self._planned = []
+                    for w in self.workers.values():
+                        inflight[self._submit(w)] = w
+                continue
+            if self.chief is None or duties:
                 continue
             if next_ckpt and next_ckpt <= self.global_step < spec.steps:
                 duties[self._checkpoint_ref(self.chief)] = ("checkpoint", self.chief)
@@ -306,7 +360,59 @@ class Trainer:
                 next_eval = _next_multiple(self.global_step, spec.eval_every)
 
     def _submit(self, w: WorkerHandle) -> Any:
-        return w.actor.run_steps.remote(self.spec.chunk_steps, self.spec.chunk_s)
+        # Synchronous workers must end chunks on the same round, so chunks end by step count only.
+        max_s = float("inf") if self.spec.sync else self.spec.chunk_s
+        return w.actor.run_steps.remote(self.spec.chunk_steps, max_s)
+
+    # -- placement changes ---------------------------------------------------------------------
+    def _poll_decisions(self, balance_due: bool) -> list[Decision]:
+        """Placement changes to make now: queued ``cmdare ps`` requests, then the balancer's."""
+        assert self.placement is not None
+        planned: list[Decision] = []
+        for req in read_requests(self.checkpoint_dir):
+            planned.extend(decisions_for_request(req, self.placement))
+        if not planned and self.decisions is not None and (balance_due or self.decisions.every_tick):
+            if balance_due:
+                self._collect_shard_stats()  # closes the current load window (the balancer observes it)
+            planned = self.decisions.decide(self.global_step, self.placement)
+        return planned
+
+    def _migrate(self, decisions: list[Decision]) -> None:
+        """Carry out placement changes on quiesced shards; workers then adopt the new layout."""
+        import ray
+
+        assert self.placement is not None
+        old_n = len(self.shards)
+        result = execute_decisions(decisions, self.shards, self.placement,
+                                   lambda k: self._new_shard(k))
+        self.shards, self.placement = result.shards, result.placement
+        for actor in result.removed:
+            for server in self.shard_servers:
+                if server.actor is actor and server.alive:
+                    server.ended_at, server.end_reason = time.time(), "removed"
+                    self._server_event("server_ended", server, extra={"reason": "removed"})
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        self.shard_servers = [srv for srv in self.shard_servers if srv.alive]
+        t0 = time.perf_counter()
+        ray.get([w.actor.set_layout.remote(self.placement, self.shards) for w in self.workers.values()])
+        if self.spec.sync:
+            ray.get([s.set_num_workers.remote(max(1, len(self.workers))) for s in self.shards])
+        ray.get([s.stats.remote() for s in self.shards])  # fresh load windows under the new placement
+        pause_s = result.pause_s + time.perf_counter() - t0
+        if self.decisions is not None:
+            self.decisions.applied(result.done, self.placement, result.moved_bytes, pause_s)
+        moves = [d for d in result.done if type(d).__name__ == "Move"]
+        self.migrations += len(moves)
+        kind = "ps_move"
+        if len(self.shards) > old_n:
+            kind = "ps_add"
+        elif len(self.shards) < old_n:
+            kind = "ps_remove"
+        self._event(kind, details={"moves": len(moves), "moved_bytes": result.moved_bytes, "pause_s": pause_s,
+                                   "num_shards": len(self.shards), "rolled_back": result.rolled_back,
+                                   "error": result.error, "placement_version": self.placement.version})
+        write_status(self.checkpoint_dir, "running", len(self.shards), self.global_step)
 
     def _final_duties(self) -> None:
         """Final evaluation and checkpoint by the chief (by the next chief if it dies meanwhile)."""
@@ -346,22 +452,23 @@ class Trainer:
         return True
 
     # -- membership ----------------------------------------------------------------------------
-    def _inject_revocations(self, now: float, t_start: float) -> None:
-        if self._clock is None:
+    def _inject_revocations(self, now: float) -> None:
+        """Revoke servers whose injected lifetime ended (only servers whose worker has joined)."""
+        if self._clock is None or self._first_chunk_at is None:
             return
-        due = [w for w in self.workers.values() if w.revoke_at is not None and w.revoke_at <= now
-               and w.revoked_at is None]
-        if self._clock.periodic_due(now, t_start):
-            live = [w for w in self.workers.values() if w.revoked_at is None]
-            if live:
-                due.append(live[int(self._clock.rng.integers(len(live)))])
+        joined = [w for w in self.workers.values() if w.server.joined_at is not None and w.revoked_at is None]
+        due = [w for w in joined if w.revoke_at is not None and w.revoke_at <= now]
+        if self._clock.periodic_due(now, self._first_chunk_at) and joined:
+            pick = joined[int(self._clock.rng.integers(len(joined)))]
+            if pick not in due:
+                due.append(pick)
         for w in due:
             w.revoked_at = time.time()
             self.revocations += 1
-            self._event("revocation", worker_id=w.worker_id, server_id=w.server.server_id,
-                        details={"source": "injected", "uptime_s": w.server.uptime_s(),
-                                 "chief": w is self.chief})
             self.provider.revoke(w.server)
+            self._event("revocation", worker_id=w.worker_id, server_id=w.server.server_id,
+                        details={"source": "injected", "uptime_s": w.server.uptime_s(), "chief": w is self.chief,
+                                 "kill_s": time.time() - w.revoked_at})
 
     def _on_worker_lost(self, w: WorkerHandle, err: Exception | None) -> None:
         """Drop a dead worker, re-elect the chief, ask for a replacement."""
@@ -495,14 +602,19 @@ class Trainer:
                                              res.duration_s, res.loss, self._window_speed(), res.compute_s,
                                              res.comm_s, res.staleness))
 
-    def _collect_shard_stats(self) -> None:
+    def _collect_shard_stats(self) -> list[Any]:
+        """Each shard's counters since the last collection (reported, and returned for the balancer)."""
         import ray
 
         stats = ray.get([s.stats.remote() for s in self.shards])
         now = time.time()
-        for st in stats:
-            self._emit("on_shard", ShardReport(self.run_id, now, self.global_step, st.shard_id, st.pushes,
+        for k, st in enumerate(stats):
+            self._emit("on_shard", ShardReport(self.run_id, now, self.global_step, k, st.pushes,
                                                st.bytes_in, st.bytes_out, st.busy_s, st.num_params))
+        stats = [dataclasses.replace(st, shard_id=k) for k, st in enumerate(stats)]
+        if self.decisions is not None:
+            self.decisions.observe(stats, self.global_step)
+        return stats
 
     def _server_event(self, kind: str, server: Server, worker_id: int | None = None,
                       extra: dict[str, Any] | None = None) -> None:

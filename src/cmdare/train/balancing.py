@@ -1,0 +1,174 @@
+"""Who decides placement changes during a run: the PSLD balancer, a script, or the user.
+
+Each source turns shard measurements into decision lists (:mod:`cmdare.ps.psld.decisions`); the
+coordinator quiesces the workers, carries them out (:mod:`cmdare.ps.migration`) and reports back.
+``cmdare ps add|remove RUN`` drops a command file into the run's control directory; the
+coordinator reads it at its next tick.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from cmdare.errors import DataNotFoundError, UserInputError
+from cmdare.ps.placement import Placement
+from cmdare.ps.psld.decisions import AddShard, Decision, Move, NoChange, RemoveShard
+
+
+class DecisionSource:
+    """Base: sees shard loads, proposes decisions, learns what was carried out.
+
+    The coordinator asks at every ``balance_every`` steps, or at every tick when ``every_tick``.
+    """
+
+    every_tick = False
+
+    def observe(self, stats: Sequence[Any], global_step: int) -> None:  # noqa: B027 - optional
+        """Shard counters of the window that just ended (``ShardStats``)."""
+
+    def decide(self, global_step: int, placement: Placement) -> list[Decision]:
+        return []
+
+    def applied(self, decisions: Sequence[Decision], placement: Placement, moved_bytes: int, pause_s: float) -> None:
+        """The decisions that were carried out and the resulting placement."""
+
+
+class PsldSource(DecisionSource):
+    """The PSLD balancer (UCB exploration over block moves; elastic shards with ``elastic=True``)."""
+
+    def __init__(self, placement: Placement, elastic: bool = False, interval_steps: int = 50, seed: int = 0,
+                 **kwargs: Any):
+        from cmdare.ps.psld import PsldBalancer
+
+        self.balancer = PsldBalancer(placement.num_shards, placement, elastic=elastic,
+                                     interval_steps=interval_steps, seed=seed, **kwargs)
+
+    def observe(self, stats: Sequence[Any], global_step: int) -> None:
+        from cmdare.ps.psld import ShardLoad
+
+        self.balancer.observe([ShardLoad.from_stats(s) for s in stats], global_step)
+
+    def decide(self, global_step: int, placement: Placement) -> list[Decision]:
+        return [d for d in self.balancer.decide(global_step) if not isinstance(d, NoChange)]
+
+    def applied(self, decisions: Sequence[Decision], placement: Placement, moved_bytes: int, pause_s: float) -> None:
+        if decisions:
+            self.balancer.apply(decisions)
+        else:
+            self.balancer.set_placement(placement)
+        self.balancer.observe_migration(moved_bytes, pause_s)
+
+    def add_shard(self) -> list[Decision]:
+        return self.balancer.add_shard()
+
+    def remove_shard(self, shard: int) -> list[Decision]:
+        return self.balancer.remove_shard(shard)
+
+
+class ScriptedSource(DecisionSource):
+    """Decisions given in advance by global step (tests, experiments).
+
+    ``script`` maps a step to a decision list, or to a function of the current placement that
+    returns one (so moves can name the blocks where they are at that time).
+    """
+
+    every_tick = True
+
+    def __init__(self, script: dict[int, list[Decision] | Callable[[Placement], list[Decision]]]):
+        self.script = dict(script)
+
+    def decide(self, global_step: int, placement: Placement) -> list[Decision]:
+        due = sorted(s for s in self.script if s <= global_step)
+        if not due:
+            return []
+        item = self.script.pop(due[0])  # one entry per decision point: each sees the placement it changes
+        return list(item(placement) if callable(item) else item)
+
+
+def fill_moves(placement: Placement, new_shard: int) -> list[Decision]:
+    """Moves that give a new, empty shard its share of the bytes (largest blocks from the fullest shards)."""
+    loads = placement.shard_bytes() + [0] * (new_shard + 1 - placement.num_shards)
+    target = sum(loads) / len(loads)
+    moves: list[Decision] = []
+    for b, s in sorted(zip(placement.blocks, placement.shard_of, strict=True), key=lambda t: -t[0].nbytes):
+        if loads[new_shard] + b.nbytes > target * 1.05 or loads[s] - b.nbytes < loads[new_shard]:
+            continue
+        moves.append(Move(b.block_id, s, new_shard))
+        loads[s] -= b.nbytes
+        loads[new_shard] += b.nbytes
+    return moves
+
+
+def drain_moves(placement: Placement, shard: int) -> list[Decision]:
+    """Moves that empty ``shard`` onto the least-loaded others."""
+    loads = placement.shard_bytes()
+    moves: list[Decision] = []
+    others = [k for k in range(placement.num_shards) if k != shard]
+    for b in sorted(placement.blocks_on(shard), key=lambda b: -b.nbytes):
+        dst = min(others, key=lambda k: loads[k])
+        moves.append(Move(b.block_id, shard, dst))
+        loads[dst] += b.nbytes
+    return moves
+
+
+# -- live-run control files (``cmdare ps add|remove RUN``) -------------------------------------
+def control_dir(run_dir: Path) -> Path:
+    return run_dir / "control"
+
+
+def write_status(run_dir: Path, status: str, num_shards: int, global_step: int) -> None:
+    """The coordinator's view of the run, for the ``cmdare ps`` commands."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / ".status.json.tmp"
+    tmp.write_text(json.dumps({"status": status, "num_shards": num_shards, "global_step": global_step,
+                               "time": time.time()}))
+    tmp.replace(run_dir / "status.json")
+
+
+def request_change(run_dir: Path, action: str, shard: int | None = None) -> Path:
+    """Queue ``add`` or ``remove`` for a running run; refuses finished runs and the last shard."""
+    status_path = run_dir / "status.json"
+    if not status_path.exists():
+        raise DataNotFoundError(f"no running training run at {run_dir} (no status file)")
+    status = json.loads(status_path.read_text())
+    if status["status"] != "running":
+        raise UserInputError(f"run {run_dir.name} is {status['status']}: cannot change its shards")
+    if action == "remove":
+        if status["num_shards"] <= 1:
+            raise UserInputError(f"run {run_dir.name} has one parameter shard: cannot remove the last shard")
+        if shard is not None and not 0 <= shard < status["num_shards"]:
+            raise UserInputError(f"shard {shard} out of range: run {run_dir.name} has {status['num_shards']}")
+    cdir = control_dir(run_dir)
+    cdir.mkdir(parents=True, exist_ok=True)
+    path = cdir / f"{time.time_ns()}-{action}.json"
+    path.write_text(json.dumps({"action": action, "shard": shard}))
+    return path
+
+
+def read_requests(run_dir: Path) -> list[dict[str, Any]]:
+    """Pop the queued control requests, oldest first."""
+    cdir = control_dir(run_dir)
+    if not cdir.is_dir():
+        return []
+    out = []
+    for path in sorted(cdir.glob("*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        finally:
+            path.unlink(missing_ok=True)
+    return out
+
+
+def decisions_for_request(req: dict[str, Any], placement: Placement) -> list[Decision]:
+    """Turn an ``add``/``remove`` request into decisions for the current placement."""
+    if req["action"] == "add":
+        return [AddShard(), *fill_moves(placement, placement.num_shards)]
+    shard = req.get("shard")
+    shard = placement.num_shards - 1 if shard is None else int(shard)
+    if placement.num_shards <= 1 or not 0 <= shard < placement.num_shards:
+        return []
+    return [*drain_moves(placement, shard), RemoveShard(shard)]
