@@ -29,6 +29,14 @@ def _run(args, home):
     ["--dataset", "cifar10", "--data-dir", "/no/such/dir"],
     ["--address", "127.0.0.1:1"],
     ["--placement", "no-such-placement"],
+    ["--gpu", "no-such-gpu"],
+    ["--region", "nowhere-1"],
+    ["--revocations", "lifetime=/no/such/lifetimes.json"],
+    ["--revocations", "every=-2"],
+    ["--replace", "sometimes"],
+    ["--lr-policy", "wild"],
+    ["--straggler", "9:3"],
+    ["--elastic-ps"],
 ])
 def test_bad_input_is_one_line(tmp_path, args):
     res = _run([*args, "--steps", "5"], tmp_path)

@@ -42,6 +42,7 @@ class Server:
     end_reason: str | None = None
     actor: Any = None  # the actor it hosts (set by the coordinator)
     node: Any = None  # the Ray node (cluster provider)
+    speedup: float = 1.0  # time compression of the emulated phases
 
     @property
     def alive(self) -> bool:
@@ -59,6 +60,10 @@ class Server:
         for name, key in (("Provisioning", "provisioning_s"), ("Staging", "staging_s"), ("Booting", "booting_s")):
             if name in self.phases_s:
                 out[key] = self.phases_s[name]
+        if "Provisioning" in self.phases_s:  # phase ends on the (compressed) wall clock
+            out["provisioned_at"] = self.requested_at + self.phases_s["Provisioning"] / self.speedup
+            rest = self.phases_s.get("Staging", 0.0) + self.phases_s.get("Booting", 0.0)
+            out["booted_at"] = out["provisioned_at"] + rest / self.speedup
         return out
 
 
@@ -114,7 +119,7 @@ class ServerProvider(ABC):
         phases = self.startup.sample(spec) if spec.role == "worker" else {}
         now = time.time()
         server = Server(f"{self.kind}-{spec.role}-{n}", spec, now, now + self.startup.wall_s(phases), phases,
-                        notice=notice)
+                        notice=notice, speedup=self.startup.speedup)
         self.servers.append(server)
         return server
 

@@ -49,7 +49,8 @@ def train_command(
     balance_every: int = typer.Option(50, help="Steps between load-balancing decisions."),
     straggler: str = typer.Option(None, help="Slow one shard down, SHARD:FACTOR (e.g. 0:3), for experiments."),
     record: bool = typer.Option(True, "--record/--no-record", help="Record measurements in the store."),
-    tensorboard: Path = typer.Option(None, help="Also write TensorBoard scalars to this directory."),
+    tensorboard: Path = typer.Option(None, help="TensorBoard directory (default: the data directory's "
+                                     "tensorboard/RUN); 'none' to skip."),
 ) -> None:
     """Train a CNN with parameter-server training on Ray and record measurements."""
     from cmdare.ps.optimizer import OptimizerConfig
@@ -79,11 +80,16 @@ def train_command(
         url = default_db_url()
         callbacks.append(StoreRecorder(url))
         where = make_url(url).render_as_string(hide_password=True)
-    if tensorboard:
+    from cmdare.paths import data_dir
+    from cmdare.train.trainer import new_run_id
+
+    run_id = resume or new_run_id()
+    if str(tensorboard).lower() != "none":
         from cmdare.measure.tensorboard import TensorBoardCallback
 
-        callbacks.append(TensorBoardCallback(str(tensorboard)))
-    trainer = Trainer(spec, callbacks, address=address, run_id=resume, resume=resume is not None)
+        tb_dir = tensorboard or data_dir() / "tensorboard" / run_id
+        callbacks.append(TensorBoardCallback(str(tb_dir)))
+    trainer = Trainer(spec, callbacks, address=address, run_id=run_id, resume=resume is not None)
     summary = trainer.run()
     acc = f"{summary.final_accuracy:.3f}" if summary.final_accuracy is not None else "-"
     console.print(f"[bold]run {summary.run_id}[/] {summary.status}: step {summary.global_step}, "
