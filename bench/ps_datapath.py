@@ -31,6 +31,9 @@ import time
 import numpy as np
 
 VARIANTS = ("cmdare", "naive_ray", "gloo", "floor")
+# Where the time goes, measured in the same rounds: one ray.put of the model, the shard's update,
+# the worker's copy into its flat buffer, and an empty actor call (Ray's per-call overhead).
+PARTS = ("part_put", "part_update", "part_copyto", "part_rpc")
 
 
 class NaivePS:
@@ -48,6 +51,9 @@ class NaivePS:
 
     def pull(self) -> np.ndarray:
         return self.params
+
+    def noop(self) -> None:
+        return None
 
     def torch_threads(self) -> int:
         import torch
@@ -122,7 +128,7 @@ def main() -> None:
     import torch
 
     from cmdare.ps.blocks import Block
-    from cmdare.ps.optimizer import OptimizerConfig, sgd_update
+    from cmdare.ps.optimizer import UPDATE_CHUNK_ELEMS, OptimizerConfig, sgd_update
     from cmdare.ps.shard import AsyncShardActor, BlockData
 
     torch.set_num_threads(1)  # the driver plays a 1-CPU worker
@@ -158,7 +164,16 @@ def main() -> None:
             ref_out = ray.put(f_params)
             del ref_in, ref_out
 
-        local = {"cmdare": step_cmdare, "naive_ray": step_naive, "floor": step_floor}
+        u_params, u_buf, u_scratch = params0.copy(), np.zeros_like(params0), np.empty(UPDATE_CHUNK_ELEMS, np.float32)
+
+        def part_put() -> None:
+            ref = ray.put(grad)
+            del ref
+
+        local = {"cmdare": step_cmdare, "naive_ray": step_naive, "floor": step_floor, "part_put": part_put,
+                 "part_update": lambda: sgd_update(u_params, grad, u_buf, cfg.lr, cfg, u_scratch),
+                 "part_copyto": lambda: np.copyto(flat, grad),
+                 "part_rpc": lambda: ray.get(naive.noop.remote())}
 
         def timed(fn, n: int) -> list[float]:
             out = []
@@ -169,13 +184,13 @@ def main() -> None:
             return out
 
         t_start = time.perf_counter()
-        for name in VARIANTS:  # warm-up: the first tens of calls are several times slower
+        for name in VARIANTS + PARTS:  # warm-up: the first tens of calls are several times slower
             gloo.run(args.warmup) if name == "gloo" else timed(local[name], args.warmup)
-        samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
-        round_medians: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        samples: dict[str, list[float]] = {v: [] for v in VARIANTS + PARTS}
+        round_medians: dict[str, list[float]] = {v: [] for v in VARIANTS + PARTS}
         for r in range(args.rounds):
             order = VARIANTS[r % 4:] + VARIANTS[:r % 4]  # rotate the order each round
-            for name in order:
+            for name in order + PARTS:
                 ts = gloo.run(args.iters) if name == "gloo" else timed(local[name], args.iters)
                 samples[name].extend(ts)
                 round_medians[name].append(statistics.median(ts))
@@ -185,7 +200,7 @@ def main() -> None:
         gloo.close()
         ray.shutdown()
 
-    med = {v: statistics.median(samples[v]) * 1e3 for v in VARIANTS}
+    med = {v: statistics.median(samples[v]) * 1e3 for v in VARIANTS + PARTS}
     result = {
         "benchmark": "ps_datapath",
         "model_mb": args.mb,
@@ -203,6 +218,7 @@ def main() -> None:
         # spread of the per-round medians (min, max) in ms: a wide spread means a noisy machine
         "round_median_spread_ms": {v: [round(min(m) * 1e3, 3), round(max(m) * 1e3, 3)]
                                    for v, m in round_medians.items()},
+        "parts_ms": {p.removeprefix("part_"): round(med[p], 3) for p in PARTS},
         "p90_ms": {v: round(float(np.percentile(samples[v], 90)) * 1e3, 3) for v in VARIANTS},
         "samples_per_variant": args.rounds * args.iters,
         "actor_torch_threads": actor_threads,

@@ -1,6 +1,7 @@
 """Training overhead: 1 worker + 1 shard (cmdare Trainer, async) against a plain PyTorch loop.
 
-For each model, A/B rounds alternate (so machine drift hits both alike):
+For each model, A/B rounds alternate, a plain run before and after every cmdare run (so machine drift
+hits both alike; a round's plain figure is the mean of the two around it):
 
 * ``plain``: a single-process PyTorch loop in this process, ``torch.set_num_threads(1)`` (the worker
   actor gets 1 CPU), the same model, batch stream and SGD (momentum, weight decay) as the run;
@@ -30,8 +31,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 CONFIGS = {
     # name: (model, dataset, batch, plain warm-up steps, plain timed steps, cmdare steps)
-    "small": ("resnet8", "digits", 32, 100, 300, 500),
-    "big": ("resnet32", "synthetic", 32, 3, 20, 60),
+    "small": ("resnet8", "digits", 32, 100, 300, 400),
+    "big": ("resnet32", "synthetic", 32, 3, 15, 45),
 }
 
 
@@ -118,9 +119,13 @@ def main() -> None:
         for name in args.configs.split(","):
             model, dataset, batch, warm, timed, steps = CONFIGS[name]
             plain, runs = [], []
+            before = plain_steps_per_s(model, dataset, batch, warm, timed)
             for _ in range(args.rounds):
-                plain.append(plain_steps_per_s(model, dataset, batch, warm, timed))
+                # plain runs sandwich each cmdare run; the round's plain figure is their mean
                 runs.append(cmdare_steps_per_s(model, dataset, batch, steps, args.skip))
+                after = plain_steps_per_s(model, dataset, batch, warm, timed)
+                plain.append((before + after) / 2)
+                before = after
             c = [r["steps_per_s"] for r in runs]
             ratios = [ci / pi for ci, pi in zip(c, plain, strict=True)]  # per round (adjacent in time)
             out[name] = {
