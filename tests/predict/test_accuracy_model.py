@@ -93,7 +93,7 @@ def test_fit_from_store_runs(tmp_path):
 
     url = f"sqlite:///{tmp_path / 'acc.db'}"
     store = open_store(url)
-    rows = []
+    rows, evals = [], []
     accs = {1: 0.98, 2: 0.97, 4: 0.93, 8: 0.60}
     with store.session() as s:
         for n, acc in accs.items():
@@ -105,15 +105,25 @@ def test_fit_from_store_runs(tmp_path):
                           final_accuracy=acc + 0.005 * seed, summary={"revocations": 0}))
                 for k in range(n):
                     rows.append({"run_id": rid, "worker_id": 0, "staleness": k, "count": 10})
+                for step in (50, 100, 200):
+                    evals.append({"run_id": rid, "time": 0.0, "global_step": step, "worker_id": 0,
+                                  "accuracy": acc - 30.0 / step, "loss": 0.1})
         s.add(Run(run_id="imported", config={}, status="finished", final_accuracy=0.5))
     store.insert_rows("staleness", rows)
+    store.insert_rows("eval_metrics", evals)
     frame = own_accuracy_rows(store)
+    with_curves = own_accuracy_rows(store, curves=True)
     store.close()
+    assert len(with_curves) == 8 * 4 and (~with_curves["final"]).sum() == 24
     assert len(frame) == 8 and set(frame["workload"]) == {"resnet8/digits/lr=0.1"}
     assert frame.loc[frame["workers"] == 4, "staleness"].iloc[0] == pytest.approx(1.5)
     model = accuracy_model("resnet8/digits/lr=0.1", url)
     pred = model.predict(frame[list(ACCURACY_COLUMNS)].to_numpy(float))
     assert np.mean(np.abs(pred - frame["accuracy"].to_numpy())) < 0.05
+    curve_model = accuracy_model("resnet8/digits/lr=0.1", url, curves=True)
+    assert "c" in curve_model.free_ and "c" not in model.free_  # the curve shape is learned from evaluations
+    early, late = curve_model.predict_curve(frame[list(ACCURACY_COLUMNS)].to_numpy(float)[0], [50, 300])
+    assert early < late
     from cmdare.errors import DataNotFoundError
 
     with pytest.raises(DataNotFoundError, match="resnet8/digits"):

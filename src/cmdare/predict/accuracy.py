@@ -218,10 +218,11 @@ def published_curve_shape() -> dict[str, float]:
     return {"curve_scale": float(s0**d), "curve_exponent": float(d)}
 
 
-def own_accuracy_rows(store) -> pd.DataFrame:
+def own_accuracy_rows(store, curves: bool = False) -> pd.DataFrame:
     """cmdare's own finished runs in the store, one row per run: :data:`ACCURACY_COLUMNS`, ``accuracy``,
-    ``workload`` (``model/dataset/lr=...``) and ``run_id``. Staleness is the measured mean; runs that
-    recorded none (e.g. imported runs) are skipped."""
+    ``workload`` (``model/dataset/lr=...``), ``run_id`` and ``final`` (True). Staleness is the measured
+    mean; runs that recorded none (e.g. imported runs) are skipped. ``curves`` adds a row per
+    evaluation before the end (``final`` False; revocations pro rata), so the curve shape can be fitted."""
     runs = store.frame("runs")
     runs = runs[(runs["status"] == "finished") & runs["final_accuracy"].notna()]
     stale = store.frame("staleness")
@@ -239,14 +240,28 @@ def own_accuracy_rows(store) -> pd.DataFrame:
             "batch_size": float(cfg.get("batch_size", 32)), "steps": float(r.final_step or cfg.get("steps", 0)),
             "lr_policy": float(LR_POLICY_CODES.get(cfg.get("lr_policy", "unchanged"), 0)),
             "revocations": float(summary.get("revocations", 0)), "accuracy": float(r.final_accuracy),
-            "workload": f"{cfg.get('model')}/{cfg.get('dataset')}/lr={lr}", "run_id": r.run_id,
+            "workload": f"{cfg.get('model')}/{cfg.get('dataset')}/lr={lr}", "run_id": r.run_id, "final": True,
         })
-    return pd.DataFrame(rows, columns=[*ACCURACY_COLUMNS, "accuracy", "workload", "run_id"])
+    cols = [*ACCURACY_COLUMNS, "accuracy", "workload", "run_id", "final"]
+    out = pd.DataFrame(rows, columns=cols)
+    if curves and len(out):
+        evals = store.frame("eval_metrics")
+        extra = []
+        for r in out.itertuples():
+            part = evals[(evals["run_id"] == r.run_id) & (evals["global_step"] < r.steps)]
+            for e in part.itertuples():
+                extra.append({**r._asdict(), "steps": float(e.global_step), "accuracy": float(e.accuracy),
+                              "revocations": r.revocations * e.global_step / r.steps, "final": False})
+        if extra:
+            out = pd.concat([out, pd.DataFrame(extra)[cols]], ignore_index=True)
+    return out
 
 
-def accuracy_model(workload: str | None = None, db_url: str | None = None) -> AccuracyModel:
+def accuracy_model(workload: str | None = None, db_url: str | None = None, curves: bool = False) -> AccuracyModel:
     """A fitted :class:`AccuracyModel`: on the published ResNet-32/CIFAR-10 points (default), or on
-    cmdare's own runs of ``workload`` (``model/dataset/lr=...`` as in :func:`own_accuracy_rows`).
+    cmdare's own runs of ``workload`` (``model/dataset/lr=...`` as in :func:`own_accuracy_rows`): their
+    final accuracies, and with ``curves`` also their evaluations along the way (fits the curve shape,
+    at some cost in final-accuracy error: the additive form is a compromise over the whole curve).
 
     Raises:
         DataNotFoundError: if the store has fewer than 2 runs of ``workload``.
@@ -258,13 +273,14 @@ def accuracy_model(workload: str | None = None, db_url: str | None = None) -> Ac
 
     store = open_store(db_url)
     try:
-        rows = own_accuracy_rows(store)
+        rows = own_accuracy_rows(store, curves=curves)
     finally:
         store.close()
     part = rows[rows["workload"] == workload]
-    if len(part) < 2:
+    if part["final"].sum() < 2:
         known = sorted(set(rows["workload"]))
-        raise DataNotFoundError(f"need at least 2 finished runs of {workload!r} in the store, have {len(part)}; "
+        raise DataNotFoundError(f"need at least 2 finished runs of {workload!r} in the store, have "
+                                f"{int(part['final'].sum())}; "
                                 f"workloads there: {', '.join(known) or 'none'}")
     return AccuracyModel().fit(part[list(ACCURACY_COLUMNS)].to_numpy(float), part["accuracy"].to_numpy(float))
 
