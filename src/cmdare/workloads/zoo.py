@@ -8,6 +8,7 @@ from torch import nn
 
 from cmdare.workloads.registry import register_model
 from cmdare.workloads.resnet import CUSTOM_RESNETS, HE_RESNETS, CifarResNet
+from cmdare.workloads.resnet_fc import resnet8_fc
 from cmdare.workloads.shake_shake import SHAKE_SHAKE_WIDTHS, ShakeShakeNet
 
 
@@ -45,3 +46,5 @@ def register_builtin_models() -> None:
         )
     for name, width in SHAKE_SHAKE_WIDTHS.items():
         register_model(name, partial(_shake, width), f"Shake-Shake-26 2x{width}d", replace=True)
+    register_model("resnet8_fc", resnet8_fc, "ResNet-8 trunk + Linear(4096, 1024) head: one 4.2M-parameter "
+                   "tensor among small ones (PS load-balancing benchmarks)", replace=True)
