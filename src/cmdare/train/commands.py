@@ -48,6 +48,8 @@ def train_command(
     elastic_ps: bool = typer.Option(False, "--elastic-ps", help="Let the PSLD balancer add and remove shards."),
     balance_every: int = typer.Option(50, help="Steps between load-balancing decisions."),
     straggler: str = typer.Option(None, help="Slow one shard down, SHARD:FACTOR (e.g. 0:3), for experiments."),
+    auto_mitigate: bool = typer.Option(False, "--auto-mitigate",
+                                       help="Act on detected bottlenecks: add a PS shard, unload a straggler."),
     record: bool = typer.Option(True, "--record/--no-record", help="Record measurements in the store."),
     tensorboard: Path = typer.Option(None, help="TensorBoard directory (default: the data directory's "
                                      "tensorboard/RUN); 'none' to skip."),
@@ -68,7 +70,8 @@ def train_command(
                      checkpoint_every=checkpoint_every, eval_every=eval_every, seed=seed,
                      gpus_per_worker=gpus_per_worker, transient=transient, gpu=gpu, cloud=cloud, region=region,
                      revocations=revocations if transient else None, replace=replace, startup=startup,
-                     lr_policy=lr_policy, elastic_ps=elastic_ps, balance_every=balance_every, straggler=straggler)
+                     lr_policy=lr_policy, elastic_ps=elastic_ps, balance_every=balance_every, straggler=straggler,
+                     auto_mitigate=auto_mitigate)
     callbacks = [ProgressCallback(steps)]
     where = "not recorded (--no-record)"
     if record:

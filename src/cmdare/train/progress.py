@@ -7,6 +7,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cmdare.train.callbacks import EvalReport, EventReport, RunInfo, RunSummary, StepReport, TrainCallback
 
+_SHOWN = {"revocation", "notice", "worker_lost", "replacement_joined", "chief_change", "shard_lost",
+          "shard_restored", "ps_add", "ps_remove", "bottleneck"}
+
 
 class ProgressCallback(TrainCallback):
     """Shows a live progress bar on the console (stderr by default)."""
@@ -34,8 +37,9 @@ class ProgressCallback(TrainCallback):
         self.progress.update(self.task, acc=f"{report.accuracy:.3f}")
 
     def on_event(self, report: EventReport) -> None:
-        if report.kind not in ("checkpoint",):
-            self.progress.console.log(f"{report.kind} at step {report.global_step} {report.details or ''}")
+        if report.kind in _SHOWN or (report.kind == "mitigation" and report.details.get("phase") != "recommendation"):
+            who = f" worker {report.worker_id}" if report.worker_id is not None else ""
+            self.progress.console.log(f"step {report.global_step}: {report.kind}{who}")
 
     def on_run_end(self, summary: RunSummary) -> None:
         self.progress.update(self.task, completed=min(summary.global_step, self.total))

@@ -51,6 +51,7 @@ class TrainSpec:
     elastic_ps: bool = False  # let the balancer add and remove shards
     balance_every: int = 50  # steps between balancing decisions
     straggler: str | None = None  # "SHARD:FACTOR", e.g. "0:3" makes shard 0 three times slower
+    auto_mitigate: bool = False  # act on detected bottlenecks (add a shard, unload a straggler)
 
     def __post_init__(self) -> None:
         for name in ("workers", "ps", "steps", "batch_size", "chunk_steps"):

@@ -63,6 +63,7 @@ from cmdare.train.callbacks import (
 from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
 from cmdare.train.cluster import ensure_ray
 from cmdare.train.membership import Replace, elect_chief, get_replacement_policy, lr_scale
+from cmdare.train.mitigation import BottleneckWatch, CompositeSource
 from cmdare.train.spec import TrainSpec
 from cmdare.train.worker import ChunkResult, Worker
 
@@ -220,9 +221,14 @@ class Trainer:
         for server in self.shard_servers:
             server.joined_at = time.time()
             self._server_event("server_joined", server)
-        if self.decisions is None and spec.placement == "psld":
-            self.decisions = PsldSource(self.placement, elastic=spec.elastic_ps, interval_steps=spec.balance_every,
-                                        seed=spec.seed)
+        if self.decisions is None:
+            sources: list[DecisionSource] = []
+            if spec.placement == "psld":
+                sources.append(PsldSource(self.placement, elastic=spec.elastic_ps, interval_steps=spec.balance_every,
+                                          seed=spec.seed))
+            sources.append(BottleneckWatch(lambda kind, details: self._event(kind, details=details),
+                                           auto=spec.auto_mitigate))
+            self.decisions = CompositeSource(sources)
 
     def _start_worker(self, server: Server, slot: int, start_step: int) -> WorkerHandle:
         import ray
@@ -597,6 +603,8 @@ class Trainer:
         self._speed.append((now, self.global_step))
         while len(self._speed) > 2 and now - self._speed[0][0] > SPEED_WINDOW_S:
             self._speed.popleft()
+        if res.steps and self.decisions is not None and hasattr(self.decisions, "observe_chunk"):
+            self.decisions.observe_chunk(res.worker_id, res.steps, res.duration_s, res.compute_s)
         if res.steps:
             self._emit("on_step", StepReport(self.run_id, now, self.global_step, res.worker_id, res.steps,
                                              res.duration_s, res.loss, self._window_speed(), res.compute_s,

@@ -1,0 +1,71 @@
+"""Bottleneck detection and mitigation: the decision logic alone, then on a live run."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from cmdare.ps.blocks import param_infos
+from cmdare.ps.placement import RoundRobin
+from cmdare.ps.psld.decisions import AddShard, Move
+from cmdare.train import Trainer, TrainSpec
+from cmdare.train.callbacks import TrainCallback
+from cmdare.train.mitigation import BottleneckWatch
+
+
+def _stats(busy_s, window_s=2.0):
+    return SimpleNamespace(busy_s=busy_s, window_s=window_s)
+
+
+def test_saturated_shard_is_detected_and_a_shard_added_then_the_effect_reported():
+    events = []
+    watch = BottleneckWatch(lambda kind, d: events.append((kind, d)), auto=True)
+    placement = RoundRobin().place(param_infos([("a", (1000,)), ("b", (3000,)), ("c", (10,))]), 1)
+    watch.observe([_stats(1.9)], 10)
+    for w in range(3):  # each worker: 10 steps in 2 s, of which 0.5 s computing: could do 20 steps/s
+        watch.observe_chunk(w, 10, 2.0, 0.5)
+    decisions = watch.decide(50, placement)
+    assert isinstance(decisions[0], AddShard) and all(isinstance(d, Move) and d.dst == 1 for d in decisions[1:])
+    assert len(decisions) > 1
+    kinds = [k for k, _ in events]
+    assert kinds == ["bottleneck", "mitigation"] and events[0][1]["diagnosis"] == "ps_saturated"
+    assert events[1][1]["phase"] == "action" and events[1][1]["action"] == "AddShard"
+    # after the new shard: faster, shards no longer saturated -> the effect is reported, no new action
+    watch.observe([_stats(0.8), _stats(0.7)], 60)
+    for w in range(3):
+        watch.observe_chunk(w, 18, 2.0, 0.9)
+    assert watch.decide(100, placement) == []
+    effect = [d for k, d in events if k == "mitigation" and d["phase"] == "effect"][0]
+    assert effect["speedup"] > 1.5
+
+
+def test_detection_only_without_auto_mitigate_recommends_and_changes_nothing():
+    events = []
+    watch = BottleneckWatch(lambda kind, d: events.append((kind, d)), auto=False)
+    placement = RoundRobin().place(param_infos([("a", (1000,))]), 1)
+    watch.observe([_stats(1.95)], 10)
+    watch.observe_chunk(0, 10, 2.0, 0.5)
+    assert watch.decide(50, placement) == []
+    assert events[-1][1]["phase"] == "recommendation"
+
+
+class _Log(TrainCallback):
+    def __init__(self):
+        self.events = []
+
+    def on_event(self, r):
+        self.events.append(r)
+
+
+def test_overloaded_ps_on_a_live_run_gets_a_second_shard(local_ray, tmp_path):
+    # CM-DARE's case: one PS saturates (here: a model with one 4M-parameter tensor and a 3x slow PS)
+    spec = TrainSpec(model="resnet8_fc", dataset="digits", workers=3, ps=1, steps=240, batch_size=32,
+                     checkpoint_every=0, eval_every=0, seed=0, straggler="0:3", auto_mitigate=True,
+                     balance_every=60)
+    log = _Log()
+    summary = Trainer(spec, [log], checkpoint_dir=tmp_path).run()
+    assert summary.status == "finished" and summary.global_step == 240
+    found = [e for e in log.events if e.kind == "bottleneck" and e.details["diagnosis"] == "ps_saturated"]
+    assert found, [e.details for e in log.events if e.kind == "bottleneck"]
+    assert [e for e in log.events if e.kind == "ps_add"]
+    effect = [e for e in log.events if e.kind == "mitigation" and e.details.get("phase") == "effect"]
+    assert effect and effect[0].details["speedup"] > 1.0
