@@ -1,0 +1,443 @@
+"""The planner's simulator against a real local cmdare run under injected revocations (issue 7).
+
+One real run: ``W`` emulated transient workers + 1 PS on the local Ray node, revocations injected by
+an exponential lifetime model (mean ``--lifetime-mean-s``, saved as a model file and passed as
+``lifetime=FILE,speedup=1,seed=N``), replacement ``same`` after a fixed emulated start-up delay
+(``startup=S``). From the run's own reports we measure:
+
+* the training wall time: start of the first chunk to the report that reaches the target step
+  (Ray and actor start-up excluded, like the simulator's t=0);
+* the cluster speed per live-worker count (global steps over time in the intervals with that many
+  workers live): on 2 shared cores W workers are not W x one worker, so the simulator gets the table;
+* the replacement delay actually observed (``replacement_joined.recovery_s``: revocation to the
+  replacement's first chunk: detection + emulated start-up + actor start + first pull);
+* the engine's lifetime clock offsets: an initial worker's lifetime runs from its *request* (before
+  actor start) and a replacement's from its *ready* time (request + start-up), while the simulator
+  counts every lifetime from the request at its t=0 / at the revocation. The Monte Carlo sampler
+  shifts the draws by these measured offsets so both count the same way.
+
+Then the same job is simulated through :mod:`cmdare.plan` with :mod:`cmdare.plan.replay` models:
+
+* ``replay``: the real run's own revocation schedule (:class:`ScriptedLifetimes`), one deterministic run;
+* ``sim``: the lifetime model, ``--runs`` seeded runs (mean, P50, P95) - the issue's comparison.
+
+``error_pct`` = |sim mean - real| / real. Usage::
+
+    .venv/bin/python bench/sim_vs_real.py [--workers 3] [--steps 1500] [--lifetime-mean-s 30]
+        [--startup-s 3] [--seed 7] [--runs 2000]
+
+Prints one JSON object as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+#: The simulator's worker type for the emulated local workers.
+GPU = "local"
+
+
+@dataclass(frozen=True)
+class Revocations:
+    """How revocations are injected: ``lifetime`` (exponential, mean ``mean_s``, from each server's
+    start) or ``every`` (one random training worker every ``every_s`` s, the first ``first_s`` s in)."""
+
+    mode: str = "lifetime"
+    mean_s: float = 45.0
+    every_s: float = 10.0
+    first_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("lifetime", "every"):
+            raise ValueError(f"unknown revocation mode {self.mode!r}; valid: lifetime, every")
+
+
+@dataclass
+class RealRun:
+    """What one real run reported."""
+
+    steps: int
+    workers: int
+    steps_log: list[tuple[float, int, float]] = field(default_factory=list)  # (time, global_step, duration_s)
+    events: list[Any] = field(default_factory=list)
+    summary: Any = None
+
+
+def real_run(steps: int, workers: int, revocations: Revocations, startup_s: float, seed: int,
+             workdir: Path, model: str = "resnet8") -> RealRun:
+    """One real local cmdare run with injected revocations; Ray is started here (if not running)."""
+    import ray
+
+    from cmdare.measure.lifetime_models import ExponentialLifetime
+    from cmdare.train import Trainer, TrainSpec
+    from cmdare.train.callbacks import TrainCallback
+
+    if revocations.mode == "lifetime":
+        model_path = workdir / "lifetime.json"
+        model_path.write_text(json.dumps(ExponentialLifetime(revocations.mean_s).to_dict()))
+        text = f"lifetime={model_path},speedup=1,seed={seed}"
+    else:
+        text = f"every={revocations.every_s},first={revocations.first_s},seed={seed}"
+    out = RealRun(steps, workers)
+
+    class Recorder(TrainCallback):
+        def on_step(self, report):  # noqa: ANN001 - TrainCallback hook
+            out.steps_log.append((report.time, report.global_step, report.duration_s))
+
+        def on_event(self, report):  # noqa: ANN001
+            out.events.append(report)
+
+    spec = TrainSpec(model=model, dataset="digits", workers=workers, ps=1, steps=steps, batch_size=32,
+                     checkpoint_every=0, eval_every=0, seed=seed, transient=True,
+                     revocations=text, replace="same",
+                     startup=str(startup_s))
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=6, _node_ip_address="127.0.0.1", include_dashboard=False,
+                 logging_level=logging.ERROR, log_to_driver=False)
+    try:
+        out.summary = Trainer(spec, [Recorder()], checkpoint_dir=workdir / "ckpt").run()
+    finally:
+        if started:
+            ray.shutdown()
+    return out
+
+
+@dataclass
+class Observed:
+    """Figures measured from a real run, in seconds since the first chunk started (t0)."""
+
+    wall_s: float
+    speed_table: dict[int, float]  # live workers -> cluster steps/s
+    time_at_count_s: dict[int, float]
+    recovery_s: list[float]
+    initial_offset_s: list[float]  # per initial slot: t0 - request (lifetime already spent at t0)
+    replacement_offset_s: list[float]  # per replacement: ready - revocation (its lifetime starts later)
+    script: list[float]  # the run's lifetimes in the simulator's slot-major order
+    replay_delays_s: list[float]  # per replacement, in request order: revocation to first chunk
+    revocations: int
+    startup_s: float  # the RunSummary's Ray + actor start-up, excluded from wall_s
+
+
+def _step_at(log: np.ndarray, t: float) -> float:
+    """Global step at time ``t``, interpolated between reports."""
+    return float(np.interp(t, log[:, 0], log[:, 1]))
+
+
+def analyze(run: RealRun) -> Observed:
+    """Wall time, per-membership speed, observed delays and the lifetime script of a real run."""
+    log = np.array([(t, s) for t, s, _ in run.steps_log], dtype=float)
+    t0 = run.steps_log[0][0] - run.steps_log[0][2]
+    log = np.vstack([[t0, 0.0], log])
+    reached = np.nonzero(log[:, 1] >= run.steps)[0]
+    t_end = float(log[reached[0], 0]) if reached.size else float(log[-1, 0])
+    ev = run.events
+    slot_of: dict[int, int] = {}  # worker id -> slot (initial workers 0..W-1 in order, replacements inherit)
+    joined: dict[int, float] = {}
+    left: dict[int, float] = {}
+    requested: dict[int, float] = {}
+    ready: dict[int, float] = {}
+    recovery, rep_offset = [], []
+    for e in ev:
+        d = e.details
+        if e.kind == "server_joined" and e.worker_id is not None:
+            slot_of.setdefault(e.worker_id, len(slot_of))
+            joined[e.worker_id] = d.get("joined_at", e.time)
+            requested[e.worker_id] = d["requested_at"]
+        elif e.kind == "revocation" and e.worker_id is not None:
+            left[e.worker_id] = e.time
+        elif e.kind == "replacement_joined":
+            slot_of[e.worker_id] = slot_of[d["replaces_worker"]]
+            joined[e.worker_id] = d.get("joined_at", e.time)
+            recovery.append(d["recovery_s"])
+            ready[e.worker_id] = d["requested_at"] + d["startup_s"]
+            rep_offset.append(ready[e.worker_id] - left[d["replaces_worker"]])
+    # Live-worker count over [t0, t_end]: +1 at a join, -1 at a revocation.
+    changes = sorted([(max(t, t0), +1) for t in joined.values()] + [(t, -1) for t in left.values()])
+    bounds, counts, live = [t0], [], 0
+    for t, delta in changes:
+        if t > bounds[-1]:
+            counts.append(live)
+            bounds.append(min(t, t_end))
+        live += delta
+    counts.append(live)
+    bounds.append(t_end)
+    steps_at: dict[int, float] = {}
+    time_at: dict[int, float] = {}
+    for (a, b), n in zip(zip(bounds[:-1], bounds[1:], strict=True), counts, strict=True):
+        if b > a and n > 0:
+            steps_at[n] = steps_at.get(n, 0.0) + _step_at(log, b) - _step_at(log, a)
+            time_at[n] = time_at.get(n, 0.0) + b - a
+    table = {n: steps_at[n] / time_at[n] for n in sorted(time_at) if time_at[n] > 0}
+    # Lifetimes as the simulator counts them: initial slots from t0, replacements from the revocation of
+    # the worker they replace (= their request in the simulator); never-revoked ones are infinite.
+    per_slot: dict[int, list[float]] = {s: [] for s in range(run.workers)}
+    start = {w: t0 for w in slot_of if w not in ready}
+    for e in ev:
+        if e.kind == "replacement_joined":
+            start[e.worker_id] = left[e.details["replaces_worker"]]
+    for w in sorted(slot_of, key=lambda w: start[w]):
+        per_slot[slot_of[w]].append(left[w] - start[w] if w in left and left[w] <= t_end else np.inf)
+    from cmdare.plan.simulator import _LIFETIMES_PER_SLOT as per
+
+    script: list[float] = []
+    extra: list[tuple[float, float]] = []  # beyond the pre-drawn ones: drawn on demand, in request order
+    for s in range(run.workers):
+        lives = per_slot[s] + [np.inf] * max(0, per - len(per_slot[s]))
+        script += lives[:per]
+        t_req = t0
+        for k, life in enumerate(lives):
+            if k >= per:
+                extra.append((t_req, life))
+            t_req += life
+    script += [life for _, life in sorted(extra)]
+    initial_offset = [t0 - requested[w] for w in sorted(requested)]
+    # Each replacement's delay in request (= revocation) order; one still starting at the end took longer
+    # than the rest of the run.
+    recovery_of = {e.details["replaces_worker"]: e.details["recovery_s"] for e in ev if e.kind == "replacement_joined"}
+    mean_delay = float(np.mean(recovery)) if recovery else 0.0
+    replay_delays = [recovery_of.get(w, max(mean_delay, t_end - left[w] + 1.0))
+                     for w in sorted(left, key=left.__getitem__)]
+    return Observed(
+        wall_s=t_end - t0, speed_table=table, time_at_count_s=time_at, recovery_s=recovery,
+        initial_offset_s=initial_offset, replacement_offset_s=rep_offset, script=script,
+        replay_delays_s=replay_delays,
+        revocations=len(left), startup_s=float(run.summary.details["startup_s"]) if run.summary else 0.0)
+
+
+class ScriptedStartup:
+    """The observed replacement delays, in request order (then their mean)."""
+
+    def __init__(self, delays_s: list[float]):
+        self.queue = list(delays_s)
+        self.mean_s = float(np.mean(delays_s)) if delays_s else 0.0
+
+    def sample(self, rng: np.random.Generator, server: str, transient: bool, region: str) -> float:
+        """The next observed delay."""
+        return self.queue.pop(0) if self.queue else self.mean_s
+
+
+class TableSpeed:
+    """Cluster speed by live-worker count, as measured. A count the run never had: below the smallest
+    measured one, that speed scaled by the worker ratio; above the largest, the largest's speed (the
+    cores are saturated: on 2 shared cores more workers do not add speed)."""
+
+    def __init__(self, table: dict[int, float]):
+        if not table:
+            raise ValueError("empty speed table")
+        self.table = dict(table)
+
+    def cluster_steps_per_s(self, gpus: dict[str, int], ps: int) -> float:
+        """Measured cluster speed for the live count."""
+        n = sum(gpus.values())
+        if n in self.table:
+            return self.table[n]
+        lo, hi = min(self.table), max(self.table)
+        if n > hi:
+            return self.table[hi]
+        if n < lo:
+            return self.table[lo] * n / lo
+        below, above = max(k for k in self.table if k < n), min(k for k in self.table if k > n)
+        return float(np.interp(n, [below, above], [self.table[below], self.table[above]]))
+
+    def worker_steps_per_s(self, gpu: str) -> float:
+        """Mean share of one worker in the largest measured membership."""
+        n = max(self.table)
+        return self.table[n] / n
+
+
+class EngineClockLifetimes:
+    """The lifetime model as the engine applies it, in the simulator's lifetime convention.
+
+    The simulator draws ``count x _LIFETIMES_PER_SLOT`` lifetimes per run slot-major (column 0: the
+    initial server, then its replacements) and single ones on demand (replacements). The engine counts
+    an initial worker's lifetime from its request, ``initial_offset_s`` before training starts, and a
+    replacement's from its ready time, ``replacement_offset_s`` after the revocation; it revokes only
+    workers that train, so an overdue one goes at the first step (initial) or right after joining
+    (a replacement: it lives at least ``join_s``, the observed replacement delay, plus one chunk).
+    """
+
+    def __init__(self, mean_s: float, initial_offset_s: float, replacement_offset_s: float, join_s: float,
+                 chunk_s: float = 0.3):
+        from cmdare.plan.simulator import _LIFETIMES_PER_SLOT
+
+        self.mean_s, self.per = mean_s, _LIFETIMES_PER_SLOT
+        self.initial_offset_s, self.replacement_offset_s = initial_offset_s, replacement_offset_s
+        self.min_replacement_s = join_s + chunk_s
+
+    def sample(self, rng: np.random.Generator, server: str, region: str, size: int) -> np.ndarray:
+        """Shifted exponential lifetimes (see the class docstring)."""
+        draws = rng.exponential(self.mean_s, size)
+        life = np.maximum(draws + self.replacement_offset_s, self.min_replacement_s)
+        if size % self.per == 0 and size > 1:
+            grid, first = life.reshape(-1, self.per), draws.reshape(-1, self.per)[:, 0]
+            grid[:, 0] = np.maximum(first - self.initial_offset_s, 1e-3)
+        return life
+
+
+class PeriodicLifetimes:
+    """``every=S,first=F`` as lifetimes: every ``S`` s (from ``F``) one random *training* worker goes.
+
+    The simulator asks for ``count x _LIFETIMES_PER_SLOT`` lifetimes once per run (slot-major), then
+    one at a time for further replacements, in request order. On the first call of a run this draws
+    the run's whole schedule: at each tick a uniformly random slot among those training (an initial
+    worker from t=0, a replacement ``join_s`` after the revocation it replaces; none: the tick passes,
+    as in the engine); a slot's lifetimes run from its request (t=0 or the revocation).
+    """
+
+    def __init__(self, workers: int, every_s: float, first_s: float, join_s: float, ticks: int = 400):
+        from cmdare.plan.simulator import _LIFETIMES_PER_SLOT
+
+        self.workers, self.every_s, self.first_s, self.join_s = workers, every_s, first_s, join_s
+        self.per, self.ticks = _LIFETIMES_PER_SLOT, ticks
+        self.extra: list[float] = []
+
+    def sample(self, rng: np.random.Generator, server: str, region: str, size: int) -> np.ndarray:
+        """The run's schedule (first call of a run) or the next on-demand lifetime."""
+        if size != self.workers * self.per:
+            return np.array([self.extra.pop(0) if self.extra else np.inf for _ in range(size)])
+        requested = [0.0] * self.workers
+        joins = [0.0] * self.workers
+        lives: list[list[float]] = [[] for _ in range(self.workers)]
+        extra: list[tuple[float, float]] = []
+        for k in range(self.ticks):
+            t = self.first_s + k * self.every_s
+            training = [i for i in range(self.workers) if joins[i] <= t]
+            if not training:
+                continue
+            i = training[int(rng.integers(len(training)))]
+            life = t - requested[i]
+            if len(lives[i]) < self.per:
+                lives[i].append(life)
+            else:
+                extra.append((requested[i], life))
+            requested[i], joins[i] = t, t + self.join_s
+        self.extra = [life for _, life in sorted(extra)]
+        return np.array([x for row in lives for x in row + [np.inf] * (self.per - len(row))])
+
+
+def _pool_speed(observed: list[Observed]) -> dict[int, float]:
+    """Time-weighted speed per live count over several runs."""
+    steps: dict[int, float] = {}
+    secs: dict[int, float] = {}
+    for o in observed:
+        for n, v in o.speed_table.items():
+            steps[n] = steps.get(n, 0.0) + v * o.time_at_count_s[n]
+            secs[n] = secs.get(n, 0.0) + o.time_at_count_s[n]
+    return {n: steps[n] / secs[n] for n in sorted(secs)}
+
+
+def simulate(observed: list[Observed], workers: int, steps: int, revocations: Revocations, runs: int,
+             seed: int) -> tuple[list[float], dict[str, float]]:
+    """(replay wall time per real run, Monte Carlo summary) with the observed speeds and delays.
+
+    The replay gives each real run its own revocation schedule and replacement delays (one
+    deterministic simulated run each); the Monte Carlo draws revocations from the same lifetime model
+    (or periodic schedule) with every measurement pooled over the real runs.
+    """
+    from cmdare.plan import ClusterSpec, JobSpec, PlanModels, WorkerGroup
+    from cmdare.plan.replay import FixedStartup, FlatPrices, ScriptedLifetimes
+    from cmdare.plan.simulator import Simulator
+
+    job = JobSpec("local", steps, checkpoint_every_steps=10**9)
+    cluster = ClusterSpec((WorkerGroup(GPU, workers, transient=True),), ps=1, replacement="same")
+    prices = FlatPrices({GPU: 0.0, "cpu": 0.0})
+    replays = []
+    for o in observed:
+        models = PlanModels(TableSpeed(o.speed_table), ScriptedLifetimes({GPU: o.script}),
+                            ScriptedStartup(o.replay_delays_s), prices, checkpoint_s=0.0)
+        replays.append(Simulator(job, cluster, models).run_once(np.random.default_rng(seed)).wall_time_s)
+    recovery = [x for o in observed for x in o.recovery_s]
+    delay = float(np.mean(recovery)) if recovery else 0.0
+    if revocations.mode == "lifetime":
+        initial = float(np.mean([x for o in observed for x in o.initial_offset_s]))
+        rep = [x for o in observed for x in o.replacement_offset_s]
+        lifetimes: Any = EngineClockLifetimes(revocations.mean_s, initial, float(np.mean(rep)) if rep else 0.0,
+                                              delay)
+    else:
+        lifetimes = PeriodicLifetimes(workers, revocations.every_s, revocations.first_s, delay)
+    models = PlanModels(TableSpeed(_pool_speed(observed)), lifetimes, FixedStartup(delay), prices, checkpoint_s=0.0)
+    return replays, Simulator(job, cluster, models).summarize(runs, seed).to_dict()
+
+
+def compare(workers: int = 3, steps: int = 2500, revocations: Revocations | None = None,
+            startup_s: float = 3.0, seed: int = 7, runs: int = 2000, real_runs: int = 1,
+            model: str = "resnet8") -> dict[str, Any]:
+    """Run the real job ``real_runs`` times (seeds ``seed``, ``seed + 1``, ...), simulate it, and return
+    the figures (see the module docstring); the real wall time compared is the runs' mean."""
+    import ray
+
+    revocations = revocations or Revocations()
+    observed: list[Observed] = []
+    t = time.perf_counter()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=6, _node_ip_address="127.0.0.1", include_dashboard=False,
+                 logging_level=logging.ERROR, log_to_driver=False)
+    try:
+        for k in range(real_runs):
+            with tempfile.TemporaryDirectory(prefix="cmdare-simreal-") as tmp:
+                observed.append(analyze(real_run(steps, workers, revocations, startup_s, seed + k, Path(tmp),
+                                                 model)))
+    finally:
+        if started:
+            ray.shutdown()
+    real_total_s = time.perf_counter() - t
+    replays, sim = simulate(observed, workers, steps, revocations, runs, seed)
+    walls = [o.wall_s for o in observed]
+    real = float(np.mean(walls))
+    return {
+        "real_wall_s": round(real, 2),
+        "sim_mean_wall_s": round(sim["time_mean_s"], 2),
+        "sim_p50": round(sim["time_p50_s"], 2),
+        "sim_p95": round(sim["time_p95_s"], 2),
+        "error_pct": round(100 * abs(sim["time_mean_s"] - real) / real, 2),
+        "real_walls_s": [round(w, 2) for w in walls],
+        "replay_walls_s": [round(r, 2) for r in replays],
+        "replay_error_pct": round(max(100 * abs(r - w) / w for r, w in zip(replays, walls, strict=True)), 2),
+        "real_revocations": [o.revocations for o in observed],
+        "sim_revocations_mean": round(sim["revocations_mean"], 2),
+        "speed_table_steps_per_s": {str(k): round(v, 2) for k, v in _pool_speed(observed).items()},
+        "time_at_count_s": [{str(k): round(v, 1) for k, v in o.time_at_count_s.items()} for o in observed],
+        "observed_recovery_s": [round(x, 2) for o in observed for x in o.recovery_s],
+        "initial_offset_s": round(float(np.mean([x for o in observed for x in o.initial_offset_s])), 2),
+        "real_startup_s": [round(o.startup_s, 2) for o in observed],
+        "real_total_s": round(real_total_s, 2),
+        "config": {"workers": workers, "ps": 1, "steps": steps, "model": model,
+                   "revocations": revocations.__dict__, "startup_s": startup_s, "seed": seed, "runs": runs,
+                   "real_runs": real_runs},
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--steps", type=int, default=2500)
+    p.add_argument("--mode", choices=("lifetime", "every"), default="lifetime")
+    p.add_argument("--lifetime-mean-s", type=float, default=45.0)
+    p.add_argument("--every-s", type=float, default=10.0)
+    p.add_argument("--first-s", type=float, default=5.0)
+    p.add_argument("--startup-s", type=float, default=3.0)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--runs", type=int, default=2000)
+    p.add_argument("--real-runs", type=int, default=1)
+    p.add_argument("--model", default="resnet8")
+    a = p.parse_args()
+    rev = Revocations(a.mode, a.lifetime_mean_s, a.every_s, a.first_s)
+    print(json.dumps(compare(a.workers, a.steps, rev, a.startup_s, a.seed, a.runs, a.real_runs, a.model)))
+
+
+if __name__ == "__main__":
+    main()
