@@ -129,6 +129,8 @@ class Trainer:
         self.provider = provider
         self.decisions = decisions
         self._planned: list[Decision] = []  # placement changes waiting for the workers to quiesce
+        self._shard_failed = False  # a shard died: quiesce, then restore every shard from the checkpoint
+        self._initial: tuple[np.ndarray, np.ndarray, int] | None = None
         self.migrations = 0
         self.shards: list[Any] = []
         self.shard_servers: list[Server] = []
@@ -266,6 +268,7 @@ class Trainer:
         self._emit("on_run_start", info)
         status = "failed"
         try:
+            self._initial = (params, momentum, step)
             self._start_shards(params, momentum, step)
             self.global_step = step
             for slot in range(spec.workers):
@@ -306,7 +309,7 @@ class Trainer:
             inflight[self._submit(w)] = w
         finished = False
         write_status(self.checkpoint_dir, "running", len(self.shards), self.global_step)
-        while inflight or duties or self._planned or (not finished and self._pending):
+        while inflight or duties or self._planned or self._shard_failed or (not finished and self._pending):
             ready, _ = ray.wait(list(inflight) + list(duties), num_returns=1, timeout=LOOP_TICK_S)
             for ref in ready:
                 if ref in duties:
@@ -317,7 +320,10 @@ class Trainer:
                 try:
                     res: ChunkResult = ray.get(ref)
                 except ray.exceptions.RayActorError as err:
-                    self._on_worker_lost(w, err)
+                    if isinstance(err, ray.exceptions.RayTaskError):  # raised inside a live worker: a shard died
+                        self._shard_failed = True
+                    else:
+                        self._on_worker_lost(w, err)
                     continue
                 self._record_chunk(w, res)
                 finished = finished or res.done or self.global_step >= spec.steps
@@ -329,7 +335,7 @@ class Trainer:
                         next_balance = self.global_step + spec.balance_every
                 if res.notice is not None:
                     self._on_notice(w, res.notice)
-                elif not finished and not self._planned:
+                elif not finished and not self._planned and not self._shard_failed:
                     inflight[self._submit(w)] = w
             now = time.time()
             if finished:  # a revoked worker's last chunk may take Ray's node-death timeout to fail: skip it
@@ -348,6 +354,14 @@ class Trainer:
                 self._collect_shard_stats()
                 next_stats = now + SHARD_STATS_EVERY_S
             if finished:
+                continue
+            if self._shard_failed:
+                if not inflight and not duties:
+                    self._restore_shards()
+                    next_ckpt = _next_multiple(self.global_step, spec.checkpoint_every)
+                    next_eval = _next_multiple(self.global_step, spec.eval_every)
+                    for w in self.workers.values():
+                        inflight[self._submit(w)] = w
                 continue
             if self._planned:
                 if not inflight and not duties:  # quiesced: no push in flight, no chief duty running
@@ -369,6 +383,50 @@ class Trainer:
         # Synchronous workers must end chunks on the same round, so chunks end by step count only.
         max_s = float("inf") if self.spec.sync else self.spec.chunk_s
         return w.actor.run_steps.remote(self.spec.chunk_steps, max_s)
+
+    # -- shard loss ----------------------------------------------------------------------------
+    def _restore_shards(self) -> None:
+        """Replace dead shards and roll every shard back to the latest checkpoint (consistent state)."""
+        import ray
+
+        assert self.placement is not None and self._initial is not None
+        alive = []
+        for s in self.shards:
+            try:
+                ray.get(s.ping.remote(), timeout=10)
+                alive.append(True)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                alive.append(False)
+        path = latest_checkpoint(self.checkpoint_dir)
+        if path is not None:
+            ckpt = load_checkpoint(path)
+            params, momentum, step = ckpt.params, ckpt.momentum, ckpt.step
+        else:
+            params, momentum, step = self._initial
+        lost_steps = max(0, self.global_step - step)
+        for k, ok in enumerate(alive):
+            if not ok:
+                server = self.shard_servers[k]
+                self._event("shard_lost", shard_id=k, server_id=server.server_id,
+                            details={"global_step": self.global_step, "reason": "revoked"})
+                self._end_server(server, "revoked")
+                self.shards[k] = self._new_shard(k)
+                self.shard_servers.insert(k, self.shard_servers.pop())  # keep servers in shard order
+        self.shard_servers = [srv for srv in self.shard_servers if srv.alive or srv.actor in self.shards]
+        values = shard_arrays_from_model_flat(params, self.infos, self.placement)
+        moms = shard_arrays_from_model_flat(momentum, self.infos, self.placement)
+        ray.get([s.load.remote(BlockData(tuple(self.placement.blocks_on(k)), values[k], moms[k], step))
+                 for k, s in enumerate(self.shards)])
+        straggler = self.spec.straggler_factor()
+        if straggler and not alive[straggler[0]]:
+            ray.get(self.shards[straggler[0]].set_slowdown.remote(straggler[1]))
+        ray.get([w.actor.set_layout.remote(self.placement, self.shards) for w in self.workers.values()])
+        self.global_step = step
+        self._speed.clear()
+        self._shard_failed = False
+        self._event("shard_restored", details={"checkpoint_step": step, "steps_lost": lost_steps,
+                                               "from_checkpoint": path is not None, "dead_shards":
+                                               [k for k, ok in enumerate(alive) if not ok]})
 
     # -- placement changes ---------------------------------------------------------------------
     def _poll_decisions(self, balance_due: bool) -> list[Decision]:
@@ -444,7 +502,9 @@ class Trainer:
         try:
             res = ray.get(ref)
         except ray.exceptions.RayActorError as err:
-            if w.worker_id in self.workers:
+            if isinstance(err, ray.exceptions.RayTaskError):  # the chief lives; a shard it read from died
+                self._shard_failed = True
+            elif w.worker_id in self.workers:
                 self._on_worker_lost(w, err)
             return False
         now = time.time()
@@ -614,7 +674,11 @@ class Trainer:
         """Each shard's counters since the last collection (reported, and returned for the balancer)."""
         import ray
 
-        stats = ray.get([s.stats.remote() for s in self.shards])
+        try:
+            stats = ray.get([s.stats.remote() for s in self.shards])
+        except ray.exceptions.RayActorError:
+            self._shard_failed = True
+            return []
         now = time.time()
         for k, st in enumerate(stats):
             self._emit("on_shard", ShardReport(self.run_id, now, self.global_step, k, st.pushes,
