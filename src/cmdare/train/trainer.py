@@ -529,12 +529,15 @@ class Trainer:
             if pick not in due:
                 due.append(pick)
         for w in due:
-            w.revoked_at = time.time()
+            t_kill = time.time()
             self.revocations += 1
             self.provider.revoke(w.server)
+            # The emulated revocation runs on the coordinator's own thread, which can notice nothing while
+            # it kills: detection and recovery are timed from the end of the kill (kill_s says how long).
+            w.revoked_at = time.time()
             self._event("revocation", worker_id=w.worker_id, server_id=w.server.server_id,
                         details={"source": "injected", "uptime_s": w.server.uptime_s(), "chief": w is self.chief,
-                                 "kill_s": time.time() - w.revoked_at})
+                                 "kill_s": w.revoked_at - t_kill})
 
     def _on_worker_lost(self, w: WorkerHandle, err: Exception | None) -> None:
         """Drop a dead worker, re-elect the chief, ask for a replacement."""
