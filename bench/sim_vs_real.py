@@ -129,6 +129,7 @@ class Observed:
     replay_delays_s: list[float]  # per replacement, in request order: revocation to first chunk
     revocations: int
     startup_s: float  # the RunSummary's Ray + actor start-up, excluded from wall_s
+    initial_join_spread_s: float = 0.0  # first step to the last initial worker's first step
 
 
 def _step_at(log: np.ndarray, t: float) -> float:
@@ -214,6 +215,7 @@ def analyze(run: RealRun) -> Observed:
         wall_s=t_end - t0, speed_table=table, time_at_count_s=time_at, recovery_s=recovery,
         initial_offset_s=initial_offset, replacement_offset_s=rep_offset, script=script,
         replay_delays_s=replay_delays,
+        initial_join_spread_s=max(joined[w] for w in requested) - t0 if requested else 0.0,
         revocations=len(left), startup_s=float(run.summary.details["startup_s"]) if run.summary else 0.0)
 
 
@@ -414,6 +416,7 @@ def compare(workers: int = 3, steps: int = 2500, revocations: Revocations | None
         "observed_recovery_s": [round(x, 2) for o in observed for x in o.recovery_s],
         "initial_offset_s": round(float(np.mean([x for o in observed for x in o.initial_offset_s])), 2),
         "real_startup_s": [round(o.startup_s, 2) for o in observed],
+        "initial_join_spread_s": [round(o.initial_join_spread_s, 2) for o in observed],
         "real_total_s": round(real_total_s, 2),
         "config": {"workers": workers, "ps": 1, "steps": steps, "model": model,
                    "revocations": revocations.__dict__, "startup_s": startup_s, "seed": seed, "runs": runs,
