@@ -1,0 +1,268 @@
+"""Worker revocations on a local multi-node Ray cluster: detection delay, recovery time, throughput.
+
+Each worker server is a Ray node of its own (:class:`cmdare.cloud.local.LocalClusterProvider`); the
+injected revocation removes the node without grace (``cluster.remove_node(..., allow_graceful=False)``,
+its processes are killed). Replacements start with no emulated provisioning delay (``startup='0'``),
+so recovery measures only what the engine and Ray do.
+
+Per revocation (from the run's :class:`EventReport` s):
+
+* detection delay: revocation to the coordinator's ``worker_lost``. The ``revocation`` event's time is
+  *after* the node removal returned; its ``kill_s`` says how long the removal took. ``from_kill_start``
+  = ``detection_delay_s`` (the engine's figure, from the start of the removal); ``from_node_death`` =
+  ``detection_delay_s - kill_s`` (from the end of the removal, i.e. after the node's processes are
+  dead). The < 1 s target refers to ``from_node_death``.
+* recovery: revocation (start of the kill) to the replacement's first step (``replacement_joined``'s
+  ``recovery_s``: the start of its first chunk, after its first pull), broken down into detection,
+  node start (``cluster.add_node``, timed by a provider subclass), and actor start + imports + first
+  pull (the rest).
+
+Usage: .venv/bin/python bench/revocation.py [--workers 4] [--steps 1600] [--every 4] [--first 3]
+Prints one JSON object as its last line; the throughput plot goes to docs/img/revocation_throughput.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+
+
+def _quantiles(xs: list[float]) -> dict[str, float | None]:
+    if not xs:
+        return {"n": 0, "median": None, "p10": None, "p90": None, "min": None, "max": None}
+    xs = sorted(xs)
+
+    def q(p: float) -> float:
+        return xs[min(len(xs) - 1, int(round(p * (len(xs) - 1))))]
+
+    return {"n": len(xs), "median": round(statistics.median(xs), 3), "p10": round(q(0.1), 3),
+            "p90": round(q(0.9), 3), "min": round(xs[0], 3), "max": round(xs[-1], 3)}
+
+
+class Probe:
+    """A bare actor on a fresh node: separates process start from imports and model set-up."""
+
+    def ready(self) -> float:
+        return time.time()
+
+    def setup(self, model: str) -> dict[str, float]:
+        t0 = time.perf_counter()
+        import torch  # noqa: F401
+
+        import cmdare.train.worker  # noqa: F401
+        t1 = time.perf_counter()
+        from cmdare.datasets import load_dataset
+        from cmdare.workloads import build_model
+
+        data = load_dataset("digits", None, seed=5)
+        build_model(model, num_classes=data.num_classes, in_channels=data.input_shape[0])
+        return {"imports": t1 - t0, "data_and_model": time.perf_counter() - t1}
+
+
+def probe_startup(cluster: Any, model: str, n: int) -> dict[str, float | None]:
+    """Median node start, actor process start, imports, data + model set-up over ``n`` fresh nodes."""
+    import ray
+
+    rows: dict[str, list[float]] = {"node_start": [], "actor_process_start": [], "imports": [],
+                                    "data_and_model": []}
+    for i in range(n):
+        t0 = time.time()
+        node = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", resources={f"probe{i}": 1})
+        t1 = time.time()
+        actor = ray.remote(Probe).options(resources={f"probe{i}": 1}, num_cpus=1).remote()
+        ready_at = ray.get(actor.ready.remote())
+        got = ray.get(actor.setup.remote(model))
+        rows["node_start"].append(t1 - t0)
+        rows["actor_process_start"].append(ready_at - t1)
+        rows["imports"].append(got["imports"])
+        rows["data_and_model"].append(got["data_and_model"])
+        ray.kill(actor)
+        cluster.remove_node(node)
+    return {k: _quantiles(v)["median"] for k, v in rows.items()}
+
+
+def plot(cb: Any, path: Path, load: float, workers: int) -> None:
+    """Cluster steps/s over time (1 s bins from chunk reports) with revocations and recoveries marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    t0 = cb.steps[0].time
+    end = cb.steps[-1].time - t0
+    bins = np.arange(0.0, end + 1.0, 1.0)
+    prev = cb.steps[0].global_step
+    counts = np.zeros(len(bins))
+    for r in cb.steps[1:]:
+        counts[min(int((r.time - t0) // 1.0), len(bins) - 1)] += r.global_step - prev
+        prev = r.global_step
+    fig, axes = plt.subplots(2, 1, figsize=(9, 5.5), gridspec_kw={"height_ratios": [2, 1.3]})
+    ax = axes[0]
+    ax.plot(bins, np.convolve(counts, np.ones(2) / 2, mode="same"), lw=1, label="global steps/s (2 s mean)")
+    ax.plot([r.time - t0 for r in cb.steps], [r.cluster_steps_per_s for r in cb.steps], lw=1, alpha=0.7,
+            label="coordinator's 5 s window")
+    for kind, color in (("revocation", "tab:red"), ("replacement_joined", "tab:green")):
+        for i, e in enumerate(x for x in cb.events if x.kind == kind):
+            ax.axvline(e.time - t0, color=color, lw=0.8, ls="--", label=kind if i == 0 else None)
+    ax.set_ylabel("global steps/s")
+    ax.set_title(f"{workers} workers, each a Ray node; revocation = node removed (shared 2-core machine, "
+                 f"load ~{load:.0f})", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    # zoom on the first revocation whose replacement joined
+    ax2 = axes[1]
+    rev = [e for e in cb.events if e.kind == "revocation"]
+    joined = [e for e in cb.events if e.kind == "replacement_joined"]
+    if rev and joined:
+        others = [e.time for e in rev]
+
+        def isolation(e: Any) -> float:
+            return min([abs(e.time - t) for t in others if t != e.time] or [1e9])
+
+        r0 = max(rev[1:-1] or rev, key=isolation)
+        lo, hi = r0.time - t0 - 5, r0.time - t0 + 25
+        sel = (bins >= lo) & (bins <= hi)
+        ax2.bar(bins[sel], counts[sel], width=0.9, align="edge", color="tab:blue", alpha=0.7)
+        for e in cb.events:
+            if e.kind in ("revocation", "worker_lost", "replacement_joined") and lo <= e.time - t0 <= hi:
+                c = {"revocation": "tab:red", "worker_lost": "tab:orange", "replacement_joined": "tab:green"}[e.kind]
+                ax2.axvline(e.time - t0, color=c, lw=1.2, label=e.kind)
+        handles, names = ax2.get_legend_handles_labels()
+        uniq = dict(zip(names, handles, strict=True))
+        ax2.set_xlim(lo, hi)
+        ax2.legend(uniq.values(), uniq.keys(), fontsize=7, loc="upper right")
+    ax2.set_xlabel("time since first chunk (s)")
+    ax2.set_ylabel("steps in 1 s bin")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=1600)
+    ap.add_argument("--every", type=float, default=4.0)
+    ap.add_argument("--first", type=float, default=3.0)
+    ap.add_argument("--model", default="resnet8")
+    ap.add_argument("--chunk-steps", type=int, default=5)
+    ap.add_argument("--probes", type=int, default=3, help="fresh nodes timed for the start-up breakdown")
+    args = ap.parse_args()
+    load_start = os.getloadavg()[0]
+    t_bench = time.time()
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from cmdare.cloud.local import LocalClusterProvider
+    from cmdare.ps.optimizer import OptimizerConfig
+    from cmdare.train import Trainer, TrainSpec
+    from cmdare.train.callbacks import TrainCallback
+
+    class Collect(TrainCallback):
+        def __init__(self) -> None:
+            self.steps: list[Any] = []
+            self.events: list[Any] = []
+
+        def on_step(self, report: Any) -> None:
+            self.steps.append(report)
+
+        def on_event(self, report: Any) -> None:
+            self.events.append(report)
+            if report.kind in ("revocation", "worker_lost", "replacement_joined"):
+                keys = ("kill_s", "detection_delay_s", "recovery_s")
+                got = {k: round(report.details[k], 2) for k in keys if k in report.details}
+                print(f"{time.time() - t_bench:7.1f}s step {report.global_step:5d} {report.kind} {got}",
+                      file=sys.stderr, flush=True)
+
+    class TimedProvider(LocalClusterProvider):
+        """Times node start (``cluster.add_node``) per server."""
+
+        node_start: dict[str, tuple[float, float]] = {}
+
+        def prepare(self, server: Any) -> None:
+            t0 = time.time()
+            super().prepare(server)
+            self.node_start[server.server_id] = (t0, time.time())
+
+    logging.getLogger("ray").setLevel(logging.ERROR)
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 3, "node_ip_address": "127.0.0.1", "resources": {"cmdare_ps": 100},
+        "include_dashboard": False})
+    ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+    spec = TrainSpec(model=args.model, dataset="digits", workers=args.workers, ps=1, steps=args.steps,
+                     batch_size=32, optimizer=OptimizerConfig(lr=0.05), checkpoint_every=0, eval_every=0,
+                     seed=5, transient=True, revocations=f"every={args.every:g},first={args.first:g},seed=1",
+                     replace="same", startup="0", chunk_steps=args.chunk_steps)
+    cb = Collect()
+    provider = TimedProvider(cluster)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            summary = Trainer(spec, [cb], checkpoint_dir=tmp, provider=provider).run()
+        probe = probe_startup(cluster, args.model, args.probes) if args.probes else {}
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+    rev = {e.worker_id: e for e in cb.events if e.kind == "revocation"}
+    lost = {e.worker_id: e for e in cb.events if e.kind == "worker_lost"}
+    joined = [e for e in cb.events if e.kind == "replacement_joined"]
+    requested = {e.server_id: e for e in cb.events if e.kind == "replacement_requested"}
+    kill_s = [r.details.get("kill_s", 0.0) for r in rev.values()]
+    det_start = [lost[w].details["detection_delay_s"] for w in rev if w in lost]
+    det_end = [lost[w].details["detection_delay_s"] - rev[w].details.get("kill_s", 0.0) for w in rev if w in lost]
+    recovery, node_s, actor_s, detect_part, queue_s, first_step_s = [], [], [], [], [], []
+    for j in joined:
+        w_old = j.details["replaces_worker"]
+        recovery.append(j.details["recovery_s"])
+        if w_old in lost and j.server_id in provider.node_start:
+            revoked_at = rev[w_old].time - rev[w_old].details.get("kill_s", 0.0)
+            n0, n1 = provider.node_start[j.server_id]
+            detect_part.append(lost[w_old].time - revoked_at)
+            queue_s.append(n0 - lost[w_old].time)  # request -> node start (coordinator loop)
+            node_s.append(n1 - n0)
+            actor_s.append(revoked_at + j.details["recovery_s"] - n1)  # actor start, imports, first pull
+        first = [s for s in cb.steps if s.worker_id == j.worker_id]
+        if first:
+            first_step_s.append(first[0].duration_s / max(1, first[0].steps))
+    out = {
+        "workers": args.workers, "steps": args.steps, "status": summary.status,
+        "revocations": summary.revocations, "replacements": summary.replacements,
+        "replacements_requested": len(requested),
+        "detection_from_kill_start_s": _quantiles(det_start),
+        "detection_from_node_death_s": _quantiles(det_end),
+        "kill_s": _quantiles(kill_s),
+        "recovery_s": _quantiles(recovery),
+        "recovery_breakdown_median_s": {
+            "detection_from_kill_start": _quantiles(detect_part)["median"],
+            "coordinator_until_node_start": _quantiles(queue_s)["median"],
+            "node_start": _quantiles(node_s)["median"],
+            "actor_start_imports_first_pull": _quantiles(actor_s)["median"],
+            "first_step_after_joined": _quantiles(first_step_s)["median"],
+        },
+        "startup_probe_median_s": probe,
+        "target_detection_s": 1.0, "target_recovery_s": 3.0,
+        "mean_steps_per_s": summary.steps_per_s,
+        "load_avg_start": round(load_start, 1), "load_avg_end": round(os.getloadavg()[0], 1),
+        "wall_s": round(time.time() - t_bench, 1),
+    }
+    plot(cb, IMG / "revocation_throughput.png", load_start, args.workers)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
