@@ -255,6 +255,11 @@ def main() -> None:
             "first_step_after_joined": _quantiles(first_step_s)["median"],
         },
         "startup_probe_median_s": probe,
+        # Cluster.add_node runs inside the coordinator's loop (Trainer._start_worker -> provider.prepare):
+        # while it blocks, no chunk is handed out to the surviving workers.
+        "coordinator_blocked_in_add_node_s": round(sum(b - a for sid, (a, b) in provider.node_start.items()
+                                                       if sid in {j.server_id for j in joined} | set(requested)), 2),
+        "training_span_s": round(cb.steps[-1].time - cb.steps[0].time, 2),
         "target_detection_s": 1.0, "target_recovery_s": 3.0,
         "mean_steps_per_s": summary.steps_per_s,
         "load_avg_start": round(load_start, 1), "load_avg_end": round(os.getloadavg()[0], 1),
