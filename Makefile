@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint install install-test bench
+.PHONY: run test test-slow lint install install-test
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,11 @@ run: install
 
 test: install-test
 	$(BIN)/ruff check src tests bench
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# Tests that compare wall times of real runs (timing-sensitive on a shared machine): run apart.
+test-slow: install-test
+	$(BIN)/python -m pytest -q -m slow
 
 lint: install-test
 	$(BIN)/ruff check src tests bench
