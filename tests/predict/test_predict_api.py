@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -11,6 +12,28 @@ import cmdare.predict as P
 from cmdare.errors import DataFormatError, DataNotFoundError, UnknownNameError, UserInputError
 from cmdare.predict import data, persist
 from cmdare.predict.startup import PHASES, StartupModel
+
+
+def _clear_model_caches() -> None:
+    for name in dir(P):
+        fn = getattr(P, name)
+        if callable(getattr(fn, "cache_clear", None)):
+            fn.cache_clear()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_models(tmp_path_factory):
+    """Models fitted earlier in the session (under another CMDARE_HOME) are forgotten, so this
+    module's cache files land in its own models directory."""
+    old = os.environ.get("CMDARE_HOME")
+    os.environ["CMDARE_HOME"] = str(tmp_path_factory.getbasetemp() / "cmdare_home")
+    _clear_model_caches()
+    yield
+    _clear_model_caches()
+    if old is None:
+        os.environ.pop("CMDARE_HOME", None)
+    else:
+        os.environ["CMDARE_HOME"] = old
 
 
 @pytest.fixture(autouse=True)

@@ -340,8 +340,9 @@ class Trainer:
             now = time.time()
             if finished:  # a revoked worker's last chunk may take Ray's node-death timeout to fail: skip it
                 self._planned = []
-                for ref in [r for r, w in inflight.items() if w.revoked_at is not None]:
+                for ref, w in [(r, w) for r, w in inflight.items() if w.revoked_at is not None]:
                     del inflight[ref]
+                    self._on_worker_lost(w, None, replace=False)
             else:
                 self._inject_revocations(now)
                 if not self._planned:
@@ -539,8 +540,8 @@ class Trainer:
                         details={"source": "injected", "uptime_s": w.server.uptime_s(), "chief": w is self.chief,
                                  "kill_s": w.revoked_at - t_kill})
 
-    def _on_worker_lost(self, w: WorkerHandle, err: Exception | None) -> None:
-        """Drop a dead worker, re-elect the chief, ask for a replacement."""
+    def _on_worker_lost(self, w: WorkerHandle, err: Exception | None, replace: bool = True) -> None:
+        """Drop a dead worker, re-elect the chief, ask for a replacement (unless the run is done)."""
         if w.worker_id not in self.workers:
             return
         now = time.time()
@@ -554,8 +555,8 @@ class Trainer:
         self._end_server(w.server, "revoked")
         self._event("worker_lost", worker_id=w.worker_id, server_id=w.server.server_id,
                     details={"detection_delay_s": detection_s, "steps_per_s_before": self._window_speed(),
-                             "reason": "revoked"})
-        self._after_departure(w)
+                             "reason": "revoked", "detected": err is not None})
+        self._after_departure(w, replace)
 
     def _on_notice(self, w: WorkerHandle, notice: dict[str, Any]) -> None:
         """A preemption notice: checkpoint if chief, hand the role over, leave cleanly, replace."""
@@ -577,7 +578,7 @@ class Trainer:
             ray.kill(w.actor)
         self._after_departure(w)
 
-    def _after_departure(self, w: WorkerHandle) -> None:
+    def _after_departure(self, w: WorkerHandle, replace: bool = True) -> None:
         if self.chief is w:
             new = elect_chief(self.workers)
             self.chief = self.workers[new] if new is not None else None
@@ -587,6 +588,8 @@ class Trainer:
             for s in self.shards:
                 s.set_num_workers.remote(n)
         self._membership_changed()
+        if not replace:
+            return
         decision = self.replacement.decide(w.server.spec)
         lost = {"revoked_at": w.revoked_at, "worker_id": w.worker_id, "speed_before": self._window_speed()}
         if isinstance(decision, Replace):
