@@ -8,7 +8,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cmdare.train.callbacks import EvalReport, EventReport, RunInfo, RunSummary, StepReport, TrainCallback
 
 _SHOWN = {"revocation", "notice", "worker_lost", "replacement_joined", "chief_change", "shard_lost",
-          "shard_restored", "ps_add", "ps_remove", "bottleneck"}
+          "shard_restored", "ps_add", "ps_remove"}
 
 
 class ProgressCallback(TrainCallback):
