@@ -245,7 +245,7 @@ class SyncShardActor(_ShardActorBase):
         self.num_workers = num_workers
         self._acc: np.ndarray | None = None
         self._count = 0
-        self._round = asyncio.Event() if _has_loop() else None
+        self._round: asyncio.Event | None = None  # created in the actor's event loop, on the first push
 
     async def push_pull(self, grad: np.ndarray, pulled_step: int | None = None) -> tuple[np.ndarray, int, bool]:
         if self._round is None:
@@ -316,11 +316,3 @@ class SyncShardActor(_ShardActorBase):
 
     async def ping(self) -> int:  # type: ignore[override]
         return self.state.step
-
-
-def _has_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        return False

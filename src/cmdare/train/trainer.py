@@ -448,8 +448,7 @@ class Trainer:
 
         assert self.placement is not None
         old_n = len(self.shards)
-        result = execute_decisions(decisions, self.shards, self.placement,
-                                   lambda k: self._new_shard(k))
+        result = execute_decisions(decisions, self.shards, self.placement, self._new_shard)
         self.shards, self.placement = result.shards, result.placement
         for actor in result.removed:
             for server in self.shard_servers:
