@@ -78,8 +78,9 @@ def test_shard_load_from_the_engines_shard_stats() -> None:
     from cmdare.ps.shard import ShardStats
 
     stats = ShardStats(shard_id=1, step=40, window_s=2.0, pushes=40, bytes_in=4000, bytes_out=4000,
-                       busy_s=0.5, num_params=100, num_blocks=3)
-    ld = ShardLoad.from_stats(stats, wait_s=0.7)
+                       busy_s=0.5, num_params=100, num_blocks=3, apply_s=0.3, queue_s=0.2, wait_s=0.9)
+    ld = ShardLoad.from_stats(stats)
     assert (ld.shard_id, ld.pushes, ld.bytes_in, ld.busy_s, ld.apply_s, ld.queue_s, ld.wait_s) == \
-        (1, 40, 4000, 0.5, 0.5, 0.0, 0.7)
+        (1, 40, 4000, 0.5, 0.3, 0.2, 0.9)
+    assert ShardLoad.from_stats(stats, wait_s=0.7).wait_s == 0.7
     assert ld.busy_fraction == pytest.approx(0.25)

@@ -96,3 +96,39 @@ def test_lr_policies_scale_with_active_workers():
     assert lr_scale("unchanged", 1, 4) == lr_scale("staleness", 1, 4) == 1.0
     with pytest.raises(Exception, match="valid"):
         lr_scale("nope", 1, 1)
+
+
+def test_emulated_link_costs_bytes_over_bandwidth_and_a_straggler_multiplies_it():
+    import time
+
+    shard = ShardState(0, OptimizerConfig(lr=0.1))
+    shard.load(BlockData(tuple(split_blocks(param_infos([("w", (25_000,))]), 1 << 30)), np.zeros(25_000, np.float32),
+                         np.zeros(25_000, np.float32), 0))
+    grad = np.ones(25_000, np.float32)  # 100 kB in, 100 kB out
+    shard.link_bytes_per_s = 4e6  # 200 kB per push: 50 ms
+    t0 = time.perf_counter()
+    assert shard.serve(grad, 0, sent_at=time.time() - 0.25)
+    took = time.perf_counter() - t0
+    st = shard.stats()
+    assert took >= 0.05 and st.busy_s >= 0.05 and st.busy_s - st.apply_s == pytest.approx(0.05, rel=1e-6)
+    assert st.queue_s == pytest.approx(0.25, abs=0.05)  # the push waited 0.25 s before service
+    shard.slowdown = 3.0
+    assert shard.link_delay_s(200_000) == pytest.approx(0.15)
+    shard.link_bytes_per_s = None
+    assert shard.link_delay_s(200_000) == 0.0
+
+
+def test_block_loads_split_a_shards_window_by_bytes_and_share_its_wait():
+    from cmdare.ps.psld.load import ShardLoad, block_loads
+
+    infos = param_infos([("a", (300,)), ("b", (100,)), ("c", (50,))])
+    placement = RoundRobin().place(infos, 2)  # a, c on shard 0; b on shard 1
+    load = ShardLoad(0, window_s=2.0, pushes=10, bytes_in=14_000, bytes_out=14_000, busy_s=0.5, apply_s=0.35,
+                     queue_s=0.2, wait_s=0.9)
+    blocks = block_loads(load, placement)
+    assert [b.block_id for b in blocks] == [b.block_id for b in placement.blocks_on(0)]
+    assert sum(b.apply_s for b in blocks) == pytest.approx(0.35)
+    assert sum(b.bytes_in for b in blocks) == 14_000 and sum(b.bytes_out for b in blocks) == 14_000
+    big = max(blocks, key=lambda b: b.bytes_in)
+    assert big.apply_s == pytest.approx(0.35 * 300 / 350)
+    assert all(b.wait_s == 0.9 and b.queue_s == 0.2 and b.pushes == 10 for b in blocks)

@@ -36,6 +36,8 @@ def _run(args, home):
     ["--replace", "sometimes"],
     ["--lr-policy", "wild"],
     ["--straggler", "9:3"],
+    ["--ps-bandwidth", "fast"],
+    ["--ps-bandwidth", "0MB/s"],
     ["--elastic-ps"],
 ])
 def test_bad_input_is_one_line(tmp_path, args):

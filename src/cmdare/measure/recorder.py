@@ -87,6 +87,7 @@ class StoreRecorder(TrainCallback):
         self._buf: dict[str, list[dict[str, Any]]] = {
             "step_metrics": [],
             "shard_metrics": [],
+            "block_metrics": [],
             "eval_metrics": [],
             "checkpoints": [],
             "events": [],
@@ -176,8 +177,17 @@ class StoreRecorder(TrainCallback):
                 "bytes_out": report.bytes_out,
                 "busy_s": report.busy_s,
                 "num_params": report.num_params,
+                "apply_s": report.apply_s,
+                "queue_s": report.queue_s,
+                "wait_s": report.wait_s,
             },
         )
+        for b in report.blocks:
+            self._add("block_metrics", {
+                "run_id": report.run_id, "time": report.time, "global_step": report.global_step,
+                "block_id": b.block_id, "shard_id": b.shard_id, "pushes": b.pushes, "bytes_in": b.bytes_in,
+                "bytes_out": b.bytes_out, "apply_s": b.apply_s, "queue_s": b.queue_s, "wait_s": b.wait_s,
+            })
 
     def on_eval(self, report: EvalReport) -> None:
         self._add(

@@ -31,9 +31,12 @@ class ShardStats:
     pushes: int
     bytes_in: int
     bytes_out: int
-    busy_s: float  # time applying updates, including any injected slowdown
+    busy_s: float  # time serving pushes: the update, the emulated link and any injected slowdown
     num_params: int
     num_blocks: int
+    apply_s: float = 0.0  # part of busy_s spent in the optimizer update (slowdown included)
+    queue_s: float = 0.0  # summed over pushes: worker's send to the start of service (queue + transfer)
+    wait_s: float = 0.0  # summed over pushes: worker-observed send-to-reply time (filled in by the coordinator)
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,8 @@ class ShardState:
         self.max_step = max_step
         self.lr_scale = 1.0
         self.staleness_damping = False  # staleness-aware LR: each push's lr divided by (1 + staleness)
-        self.slowdown = 1.0  # straggler injection: every apply takes this many times longer
+        self.slowdown = 1.0  # straggler injection: every push takes this many times longer to serve
+        self.link_bytes_per_s: float | None = None  # emulated network link of the shard's server
         self.step = 0
         self.blocks: list[Block] = []
         self.params = np.zeros(0, np.float32)
@@ -139,7 +143,9 @@ class ShardState:
         elapsed = time.perf_counter() - t0
         if self.slowdown > 1.0:
             time.sleep(elapsed * (self.slowdown - 1.0))
-        self._busy_s += time.perf_counter() - t0
+        spent = time.perf_counter() - t0
+        self._busy_s += spent
+        self._apply_s += spent
         self._pushes += 1
         self._bytes_in += grad.nbytes
         return True
@@ -147,10 +153,41 @@ class ShardState:
     def count_pull(self) -> None:
         self._bytes_out += self.params.nbytes
 
+    def link_delay_s(self, nbytes: int) -> float:
+        """Emulated transfer time of ``nbytes`` over the shard's link (0 without one), slowdown included."""
+        if not self.link_bytes_per_s:
+            return 0.0
+        return nbytes / self.link_bytes_per_s * self.slowdown
+
+    def serve(self, grad: np.ndarray, pulled_step: int | None, sent_at: float | None) -> bool:
+        """One push and pull: queueing delay, the update, the reply and the emulated link time.
+
+        ``sent_at`` is the worker's wall clock at sending (``time.time()``); the gap to the start of
+        service is the push's queueing delay (it includes the transfer of the gradient).
+        """
+        self.note_arrival(sent_at)
+        applied = self.apply(grad, pulled_step)
+        self.count_pull()
+        link = self.link_delay_s(grad.nbytes + self.params.nbytes)
+        if link > 0:
+            time.sleep(link)
+            self.note_link(link)
+        return applied
+
+    def note_arrival(self, sent_at: float | None) -> None:
+        """Count a push's queueing delay: from the worker's send (wall clock) to now."""
+        if sent_at is not None:
+            self._queue_s += max(0.0, time.time() - sent_at)
+
+    def note_link(self, seconds: float) -> None:
+        """Count time the shard's emulated link was busy as serving time."""
+        self._busy_s += seconds
+
     def stats(self, reset: bool = True) -> ShardStats:
         now = time.perf_counter()
         s = ShardStats(self.shard_id, self.step, now - self._window_start, self._pushes, self._bytes_in,
-                       self._bytes_out, self._busy_s, int(self.params.size), len(self.blocks))
+                       self._bytes_out, self._busy_s, int(self.params.size), len(self.blocks), self._apply_s,
+                       self._queue_s)
         if reset:
             self._reset_counters()
         return s
@@ -158,7 +195,7 @@ class ShardState:
     def _reset_counters(self) -> None:
         self._window_start = time.perf_counter()
         self._pushes = self._bytes_in = self._bytes_out = 0
-        self._busy_s = 0.0
+        self._busy_s = self._apply_s = self._queue_s = 0.0
 
 
 def _scratch_for(params: np.ndarray) -> np.ndarray:
@@ -215,6 +252,9 @@ class _ShardActorBase:
     def set_slowdown(self, factor: float) -> None:
         self.state.slowdown = max(1.0, float(factor))
 
+    def set_link(self, bytes_per_s: float | None) -> None:
+        self.state.link_bytes_per_s = float(bytes_per_s) if bytes_per_s else None
+
     def set_max_step(self, max_step: int | None) -> None:
         self.state.max_step = max_step
 
@@ -228,10 +268,10 @@ class AsyncShardActor(_ShardActorBase):
     def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None):
         self.state = ShardState(shard_id, cfg, max_step)
 
-    def push_pull(self, grad: np.ndarray, pulled_step: int | None = None) -> tuple[np.ndarray, int, bool]:
+    def push_pull(self, grad: np.ndarray, pulled_step: int | None = None,
+                  sent_at: float | None = None) -> tuple[np.ndarray, int, bool]:
         """Apply ``grad``; return (parameters, global step after it, whether it was applied)."""
-        applied = self.state.apply(grad, pulled_step)
-        self.state.count_pull()
+        applied = self.state.serve(grad, pulled_step, sent_at)
         # Returned without a copy: Ray serialises the result before this actor runs the next call.
         return self.state.params, self.state.step, applied
 
@@ -246,12 +286,17 @@ class SyncShardActor(_ShardActorBase):
         self._acc: np.ndarray | None = None
         self._count = 0
         self._round: asyncio.Event | None = None  # created in the actor's event loop, on the first push
+        self._link_lock: asyncio.Lock | None = None  # the emulated link carries one transfer at a time
 
-    async def push_pull(self, grad: np.ndarray, pulled_step: int | None = None) -> tuple[np.ndarray, int, bool]:
+    async def push_pull(self, grad: np.ndarray, pulled_step: int | None = None,
+                        sent_at: float | None = None) -> tuple[np.ndarray, int, bool]:
         if self._round is None:
-            self._round = asyncio.Event()
+            self._round, self._link_lock = asyncio.Event(), asyncio.Lock()
+        self.state.note_arrival(sent_at)
+        await self._transfer(grad.nbytes)
         if self.state.done:
             self.state.count_pull()
+            await self._transfer(self.state.params.nbytes)
             return self.state.params, self.state.step, False
         if self._acc is None:
             self._acc = np.array(grad, dtype=np.float32, copy=True)
@@ -264,7 +309,17 @@ class SyncShardActor(_ShardActorBase):
         else:
             await event.wait()
         self.state.count_pull()
-        return self.state.params, self.state.step, True
+        params, step = self.state.params, self.state.step
+        await self._transfer(params.nbytes)
+        return params, step, True
+
+    async def _transfer(self, nbytes: int) -> None:
+        delay = self.state.link_delay_s(nbytes)
+        if delay > 0:
+            assert self._link_lock is not None
+            async with self._link_lock:
+                await asyncio.sleep(delay)
+            self.state.note_link(delay)
 
     def _finish_round(self) -> None:
         assert self._acc is not None
@@ -310,6 +365,9 @@ class SyncShardActor(_ShardActorBase):
 
     async def set_slowdown(self, factor: float) -> None:  # type: ignore[override]
         self.state.slowdown = max(1.0, float(factor))
+
+    async def set_link(self, bytes_per_s: float | None) -> None:  # type: ignore[override]
+        self.state.link_bytes_per_s = float(bytes_per_s) if bytes_per_s else None
 
     async def set_max_step(self, max_step: int | None) -> None:  # type: ignore[override]
         self.state.max_step = max_step

@@ -55,8 +55,20 @@ class ShardReport:
     pushes: int
     bytes_in: int
     bytes_out: int
-    busy_s: float  # time spent applying updates and serving pulls
+    busy_s: float  # time serving pushes: update, emulated link, injected slowdown
     num_params: int = 0
+    apply_s: float = 0.0  # part of busy_s in the optimizer update
+    queue_s: float = 0.0  # summed over pushes: worker's send to the start of service
+    wait_s: float = 0.0  # summed over pushes: worker-observed send-to-reply time
+    blocks: tuple[Any, ...] = ()  # per block on this shard: cmdare.ps.psld.BlockLoad
+
+    @property
+    def queue_per_push_s(self) -> float:
+        return self.queue_s / self.pushes if self.pushes else 0.0
+
+    @property
+    def wait_per_push_s(self) -> float:
+        return self.wait_s / self.pushes if self.pushes else 0.0
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,8 @@ def train_command(
     straggler: str = typer.Option(None, help="Slow one shard down, SHARD:FACTOR (e.g. 0:3), for experiments."),
     auto_mitigate: bool = typer.Option(False, "--auto-mitigate",
                                        help="Act on detected bottlenecks: add a PS shard, unload a straggler."),
+    ps_bandwidth: str = typer.Option(None, help="Emulate each PS server's network link, e.g. 1Gbit/s or 200MB/s "
+                                     "(each push and reply take bytes/bandwidth on the shard)."),
     record: bool = typer.Option(True, "--record/--no-record", help="Record measurements in the store."),
     tensorboard: Path = typer.Option(None, help="TensorBoard directory (default: the data directory's "
                                      "tensorboard/RUN); 'none' to skip."),
@@ -71,7 +73,7 @@ def train_command(
                      gpus_per_worker=gpus_per_worker, transient=transient, gpu=gpu, cloud=cloud, region=region,
                      revocations=revocations if transient else None, replace=replace, startup=startup,
                      lr_policy=lr_policy, elastic_ps=elastic_ps, balance_every=balance_every, straggler=straggler,
-                     auto_mitigate=auto_mitigate)
+                     auto_mitigate=auto_mitigate, ps_bandwidth=ps_bandwidth)
     callbacks = [ProgressCallback(steps)]
     where = "not recorded (--no-record)"
     if record:

@@ -8,6 +8,29 @@ from typing import Any
 from cmdare.errors import UserInputError
 from cmdare.ps.optimizer import OptimizerConfig
 
+_RATE_UNITS = {"b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30,
+               "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8}
+
+
+def parse_rate_bytes_per_s(text: str) -> float:
+    """A data rate such as ``200MB/s``, ``1.5Gbit/s``, ``10Gbps`` or ``5e8`` (bytes/s) in bytes/s."""
+    t = text.strip().lower().replace(" ", "").removesuffix("/s")
+    if t.endswith("bps"):  # 10Gbps: bits per second
+        t = t[:-3] + "bit"
+    i = len(t)
+    while i and not (t[i - 1].isdigit() or t[i - 1] == "."):
+        i -= 1
+    unit = t[i:] or "b"
+    unit = {"": "b", "k": "kb", "m": "mb", "g": "gb", "kbits": "kbit", "mbits": "mbit", "gbits": "gbit"}.get(
+        unit, unit)
+    try:
+        value = float(t[:i]) * _RATE_UNITS[unit]
+    except (KeyError, ValueError):
+        raise UserInputError(f"--ps-bandwidth: cannot read {text!r}; use e.g. 200MB/s, 1.6Gbit/s or 10Gbps") from None
+    if value <= 0:
+        raise UserInputError(f"--ps-bandwidth must be positive, got {text!r}")
+    return value
+
 
 @dataclass(frozen=True)
 class TrainSpec:
@@ -52,6 +75,9 @@ class TrainSpec:
     balance_every: int = 50  # steps between balancing decisions
     straggler: str | None = None  # "SHARD:FACTOR", e.g. "0:3" makes shard 0 three times slower
     auto_mitigate: bool = False  # act on detected bottlenecks (add a shard, unload a straggler)
+    # Emulated network link of every PS server, e.g. "1Gbit/s": each push and its reply take
+    # bytes / bandwidth on the shard (one transfer at a time), so local runs can be PS-bound like cloud PSs.
+    ps_bandwidth: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("workers", "ps", "steps", "batch_size", "chunk_steps"):
@@ -68,6 +94,8 @@ class TrainSpec:
             raise UserInputError("--balance-every must be at least 1")
         if self.straggler is not None:
             self.straggler_factor()  # validates
+        if self.ps_bandwidth is not None:
+            parse_rate_bytes_per_s(self.ps_bandwidth)  # validates
 
     def straggler_factor(self) -> tuple[int, float] | None:
         """``(shard, factor)`` from ``straggler`` ("0:3"), or None."""
@@ -82,6 +110,10 @@ class TrainSpec:
             raise UserInputError(f"--straggler: shard must be in [0, {self.ps}) and factor >= 1, "
                                  f"got {self.straggler!r}")
         return k, f
+
+    def ps_link_bytes_per_s(self) -> float | None:
+        """The emulated PS link bandwidth in bytes/s, or None (no emulation)."""
+        return parse_rate_bytes_per_s(self.ps_bandwidth) if self.ps_bandwidth else None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able configuration (stored with the run and in checkpoints)."""

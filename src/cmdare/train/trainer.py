@@ -42,6 +42,7 @@ from cmdare.ps.layout import shard_arrays_from_model_flat
 from cmdare.ps.migration import execute as execute_decisions
 from cmdare.ps.placement import Placement, get_placement
 from cmdare.ps.psld.decisions import Decision
+from cmdare.ps.psld.load import ShardLoad, block_loads
 from cmdare.ps.shard import AsyncShardActor, BlockData, SyncShardActor
 from cmdare.train.balancing import (
     DecisionSource,
@@ -132,6 +133,7 @@ class Trainer:
         self._shard_failed = False  # a shard died: quiesce, then restore every shard from the checkpoint
         self._initial: tuple[np.ndarray, np.ndarray, int] | None = None
         self.migrations = 0
+        self._shard_wait: list[float] = []  # per shard: workers' send-to-reply seconds since the last stats
         self.shards: list[Any] = []
         self.shard_servers: list[Server] = []
         self.workers: dict[int, WorkerHandle] = {}
@@ -205,6 +207,8 @@ class Trainer:
             actor.set_lr_scale.remote(self._lr_scale)
         if spec.lr_policy == "staleness":
             actor.set_staleness_damping.remote(True)
+        if spec.ps_bandwidth:
+            actor.set_link.remote(spec.ps_link_bytes_per_s())
         return actor
 
     def _start_shards(self, params: np.ndarray, momentum: np.ndarray, step: int) -> None:
@@ -463,6 +467,7 @@ class Trainer:
         if self.spec.sync:
             ray.get([s.set_num_workers.remote(max(1, len(self.workers))) for s in self.shards])
         ray.get([s.stats.remote() for s in self.shards])  # fresh load windows under the new placement
+        self._shard_wait = [0.0] * len(self.shards)
         pause_s = result.pause_s + time.perf_counter() - t0
         if self.decisions is not None:
             self.decisions.applied(result.done, self.placement, result.moved_bytes, pause_s)
@@ -668,6 +673,10 @@ class Trainer:
         self._speed.append((now, self.global_step))
         while len(self._speed) > 2 and now - self._speed[0][0] > SPEED_WINDOW_S:
             self._speed.popleft()
+        if len(self._shard_wait) != len(self.shards):
+            self._shard_wait = [0.0] * len(self.shards)
+        for k, v in enumerate(res.shard_wait_s[:len(self.shards)]):
+            self._shard_wait[k] += v
         if res.steps and self.decisions is not None and hasattr(self.decisions, "observe_chunk"):
             self.decisions.observe_chunk(res.worker_id, res.steps, res.duration_s, res.compute_s)
         if res.steps:
@@ -685,10 +694,15 @@ class Trainer:
             self._shard_failed = True
             return []
         now = time.time()
+        waits = self._shard_wait if len(self._shard_wait) == len(stats) else [0.0] * len(stats)
+        self._shard_wait = [0.0] * len(stats)
+        stats = [dataclasses.replace(st, shard_id=k, wait_s=w)
+                 for k, (st, w) in enumerate(zip(stats, waits, strict=True))]
         for k, st in enumerate(stats):
+            blocks = tuple(block_loads(ShardLoad.from_stats(st), self.placement)) if self.placement else ()
             self._emit("on_shard", ShardReport(self.run_id, now, self.global_step, k, st.pushes,
-                                               st.bytes_in, st.bytes_out, st.busy_s, st.num_params))
-        stats = [dataclasses.replace(st, shard_id=k) for k, st in enumerate(stats)]
+                                               st.bytes_in, st.bytes_out, st.busy_s, st.num_params, st.apply_s,
+                                               st.queue_s, st.wait_s, blocks))
         if self.decisions is not None:
             self.decisions.observe(stats, self.global_step)
         return stats

@@ -37,6 +37,7 @@ class ChunkResult:
     staleness: tuple[int, ...]
     done: bool  # the shards refused a push: the target step is reached
     notice: dict[str, Any] | None = None  # a preemption notice arrived: the worker stopped to leave
+    shard_wait_s: tuple[float, ...] = ()  # per shard (placement index): summed send-to-reply time
 
 
 def pick_device() -> torch.device:
@@ -50,6 +51,24 @@ def pick_device() -> torch.device:
     if gpu_ids and torch.cuda.is_available():
         return torch.device("cuda", 0)
     return torch.device("cpu")
+
+
+def _gather_timed(refs: list[Any], live: list[int], wait_s: list[float], t_sent: float) -> list[Any]:
+    """``ray.get(refs)``, adding each shard's send-to-reply time to ``wait_s[shard]``."""
+    import ray
+
+    if len(refs) == 1:
+        replies = ray.get(refs)
+        wait_s[live[0]] += time.perf_counter() - t_sent
+        return replies
+    shard_of = dict(zip(refs, live, strict=True))
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        now = time.perf_counter()
+        for ref in ready:
+            wait_s[shard_of[ref]] += now - t_sent
+    return ray.get(refs)
 
 
 class Worker:
@@ -115,8 +134,6 @@ class Worker:
     # -- training --------------------------------------------------------------------------
     def run_steps(self, max_steps: int, max_s: float) -> ChunkResult:
         """Train up to ``max_steps`` steps or ``max_s`` seconds; stop early at the target step."""
-        import ray
-
         if self.step < 0:
             self.pull()
         self.model.train()
@@ -125,6 +142,7 @@ class Worker:
         compute_s = comm_s = loss_sum = 0.0
         steps, staleness, done = 0, [], False
         notice = None
+        wait_s = [0.0] * len(self.shards)
         while steps < max_steps and time.perf_counter() - t_start < max_s:
             if self.watcher is not None and self.watcher.notice is not None:
                 n = self.watcher.notice
@@ -137,9 +155,9 @@ class Worker:
             loss = F.cross_entropy(self.model(x), y)
             loss.backward()
             self.layout.grads_to_host()
-            t1 = time.perf_counter()
-            refs = [self.shards[k].push_pull.remote(self.layout.shard_grad(k), self.step) for k in live]
-            replies = ray.get(refs)
+            t1, sent_at = time.perf_counter(), time.time()
+            refs = [self.shards[k].push_pull.remote(self.layout.shard_grad(k), self.step, sent_at) for k in live]
+            replies = _gather_timed(refs, live, wait_s, t1)
             applied = all(r[2] for r in replies)
             for k, (values, _, _) in zip(live, replies, strict=True):
                 self.layout.set_shard_params(k, values)
@@ -157,7 +175,7 @@ class Worker:
             steps += 1
         return ChunkResult(self.worker_id, steps, time.perf_counter() - t_start,
                            loss_sum / steps if steps else float("nan"), compute_s, comm_s, self.step,
-                           tuple(staleness), done, notice)
+                           tuple(staleness), done, notice, tuple(wait_s))
 
     # -- chief duties ----------------------------------------------------------------------
     @torch.no_grad()

@@ -142,6 +142,29 @@ class ShardMetric(Base):
     bytes_out: Mapped[int] = mapped_column(BigInteger)
     busy_s: Mapped[float] = mapped_column(Float)
     num_params: Mapped[int] = mapped_column(BigInteger, default=0)
+    apply_s: Mapped[float | None] = mapped_column(Float)  # optimizer update part of busy_s
+    queue_s: Mapped[float | None] = mapped_column(Float)  # summed over pushes: send to start of service
+    wait_s: Mapped[float | None] = mapped_column(Float)  # summed over pushes: worker-observed send to reply
+
+
+class BlockMetric(Base):
+    """Load of one parameter block on its shard since the previous report (see ``BlockLoad``)."""
+
+    __tablename__ = "block_metrics"
+    __table_args__ = (Index("ix_block_metrics_run_step", "run_id", "global_step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(128))
+    time: Mapped[float] = mapped_column(Float)
+    global_step: Mapped[int] = mapped_column(BigInteger)
+    block_id: Mapped[int] = mapped_column(Integer)
+    shard_id: Mapped[int] = mapped_column(Integer)
+    pushes: Mapped[int] = mapped_column(Integer)
+    bytes_in: Mapped[int] = mapped_column(BigInteger)
+    bytes_out: Mapped[int] = mapped_column(BigInteger)
+    apply_s: Mapped[float] = mapped_column(Float)
+    queue_s: Mapped[float] = mapped_column(Float)
+    wait_s: Mapped[float] = mapped_column(Float)
 
 
 class EvalMetric(Base):
@@ -271,4 +294,5 @@ class ChiefRejoinPoint(Base):
     import_id: Mapped[int | None] = mapped_column(ForeignKey("imports.id"))
 
 
-METRIC_TABLES = ("step_metrics", "shard_metrics", "eval_metrics", "events", "checkpoints", "staleness")
+METRIC_TABLES = ("step_metrics", "shard_metrics", "block_metrics", "eval_metrics", "events", "checkpoints",
+                 "staleness")

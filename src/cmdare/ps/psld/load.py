@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from cmdare.ps.placement import Placement
 
-__all__ = ["BlockLoad", "ShardCost", "ShardLoad", "block_costs", "shard_costs"]
+__all__ = ["BlockLoad", "ShardCost", "ShardLoad", "block_costs", "block_loads", "shard_costs"]
 
 
 @dataclass(frozen=True)
@@ -50,17 +50,18 @@ class ShardLoad:
             raise ValueError(f"negative value in {self!r}")
 
     @classmethod
-    def from_stats(cls, stats: object, *, wait_s: float = 0.0) -> ShardLoad:
+    def from_stats(cls, stats: object, *, wait_s: float | None = None) -> ShardLoad:
         """Build from a shard's counters (e.g. :class:`cmdare.ps.shard.ShardStats`), duck-typed.
 
         Uses ``shard_id, window_s, pushes, bytes_in, bytes_out, busy_s`` and, when present,
-        ``apply_s`` (default: ``busy_s``), ``queue_s`` and ``wait_s`` (default: 0).
+        ``apply_s`` (default: ``busy_s``), ``queue_s`` and ``wait_s`` (default: 0); a given ``wait_s``
+        replaces the counters' own.
         """
         busy = float(stats.busy_s)  # type: ignore[attr-defined]
+        wait = float(getattr(stats, "wait_s", 0.0)) if wait_s is None else wait_s
         return cls(int(stats.shard_id), float(stats.window_s), int(stats.pushes),  # type: ignore[attr-defined]
                    int(stats.bytes_in), int(stats.bytes_out), busy,  # type: ignore[attr-defined]
-                   float(getattr(stats, "apply_s", busy)), float(getattr(stats, "queue_s", 0.0)),
-                   float(getattr(stats, "wait_s", wait_s)))
+                   float(getattr(stats, "apply_s", busy)), float(getattr(stats, "queue_s", 0.0)), wait)
 
     @property
     def busy_fraction(self) -> float:
@@ -80,9 +81,11 @@ class ShardLoad:
 
 @dataclass(frozen=True)
 class BlockLoad:
-    """What one block cost on its shard over a window (optional finer-grained monitoring).
+    """What one block cost on its shard over a window.
 
-    ``wait_s`` is the total time workers waited for this block's reply (0 when not measured).
+    A shard serves all its blocks in one request, so a block's ``queue_s`` (queueing delay) and
+    ``wait_s`` (time workers waited for its reply) are its shard's; its bytes are its own, and its
+    ``apply_s`` is its byte share of the shard's update time (the update is one pass over the shard).
     """
 
     block_id: int
@@ -92,6 +95,7 @@ class BlockLoad:
     bytes_out: int
     apply_s: float
     wait_s: float = 0.0
+    queue_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -163,4 +167,16 @@ def block_costs(loads: Sequence[ShardLoad], placement: Placement, *, push_overhe
         c = per_byte.get(s)
         if c is not None:
             out[b.block_id] = c * b.nbytes + block_overhead_s
+    return out
+
+
+def block_loads(load: ShardLoad, placement: Placement) -> list[BlockLoad]:
+    """Per-block loads of one shard's window under ``placement`` (see :class:`BlockLoad`)."""
+    blocks = placement.blocks_on(load.shard_id)
+    held = sum(b.nbytes for b in blocks)
+    out = []
+    for b in blocks:
+        share = b.nbytes / held if held else 0.0
+        out.append(BlockLoad(b.block_id, load.shard_id, load.pushes, b.nbytes * load.pushes,
+                             round(load.bytes_out * share), load.apply_s * share, load.wait_s, load.queue_s))
     return out
