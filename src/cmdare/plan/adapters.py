@@ -35,9 +35,11 @@ class QuantileLifetimes:
     """Lifetimes from ``cmdare.measure`` lifetime models, sampled through a cached quantile table.
 
     Each server type gets ``model:<type>`` when the model has parameters for that type, else the
-    model's default parameters. The table holds the sorted draws of a fixed-seed sample of the model,
-    so ``u -> table[u * n]`` is (up to 1/n) the model's inverse CDF, and a uniform ``u`` from the run's
-    stream keeps runs deterministic and monotone in ``u`` (common random numbers).
+    model's default parameters. With a launch hour (:meth:`lifetimes_at`), a bare model name also uses
+    the shipped time-of-day models (:mod:`cmdare.measure.lifetime_tod`). The table holds the sorted
+    draws of a fixed-seed sample of the model, so ``u -> table[u * n]`` is (up to 1/n) the model's
+    inverse CDF, and a uniform ``u`` from the run's stream keeps runs deterministic and monotone in
+    ``u`` (common random numbers).
 
     Args:
         spec: lifetime model spec, e.g. ``"bathtub"``, ``"exponential"``, ``"empirical"`` or a path.
@@ -48,6 +50,7 @@ class QuantileLifetimes:
 
         self.spec = spec
         self._tables: dict[str, np.ndarray] = {}
+        self._tod_tables: dict[str, tuple[int, list[np.ndarray]]] = {}
         self.sources: dict[str, str] = {}
         load_lifetime_model(spec)  # an unknown model name or a bad file fails here, not mid-plan
 
@@ -75,6 +78,48 @@ class QuantileLifetimes:
         """``size`` lifetimes (s) of transient ``server`` VMs (``region`` does not change the model)."""
         table = self._table(server)
         return table[(rng.random(size) * table.size).astype(np.int64)]
+
+    def _hour_tables(self, server: str) -> tuple[int, list[np.ndarray]]:
+        """(bucket width h, one quantile table per launch-hour bucket) of ``server``; buckets without
+        their own model share the pooled table, so they sample exactly what :meth:`sample` does."""
+        entry = self._tod_tables.get(server)
+        if entry is None:
+            pooled = self._table(server)
+            tod = self._tod_model(server)
+            if tod is None:
+                entry = (24, [pooled])
+            else:
+                tables = [
+                    np.sort(np.asarray(tod.buckets[b].sample(np.random.default_rng(12345), _QUANTILES), float))
+                    if b in tod.buckets else pooled
+                    for b in range(tod.n_buckets)
+                ]
+                entry = (tod.bucket_hours, tables)
+                hours = ", ".join(f"{b * tod.bucket_hours:02d}-{(b + 1) * tod.bucket_hours:02d} h"
+                                  for b in sorted(tod.buckets))
+                self.sources[server] += f" (own models for launches at {hours})" if hours else ""
+            self._tod_tables[server] = entry
+        return entry
+
+    def _tod_model(self, server: str):
+        """The shipped time-of-day model of ``server`` for a bare model name, else None (hour-agnostic)."""
+        from cmdare.measure.lifetime_models import LIFETIME_MODELS
+        from cmdare.measure.lifetime_tod import load_tod_model
+
+        if self.spec not in LIFETIME_MODELS:  # a file, or a model pinned to one server type
+            return None
+        try:
+            return load_tod_model(f"{self.spec}:{server}")
+        except UnknownNameError:
+            return None
+
+    def lifetimes_at(self, u: np.ndarray, server: str, region: str, launch_hour: float) -> np.ndarray:
+        """Lifetimes (s) for uniforms ``u`` in [0, 1) of ``server`` VMs launched at ``launch_hour``
+        (hour of day, US Pacific as in the data): the inverse CDF of that hour's bucket model, or of
+        the pooled model where the bucket had too few VMs to fit its own."""
+        width, tables = self._hour_tables(server)
+        table = tables[int((launch_hour % 24.0) // width)]
+        return table[(np.asarray(u, dtype=float) * table.size).astype(np.int64)]
 
 
 class NoRevocations:

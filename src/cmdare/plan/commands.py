@@ -81,6 +81,27 @@ _Deadline = Annotated[str | None, typer.Option("--deadline", help="e.g. 2h, 90mi
 _Catalog = Annotated[str | None, typer.Option("--catalog", help="Price catalog file or name (icac2019).")]
 _Cloud = Annotated[str, typer.Option("--cloud", help="Cloud whose prices apply: gcp or aws.")]
 _PsTransient = Annotated[bool, typer.Option("--ps-transient", help="Put the PS on transient VMs.")]
+_StartHour = Annotated[
+    int | None,
+    typer.Option(
+        "--start-hour",
+        help="Hour of day 0-23 (US Pacific) the job starts: lifetimes then depend on the hour each server "
+        "is launched. Default: hour-agnostic lifetimes.",
+    ),
+]
+
+
+def _start_hour(hour: int | None) -> int | None:
+    """Validate ``--start-hour``."""
+    if hour is not None and not 0 <= hour <= 23:
+        raise UserInputError(f"--start-hour must be an hour of day 0-23, got {hour}")
+    return hour
+
+
+def _source(models, start_hour: int | None) -> str:
+    if start_hour is None:
+        return models.source
+    return f"{models.source}; lifetimes by launch hour, job starts {start_hour:02d}:00 US Pacific"
 
 
 def _split(text: str) -> list[str]:
@@ -111,6 +132,7 @@ def plan(
         float | None,
         typer.Option("--min-accuracy", help="Keep configurations predicted to reach this final accuracy, e.g. 0.91."),
     ] = None,
+    start_hour: _StartHour = None,
 ) -> None:
     """Recommend a cluster: the cheapest meeting --deadline, or the fastest within --budget; with
     --min-accuracy only among configurations predicted to train accurately enough."""
@@ -138,7 +160,7 @@ def plan(
     gpu_list, region_list = _split(gpus), _split(regions)
     if not gpu_list or not region_list:
         raise UserInputError("--gpus and --regions need at least one name each")
-    job = JobSpec(model, steps, checkpoint_every)
+    job = JobSpec(model, steps, checkpoint_every, start_hour=_start_hour(start_hour))
     models = _models(model, lifetime, catalog, cloud)
     _check_names(models.prices, gpu_list, region_list)
     clusters = [
@@ -156,7 +178,7 @@ def plan(
     if as_json:
         typer.echo(json.dumps(_rec_json(rec), indent=2))
         return
-    _print_rec(rec, models.source, plot)
+    _print_rec(rec, _source(models, start_hour), plot)
 
 
 def _rec_json(rec) -> dict:
@@ -227,6 +249,7 @@ def simulate_cmd(
     catalog: _Catalog = None,
     cloud: _Cloud = "gcp",
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
+    start_hour: _StartHour = None,
 ) -> None:
     """Simulate one configuration: mean, P50 and P95 time and cost, revocations and replacements."""
     from cmdare.plan.simulator import simulate
@@ -236,7 +259,7 @@ def simulate_cmd(
         raise UserInputError(f"--runs must be at least 1, got {runs}")
     groups = parse_workers(workers, transient, region)
     cluster = ClusterSpec(groups, ps=ps, region=region, ps_transient=ps_transient, replacement=replacement)
-    job = JobSpec(model, steps, checkpoint_every)
+    job = JobSpec(model, steps, checkpoint_every, start_hour=_start_hour(start_hour))
     models = _models(model, lifetime, catalog, cloud)
     _check_names(models.prices, [g.gpu for g in groups], [region])
     summary = simulate(job, cluster, models, runs, seed)
@@ -254,6 +277,7 @@ def simulate_cmd(
         "replacement": replacement,
         "runs": runs,
         "seed": seed,
+        "start_hour": start_hour,
         "time_s": {"mean": summary.time_mean_s, "p50": summary.time_p50_s, "p95": summary.time_p95_s},
         "cost_usd": {"mean": summary.cost_mean_usd, "p50": summary.cost_p50_usd, "p95": summary.cost_p95_usd},
         "revocations_mean": summary.revocations_mean,
@@ -262,7 +286,7 @@ def simulate_cmd(
         "finished_fraction": summary.finished_fraction,
         "accuracy": {"mean": summary.extra.get("accuracy_mean"), "p5": summary.extra.get("accuracy_p5")},
         "deterministic_time_s": summary.extra["deterministic_time_s"],
-        "models": models.source,
+        "models": _source(models, start_hour),
     }
     if as_json:
         typer.echo(json.dumps(out))
@@ -286,7 +310,7 @@ def simulate_cmd(
     console.print(
         f"revocations {summary.revocations_mean:.2f}, replacements {summary.replacements_mean:.2f}, "
         f"steps lost {summary.steps_lost_mean:.0f}; revocation-free time "
-        f"{format_duration(out['deterministic_time_s'])}. Models: {models.source}",
+        f"{format_duration(out['deterministic_time_s'])}. Models: {out['models']}",
         highlight=False,
     )
 

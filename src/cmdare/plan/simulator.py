@@ -27,6 +27,12 @@ them) included.
 Determinism: run ``i`` of ``simulate(..., seed=s)`` uses its own stream spawned from ``s``, so its
 result does not depend on how many runs are asked for. Lifetimes of a worker group are drawn in one
 vectorized call per run, slot-major, which gives common random numbers across cluster sizes.
+
+Time of day: with ``job.start_hour`` and a lifetime sampler that has ``lifetimes_at`` (see
+:class:`~cmdare.plan.spec.TimeOfDayLifetimeSampler`), a server requested at simulated time ``t`` draws
+from the model of hour ``(start_hour + t / 3600) mod 24``: a replacement launched at night draws from
+the night model. The same uniforms are drawn, slot-major, as in the hour-agnostic case, and each is
+inverted through the model of the hour its server is requested, so common random numbers hold.
 """
 
 from __future__ import annotations
@@ -38,7 +44,15 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from cmdare.plan.spec import PS_SERVER, ClusterSpec, JobSpec, PlanModels, RunResult, SimSummary
+from cmdare.plan.spec import (
+    PS_SERVER,
+    ClusterSpec,
+    JobSpec,
+    PlanModels,
+    RunResult,
+    SimSummary,
+    TimeOfDayLifetimeSampler,
+)
 
 __all__ = ["Simulator", "simulate", "deterministic_time_s"]
 
@@ -96,6 +110,12 @@ class Simulator:
             models.prices.price_per_hour_usd(PS_SERVER, cluster.region, cluster.ps_transient) / 3600
         )
         self._rates: dict[tuple, float] = {}
+        #: Hour of day the job starts when lifetimes depend on it, else None (hour-agnostic draws).
+        self.start_hour: float | None = (
+            float(job.start_hour)
+            if job.start_hour is not None and isinstance(models.lifetimes, TimeOfDayLifetimeSampler)
+            else None
+        )
         self.base_time_s = self.total_time_at(tuple(cluster.gpu_counts.values()), self._slots[0].gpu)
 
     # ---- speed ---------------------------------------------------------------------------------
@@ -207,7 +227,8 @@ class _Run:
         self.counts = [0] * len(sim.gpus)
         self.live: dict[int, int] = {}  # slot -> gpu index of joined workers
         self.done = self.env.event()
-        self._lifetimes = self._draw_lifetimes()
+        self._tod = sim.start_hour is not None
+        self._lifetimes = self._draw_uniforms() if self._tod else self._draw_lifetimes()
         env = self.env
         for slot_id, slot in enumerate(sim._slots):
             self.counts[slot.gpu] += 1
@@ -239,11 +260,45 @@ class _Run:
             slot_id += group.count
         return out
 
+    def _draw_uniforms(self) -> dict[int, list[float]]:
+        """Time-of-day runs: the same slot-major uniforms as :meth:`_draw_lifetimes`; the first of each
+        slot is inverted now (the initial servers launch at the start hour), the others when the slot's
+        replacement is requested, through the model of that hour."""
+        out: dict[int, list[float]] = {}
+        lifetimes = self.sim.models.lifetimes
+        slot_id = 0
+        for group in self.sim.cluster.workers:
+            if group.transient:
+                u = self.rng.random(group.count * _LIFETIMES_PER_SLOT).reshape(group.count, _LIFETIMES_PER_SLOT)
+                first = lifetimes.lifetimes_at(u[:, 0], group.gpu, group.region, self.sim.start_hour).tolist()
+                rows = u.tolist()
+                for i in range(group.count):
+                    rows[i][0] = -1.0 - first[i]  # negative: already a lifetime (-1 - s), not a uniform
+                    out[slot_id + i] = rows[i][::-1]
+            slot_id += group.count
+        return out
+
+    def _hour(self) -> float:
+        """Hour of day now (time-of-day runs)."""
+        return (self.sim.start_hour + self.env.now / 3600.0) % 24.0
+
     def _lifetime(self, slot_id: int, gpu: str, region: str, same_type: bool) -> float:
         pool = self._lifetimes.get(slot_id)
-        if same_type and pool:
-            return pool.pop()
-        return float(self.sim.models.lifetimes.sample(self.rng, gpu, region, 1)[0])
+        lifetimes = self.sim.models.lifetimes
+        if not self._tod:
+            if same_type and pool:
+                return pool.pop()
+            return float(lifetimes.sample(self.rng, gpu, region, 1)[0])
+        u = pool.pop() if same_type and pool else float(self.rng.random())
+        if u < 0:
+            return -1.0 - u
+        return float(lifetimes.lifetimes_at(np.array([u]), gpu, region, self._hour())[0])
+
+    def _ps_lifetime(self, region: str) -> float:
+        lifetimes = self.sim.models.lifetimes
+        if not self._tod:
+            return float(lifetimes.sample(self.rng, PS_SERVER, region, 1)[0])
+        return float(lifetimes.lifetimes_at(self.rng.random(1), PS_SERVER, region, self._hour())[0])
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def _bill(self, delta_per_s: float) -> None:
@@ -334,7 +389,7 @@ class _Run:
         region = sim.cluster.region
         delay = 0.0
         while True:
-            life = float(sim.models.lifetimes.sample(self.rng, PS_SERVER, region, 1)[0])
+            life = self._ps_lifetime(region)
             if delay > 0:
                 if life <= delay:  # revoked while starting up: still down
                     yield env.timeout(life)

@@ -30,6 +30,7 @@ __all__ = [
     "SimSummary",
     "SpeedModel",
     "StartupSampler",
+    "TimeOfDayLifetimeSampler",
     "WorkerGroup",
     "parse_workers",
 ]
@@ -62,6 +63,21 @@ class LifetimeSampler(Protocol):
 
     def sample(self, rng: np.random.Generator, server: str, region: str, size: int) -> np.ndarray:
         """``size`` lifetimes in seconds of transient ``server`` servers in ``region``."""
+        ...
+
+
+@runtime_checkable
+class TimeOfDayLifetimeSampler(Protocol):
+    """Lifetimes that depend on the hour of day a server is launched (an optional extension of
+    :class:`LifetimeSampler`: the simulator uses it when the job has a ``start_hour``)."""
+
+    def sample(self, rng: np.random.Generator, server: str, region: str, size: int) -> np.ndarray:
+        """Hour-agnostic lifetimes, as :meth:`LifetimeSampler.sample`."""
+        ...
+
+    def lifetimes_at(self, u: np.ndarray, server: str, region: str, launch_hour: float) -> np.ndarray:
+        """Lifetimes (s) for uniforms ``u`` in [0, 1) of servers launched at ``launch_hour`` (0 <= h < 24):
+        the inverse CDF of that hour's model, non-decreasing in ``u`` (common random numbers)."""
         ...
 
 
@@ -122,12 +138,17 @@ class JobSpec:
 
     The default checkpoint interval, 1,000 steps, is Tensor2Tensor's ``local_eval_frequency``, which
     CM-DARE's runs used as ``save_checkpoints_steps``.
+
+    ``start_hour`` is the hour of day (0-23, the lifetime data's clock: US Pacific) at which the job
+    starts; with it, every server's lifetime comes from the model of the hour it is requested
+    (time-of-day-aware lifetimes). None: hour-agnostic lifetimes.
     """
 
     workload: str
     total_steps: int
     checkpoint_every_steps: int = 1000
     batch_size: int | None = None
+    start_hour: int | None = None
 
     def __post_init__(self) -> None:
         if self.total_steps <= 0:
@@ -136,6 +157,10 @@ class JobSpec:
             raise UserInputError(f"checkpoint interval must be positive, got {self.checkpoint_every_steps}")
         if self.batch_size is not None and self.batch_size <= 0:
             raise UserInputError(f"batch size must be positive, got {self.batch_size}")
+        if self.start_hour is not None and not (
+            isinstance(self.start_hour, int | float) and 0 <= self.start_hour < 24
+        ):
+            raise UserInputError(f"start hour must be an hour of day 0-23, got {self.start_hour}")
 
 
 @dataclass(frozen=True)
