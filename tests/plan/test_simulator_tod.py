@@ -170,3 +170,11 @@ def test_cli_start_hour_is_deterministic_and_reported(monkeypatch, capsys):
     assert again["time_s"] == data["time_s"] and again["cost_usd"] == data["cost_usd"]
     plain = json.loads(_cli(monkeypatch, capsys, *SIM)[1])
     assert plain["start_hour"] is None and "launch hour" not in plain["models"]
+
+
+def test_cli_plan_with_a_start_hour_recommends(monkeypatch, capsys):
+    code, out, err = _cli(monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "64000", "--gpus", "k80",
+                          "--max-workers", "2", "--max-ps", "1", "--runs", "5", "--start-hour", "3", "--json")
+    assert code == 0 and err == ""
+    rec = json.loads(out)
+    assert rec["choice"] is not None and rec["front"] and "K80" in rec["choice"]["config"]

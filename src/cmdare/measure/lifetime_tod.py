@@ -379,9 +379,12 @@ def load_tod_model(spec: str) -> TimeOfDayLifetime:
 def main(argv: list[str] | None = None) -> None:
     """Print the time-of-day statistics of the public data; ``--write`` also refits the defaults."""
     import argparse
+    import os
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    data = Path("/work/shared/data/lifetimes")
+    # The shared public data next to the checkout (``../shared/data``), or $CMDARE_SHARED_DATA.
+    shared = Path(os.environ.get("CMDARE_SHARED_DATA", Path(__file__).resolve().parents[4] / "shared" / "data"))
+    data = shared / "lifetimes"
     parser.add_argument("--gpu-csv", type=Path, default=data / "gce_gpu_lifetimes.csv")
     parser.add_argument("--cpu-json", type=Path, default=data / "gce_cpu_preemptions.json")
     parser.add_argument("--write", action="store_true", help=f"write {TOD_DEFAULTS_PATH.name}")
