@@ -3,21 +3,20 @@ balance before and after balancing, PSLD's cost without a straggler, and elastic
 
 Every configuration is a real :class:`cmdare.train.Trainer` run on one local Ray instance: asynchronous
 training of ``resnet8_fc`` (ResNet-8 trunk + a 4,096x1,024 fully connected layer: one 16 MiB tensor
-among small ones, so the shards, not the workers, bound the step rate on CPU) on digits, same seed for
-every run. Steady-state steps/s is measured over the second half of each run (global steps between
-the first chunk reported at or after ``steps/2`` and the last chunk, over the time between them), so
-PSLD is measured after it converged and start-up is excluded. The load ratio is max/mean of
-``ShardReport.busy_s`` per shard: PSLD's first load window (before any move) against the sum of its
-last ``--last-windows`` windows.
+among small ones) on digits, same seed for every run. Steady-state steps/s is measured over the second
+half of each run (global steps between the first chunk reported at or after ``steps/2`` and the last
+chunk, over the time between them), so PSLD is measured after it converged and start-up is excluded.
+The load ratio is max/mean of ``ShardReport.busy_s`` per shard: PSLD's first load window (before any
+move) against the sum of its last ``--last-windows`` windows.
 
-Elastic: one shard, slowed 10x by default (``--elastic-straggler 0:10``) because on this machine an
-unslowed shard is never saturated (busy < 80% of the time, PSLD's scale-out threshold),
-``elastic_ps=True`` and PSLD placement; steps/s over time with the ``ps_add`` /
-``ps_remove`` events marked goes to ``docs/img/psld_elastic.png``.
+PS-bound, like a cloud PS: every PS server gets an emulated network link (``--ps-bandwidth``, default
+200 MB/s = 1.6 Gbit/s; each push and its reply take bytes / bandwidth on the shard, one transfer at
+a time), so the shards, not the 2 shared CPU cores, bound the step rate, as they do for PSLD's and
+CM-DARE's PS stragglers. The straggler (``--factor``, 3x) slows that shard's whole service (update and
+link). ``--ps-bandwidth ''`` runs without the link (CPU-bound on this machine: see docs/benchmarks.md).
 
-All workers and shards share the machine's 2 physical cores (and other engineers' jobs): parallel
-shards cannot add real CPU, so the straggler comparison measures *waiting* on the slow shard (the
-injected slowdown sleeps), which balancing removes, more than compute.
+Elastic: one shard, no straggler, ``elastic_ps=True`` and PSLD placement; steps/s over time with the
+``ps_add`` / ``ps_remove`` events marked goes to ``docs/img/psld_elastic.png``.
 
 Usage: .venv/bin/python bench/psld.py [--steps 400] [--workers 2] [--ps 3] [--elastic-steps 600]
 Prints one JSON object as its last line.
@@ -89,7 +88,7 @@ def run(args: argparse.Namespace, placement: str, ps: int, steps: int, straggler
     spec = TrainSpec(model=MODEL, dataset="digits", workers=args.workers, ps=ps, steps=steps,
                      batch_size=args.batch_size, placement=placement, checkpoint_every=0, eval_every=0,
                      seed=args.seed, chunk_steps=args.chunk_steps, straggler=straggler, elastic_ps=elastic,
-                     balance_every=args.balance_every)
+                     balance_every=args.balance_every, ps_bandwidth=args.ps_bandwidth or None)
     cb = _collector()
     with tempfile.TemporaryDirectory() as tmp:
         summary = Trainer(spec, [cb], checkpoint_dir=tmp).run()
@@ -120,7 +119,7 @@ def load_ratio(busy: dict[int, float]) -> float:
     return max(vals) / statistics.fmean(vals) if vals and statistics.fmean(vals) > 0 else float("nan")
 
 
-def plot_elastic(cb: Any, path: Path, load: float, straggler: str) -> None:
+def plot_elastic(cb: Any, path: Path, load: float, straggler: str, bandwidth: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -145,7 +144,8 @@ def plot_elastic(cb: Any, path: Path, load: float, straggler: str) -> None:
     ax.set_xlabel("time since first chunk (s)")
     ax.set_ylabel("global steps/s")
     slow = f", shard 0 slowed {straggler.split(':')[1]}x" if straggler else ""
-    ax.set_title(f"PSLD elastic shards from 1 ({MODEL}, 2 workers{slow}; shared 2-core machine, "
+    link = f", PS link {bandwidth}" if bandwidth else ""
+    ax.set_title(f"PSLD elastic shards from 1 ({MODEL}, 2 workers{slow}{link}; 2-core machine, "
                  f"load ~{load:.0f})", fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
@@ -164,13 +164,17 @@ def main() -> None:
     ap.add_argument("--balance-every", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--factor", type=float, default=3.0, help="straggler slowdown factor")
+    ap.add_argument("--ps-bandwidth", default="200MB/s",
+                    help="emulated link of every PS server ('' for none: shards then bound by CPU only)")
+    ap.add_argument("--only", default="", help="comma list of placements to run (default: all)")
     ap.add_argument("--last-windows", type=int, default=3)
     ap.add_argument("--elastic-steps", type=int, default=600)
-    ap.add_argument("--elastic-straggler", default="0:10",
+    ap.add_argument("--elastic-straggler", default="",
                     help="straggler for the elastic run (e.g. 0:3 to saturate the single shard)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: straggler,balanced,elastic")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    only = set(filter(None, args.only.split(",")))
     load_start = os.getloadavg()[0]
     t_bench = time.time()
 
@@ -181,11 +185,12 @@ def main() -> None:
              include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     half = args.steps // 2
     out: dict[str, Any] = {"model": MODEL, "workers": args.workers, "ps": args.ps, "steps": args.steps,
+                           "ps_bandwidth": args.ps_bandwidth,
                            "straggler_factor": args.factor, "measured_from_step": half}
     try:
         if "straggler" not in skip:
             rates: dict[str, float] = {}
-            for name in (*STATIC, "psld"):
+            for name in [n for n in (*STATIC, "psld") if not only or n in only]:
                 slow = heaviest_shard(name, args.ps)
                 out.setdefault("straggler_shard", {})[name] = slow
                 _, cb = run(args, name, args.ps, args.steps, f"{slow}:{args.factor:g}")
@@ -206,7 +211,7 @@ def main() -> None:
                 else:
                     out.setdefault("static_load_ratio", {})[name] = load_ratio(
                         {k: sum(win.get(k, 0.0) for win in w[len(w) // 2:]) for k in w[-1]})
-            best = max(STATIC, key=lambda n: rates[n])
+            best = max((n for n in STATIC if n in rates), key=lambda n: rates[n])
             out["straggler_steps_per_s"] = rates
             out["best_static"] = best
             out["speedup_vs_best_static"] = rates["psld"] / rates[best]
@@ -241,7 +246,7 @@ def main() -> None:
                         (pre[-1].global_step - pre[0].global_step) / (pre[-1].time - pre[0].time))
                     out["elastic"]["steps_per_s_after_first_change"] = (
                         (post[-1].global_step - post[0].global_step) / (post[-1].time - post[0].time))
-            plot_elastic(cb, IMG / "psld_elastic.png", load_start, args.elastic_straggler)
+            plot_elastic(cb, IMG / "psld_elastic.png", load_start, args.elastic_straggler, args.ps_bandwidth)
     finally:
         ray.shutdown()
     out["load_avg_start"] = round(load_start, 1)

@@ -57,10 +57,11 @@ class _Log(TrainCallback):
 
 
 def test_overloaded_ps_on_a_live_run_gets_a_second_shard(local_ray, tmp_path):
-    # CM-DARE's case: one PS saturates. Here: a model with one 4M-parameter tensor on a PS made 8x slower,
-    # so the PS stays the bottleneck however slow the shared CPUs make the workers.
-    spec = TrainSpec(model="resnet8_fc", dataset="digits", workers=3, ps=1, steps=240, batch_size=32,
-                     checkpoint_every=0, eval_every=0, seed=0, straggler="0:8", auto_mitigate=True,
+    # CM-DARE's case: one PS saturates on its network link. Here the PS server's link is emulated at 4 MB/s
+    # (resnet8: 0.62 MB per push, ~6 pushes/s), so the PS stays the bottleneck however slow the shared CPUs
+    # make the workers.
+    spec = TrainSpec(model="resnet8", dataset="digits", workers=3, ps=1, steps=240, batch_size=32,
+                     checkpoint_every=0, eval_every=0, seed=0, ps_bandwidth="4MB/s", auto_mitigate=True,
                      balance_every=60)
     log = _Log()
     summary = Trainer(spec, [log], checkpoint_dir=tmp_path).run()
@@ -68,6 +69,7 @@ def test_overloaded_ps_on_a_live_run_gets_a_second_shard(local_ray, tmp_path):
     found = [e for e in log.events if e.kind == "bottleneck" and e.details["diagnosis"] == "ps_saturated"]
     assert found, [e.details for e in log.events if e.kind == "bottleneck"]
     assert [e for e in log.events if e.kind == "ps_add"]
-    # the effect (speed after / before) is measured and recorded; its size is a timing, not asserted here
+    # the effect (speed after / before) is measured and recorded; its size is a timing, measured in
+    # bench/mitigation.py, not asserted here
     effect = [e for e in log.events if e.kind == "mitigation" and e.details.get("phase") == "effect"]
     assert effect and effect[0].details["speedup"] > 0 and effect[0].details["action"] == "AddShard"

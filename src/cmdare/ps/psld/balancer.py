@@ -23,7 +23,8 @@ Each decision (every ``interval_steps`` steps, and only after a fresh window sin
    the rest of the plan is re-planned at the next decision with fresh measurements.
 2. **Scale out** (``elastic``): when every shard is saturated (busy fraction >= ``saturated_busy``)
    and a placement with one more shard, filled by the planner, is predicted to cut the step time
-   by ``scale_out_min_gain``: ``[AddShard(), Move(..., dst=new), ...]``. The model's prediction is
+   by ``scale_out_min_gain`` and to pay for its migration within ``cooldown_decisions + 1``
+   intervals (the least it stays): ``[AddShard(), Move(..., dst=new), ...]``. The model's prediction is
    checked against measurement: if the last shard added cut the measured step time by less than
    half of ``scale_out_min_gain``, scaling out stops until the step time grows by 20% (more load).
 3. **Scale in** (``elastic``): when every shard is idle (busy fraction <= ``idle_busy``) and the
@@ -176,12 +177,12 @@ class PsldBalancer:
         greedy = plan_rebalance(placement, self.model, explore=0.0)
         return greedy if greedy.moves and self._worth_it(greedy, now_s, min_gain) else plan
 
-    def _worth_it(self, plan: Plan, now_s: float, min_gain: float) -> bool:
-        """Gain above hysteresis and noise, and paid back within ``payback_steps``."""
+    def _worth_it(self, plan: Plan, now_s: float, min_gain: float, horizon: int = 1) -> bool:
+        """Gain above hysteresis and noise, and paid back within ``horizon * payback_steps``."""
         gain_s = plan.gain_s
         if now_s <= 0 or gain_s < min_gain * now_s or gain_s < self.noise_z * self._noise_s(plan):
             return False
-        saved_s = gain_s * self.pushes_per_step * self.payback_steps
+        saved_s = gain_s * self.pushes_per_step * self.payback_steps * horizon
         return saved_s > self.model.migration_cost_s(plan.moved_bytes)
 
     def _noise_s(self, plan: Plan) -> float:
@@ -209,7 +210,8 @@ class PsldBalancer:
         step_s = self.step_time_s if self.step_time_s > 0 else now_s * self.pushes_per_step
         if plan.gain_s * self.pushes_per_step < self.scale_out_min_gain * step_s:
             return []
-        if plan.moves and self._worth_it(plan, now_s, 0.0):
+        # A new shard stays at least until the cooldown ends: it has that long to pay for its migration.
+        if plan.moves and self._worth_it(plan, now_s, 0.0, horizon=self.cooldown_decisions + 1):
             self._last_add_step_s = self.step_time_s or None
             self._plateau_step_s = None
             return [AddShard(), *plan.moves]
