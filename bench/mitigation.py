@@ -9,8 +9,8 @@ slow-PS regime). Three runs with the same seed:
 * ``static_1ps``: one shard, no mitigation (the overloaded baseline);
 * ``mitigated``: one shard, ``auto_mitigate=True``; steps/s before the first ``ps_add`` and after the
   last one (global steps over time, start-up and the 2 s after each change excluded);
-* ``static_best``: the number of shards the mitigated run ended with, from the start (the speed
-  mitigation should recover to).
+* ``static_best``: the number of shards the mitigated run ended with, from the start, under the best
+  of the greedy, MXNet and BytePS placements (the speed mitigation should recover to).
 
 Usage: .venv/bin/python bench/mitigation.py [--steps 400] [--workers 3] [--ps-bandwidth 4MB/s]
 Prints one JSON object as its last line.
@@ -27,6 +27,9 @@ import time
 from typing import Any
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Static placements the mitigated run is compared with, at the shard count it ended with (TensorFlow's
+# round-robin is left out: on resnet8 with 3 shards it puts 99% of the bytes on one shard).
+STATIC = ("greedy", "mxnet", "byteps")
 
 
 def _collector() -> Any:
@@ -46,11 +49,11 @@ def _collector() -> Any:
     return Collect()
 
 
-def run(args: argparse.Namespace, ps: int, auto: bool) -> tuple[Any, Any]:
+def run(args: argparse.Namespace, ps: int, auto: bool, placement: str = "round-robin") -> tuple[Any, Any]:
     from cmdare.train import Trainer, TrainSpec
 
     spec = TrainSpec(model=args.model, dataset="digits", workers=args.workers, ps=ps, steps=args.steps,
-                     batch_size=args.batch_size, checkpoint_every=0, eval_every=0, seed=args.seed,
+                     batch_size=args.batch_size, placement=placement, checkpoint_every=0, eval_every=0, seed=args.seed,
                      auto_mitigate=auto, balance_every=args.balance_every, ps_bandwidth=args.ps_bandwidth)
     cb = _collector()
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,8 +107,13 @@ def main() -> None:
             out["mitigated_before_steps_per_s"] = rate(cbm, cbm.steps[0].time + 2.0, adds[0].time)
             out["mitigated_after_steps_per_s"] = rate(cbm, adds[-1].time + 2.0, cbm.steps[-1].time)
             out["first_add_at_step"] = adds[0].global_step
-        _, cbb = run(args, final_shards, False)
-        out["static_best_steps_per_s"] = rate(cbb, cbb.steps[0].time + 2.0, cbb.steps[-1].time)
+        static = {}
+        for name in STATIC:
+            _, cbb = run(args, final_shards, False, name)
+            static[name] = rate(cbb, cbb.steps[0].time + 2.0, cbb.steps[-1].time)
+        out["static_steps_per_s"] = static
+        out["static_best"] = max(static, key=lambda n: static[n] or 0.0)
+        out["static_best_steps_per_s"] = static[out["static_best"]]
     finally:
         ray.shutdown()
     before, after = out.get("mitigated_before_steps_per_s"), out.get("mitigated_after_steps_per_s")
