@@ -13,7 +13,7 @@ from cmdare.measure.importers.lifetimes import import_lifetimes
 from cmdare.measure.recorder import StoreRecorder
 from cmdare.measure.reports import REPORTS, build_report
 from cmdare.measure.store import open_store
-from cmdare.train.callbacks import CheckpointReport, EventReport, RunInfo, RunSummary, StepReport
+from cmdare.train.callbacks import CheckpointReport, EventReport, RunInfo, RunSummary, ShardReport, StepReport
 
 pytestmark = needs_data
 
@@ -105,6 +105,10 @@ def test_run_report_marks_events_and_cost(tmp_path):
     )
     rec.on_event(EventReport("run-x", t0 + 45, "replacement_joined", 90, 1, None, "w2", {"price_per_hour_usd": 0.36}))
     rec.on_checkpoint(CheckpointReport("run-x", t0 + 40, 80, 0, "/c", 1000, 0.1))
+    for k in range(2):  # two load windows per shard; shard 1 is the slow one
+        for t in (10, 20):
+            rec.on_shard(ShardReport("run-x", t0 + t, t * 2, k, 50, 2_000_000, 2_000_000, 0.5 * (1 + 2 * k), 1000,
+                                     apply_s=0.1, queue_s=0.05 * (1 + k), wait_s=1.0 * (1 + 2 * k)))
     rec.on_run_end(RunSummary("run-x", t0 + 60, "finished", 120, 60.0, 2.0, 0.9, 0.1, 1, 1))
     rec.close()
     rep = build_report("run", store, run_id="run-x")
@@ -113,6 +117,10 @@ def test_run_report_marks_events_and_cost(tmp_path):
     assert float(summary["cost_usd"]) == pytest.approx(0.36 * (30 + 15) / 3600, rel=1e-6)
     assert len(rep.tables["timeline"]) > 5
     assert set(rep.tables["events"].kind) == {"revocation", "replacement_joined"}
+    shards = rep.tables["shards"].set_index("shard_id")
+    assert shards.pushes.tolist() == [100, 100] and shards.mb_in.tolist() == [4.0, 4.0]
+    assert shards.service_ms.tolist() == [10.0, 30.0] and shards.queue_ms.tolist() == [1.0, 2.0]
+    assert shards.wait_ms.tolist() == [20.0, 60.0]
     assert rep.save_plot(tmp_path / "run.png").stat().st_size > 5_000
     with pytest.raises(DataNotFoundError, match="recent runs: run-x"):
         build_report("run", store, run_id="nope")

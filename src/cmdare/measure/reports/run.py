@@ -1,4 +1,5 @@
-"""``cmdare report run RUN_ID``: one run's throughput over time, events, cost so far and push staleness."""
+"""``cmdare report run RUN_ID``: one run's throughput over time, events, cost so far, push staleness and
+parameter-shard load (service, queueing and worker-observed wait per push)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,23 @@ def staleness_table(hist: Any) -> Any:
     return pd.DataFrame(rows, columns=cols)
 
 
+def shard_table(shards: Any) -> Any:
+    """Per shard over the run: pushes, MB in/out, and per push the service time, the queueing delay and
+    the workers' wait (ms); empty when the run recorded no shard load."""
+    import pandas as pd
+
+    cols = ["shard_id", "pushes", "mb_in", "mb_out", "service_ms", "queue_ms", "wait_ms"]
+    if shards is None or not len(shards) or shards.pushes.sum() == 0:
+        return pd.DataFrame(columns=cols)
+    g = shards.fillna({"queue_s": 0.0, "wait_s": 0.0}).groupby("shard_id", as_index=False).sum(numeric_only=True)
+    g = g[g.pushes > 0]
+    per = 1000.0 / g.pushes
+    return pd.DataFrame({"shard_id": g.shard_id.astype(int), "pushes": g.pushes.astype(int),
+                         "mb_in": (g.bytes_in / 1e6).round(1), "mb_out": (g.bytes_out / 1e6).round(1),
+                         "service_ms": (g.busy_s * per).round(2), "queue_ms": (g.queue_s * per).round(2),
+                         "wait_ms": (g.wait_s * per).round(2)}, columns=cols)
+
+
 def build(store: Store, run_id: str | None = None) -> Report:
     """The report of one run (throughput, events, checkpoints, cost)."""
     import pandas as pd
@@ -79,6 +97,7 @@ def build(store: Store, run_id: str | None = None) -> Report:
     servers = store.frame("servers", where=lambda c: c.run_id == run_id)
     stale_hist = store.frame("staleness", where=lambda c: c.run_id == run_id)
     stale_df = staleness_table(stale_hist)
+    shard_df = shard_table(store.frame("shard_metrics", where=lambda c: c.run_id == run_id))
     t0 = run.started_at or (float(steps.time.min()) if len(steps) else 0.0)
     now = run.ended_at or (float(steps.time.max()) if len(steps) else time.time())
     speed = steps[steps.cluster_steps_per_s.notna()]
@@ -165,7 +184,8 @@ def build(store: Store, run_id: str | None = None) -> Report:
     return Report(
         "run",
         f"Run {run_id}",
-        {"summary": summary_df, "timeline": timeline, "events": event_df, "staleness": stale_df},
+        {"summary": summary_df, "timeline": timeline, "events": event_df, "staleness": stale_df,
+         "shards": shard_df},
         [],
         plot,
         figsize=(15, 4.5) if len(stale_hist) else (11, 4.5),
