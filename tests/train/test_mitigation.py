@@ -57,15 +57,15 @@ class _Log(TrainCallback):
 
 
 def test_overloaded_ps_on_a_live_run_gets_a_second_shard(local_ray, tmp_path):
-    # CM-DARE's case: one PS saturates on its network link. Here the PS server's link is emulated at 4 MB/s
-    # (resnet8: 0.62 MB per push, ~6 pushes/s), so the PS stays the bottleneck however slow the shared CPUs
+    # CM-DARE's case: one PS saturates on its network link. Here the PS server's link is emulated at 8 MB/s
+    # (resnet8: 0.62 MB per push, ~13 pushes/s), so the PS stays the bottleneck however slow the shared CPUs
     # make the workers.
-    spec = TrainSpec(model="resnet8", dataset="digits", workers=3, ps=1, steps=240, batch_size=32,
-                     checkpoint_every=0, eval_every=0, seed=0, ps_bandwidth="4MB/s", auto_mitigate=True,
-                     balance_every=60)
+    spec = TrainSpec(model="resnet8", dataset="digits", workers=3, ps=1, steps=160, batch_size=32,
+                     checkpoint_every=0, eval_every=0, seed=0, ps_bandwidth="8MB/s", auto_mitigate=True,
+                     balance_every=40)
     log = _Log()
     summary = Trainer(spec, [log], checkpoint_dir=tmp_path).run()
-    assert summary.status == "finished" and summary.global_step == 240
+    assert summary.status == "finished" and summary.global_step == 160
     found = [e for e in log.events if e.kind == "bottleneck" and e.details["diagnosis"] == "ps_saturated"]
     assert found, [e.details for e in log.events if e.kind == "bottleneck"]
     assert [e for e in log.events if e.kind == "ps_add"]
