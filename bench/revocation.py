@@ -168,6 +168,7 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
+    from cmdare.cloud.detection import LOCAL_FAILURE_DETECTION
     from cmdare.cloud.local import LocalClusterProvider
     from cmdare.ps.optimizer import OptimizerConfig
     from cmdare.train import Trainer, TrainSpec
@@ -202,7 +203,7 @@ def main() -> None:
     logging.getLogger("ray").setLevel(logging.ERROR)
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 3, "node_ip_address": "127.0.0.1", "resources": {"cmdare_ps": 100},
-        "include_dashboard": False})
+        "include_dashboard": False, "_system_config": LOCAL_FAILURE_DETECTION})
     ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
     spec = TrainSpec(model=args.model, dataset="digits", workers=args.workers, ps=1, steps=args.steps,
                      batch_size=32, optimizer=OptimizerConfig(lr=0.05), checkpoint_every=0, eval_every=0,

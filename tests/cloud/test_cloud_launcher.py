@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import yaml
 
 from cmdare.cloud.catalog import NotOfferedError, load_catalog
+from cmdare.cloud.detection import CLOUD_FAILURE_DETECTION
 from cmdare.cloud.launcher import PS_RESOURCE, WORKER_RESOURCE, cluster_config, render_yaml
 from cmdare.errors import UnknownNameError, UserInputError
 
@@ -53,6 +55,10 @@ def test_gcp_config_passes_ray_validation_with_preemptible_gpu_workers(cat, ray_
     assert config["provider"]["availability_zone"].startswith("us-east1-")
     assert any("cmdare" in cmd for cmd in prepared["setup_commands"])
     assert "CMDARE_NOTICE_PROVIDER=gce" in " ".join(worker["worker_setup_commands"])
+    # the head declares a silent (revoked without notice) node dead in seconds, not Ray's default ~15 s+
+    head_start = " ".join(prepared["head_start_ray_commands"])
+    flag = head_start.split("--system-config=", 1)[1].split()[0].strip("'")
+    assert json.loads(flag) == CLOUD_FAILURE_DETECTION
     assert "$0.256/h" in text if transient else "$0.723/h" in text  # the header prices the cluster
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -92,3 +93,22 @@ def test_unknown_name_and_bad_counts() -> None:
     assert "digits" in str(info.value) and info.value.kind == "dataset"
     with pytest.raises(UserInputError):
         load_dataset("synthetic", num_train=0)
+
+
+def test_digits_read_from_the_data_file_equal_scikit_learns_loader() -> None:
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits as sk_digits
+
+    from cmdare.datasets.builtin import _digits_arrays
+
+    x, y = _digits_arrays()
+    bunch = sk_digits()
+    np.testing.assert_array_equal(x, bunch.images.astype(np.float32))
+    np.testing.assert_array_equal(y, bunch.target)
+    # and a fresh process loads digits without importing scikit-learn (a replacement worker's start-up)
+    code = ("import sys; from cmdare.datasets import load_dataset; load_dataset('digits'); "
+            "print('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -7,6 +7,7 @@ import os
 import pytest
 from sqlalchemy import text
 
+from cmdare.cloud.detection import LOCAL_FAILURE_DETECTION
 from cmdare.cloud.local import LocalClusterProvider
 from cmdare.measure.recorder import StoreRecorder
 from cmdare.measure.store import open_store
@@ -24,7 +25,7 @@ def cluster():
 
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 3, "node_ip_address": "127.0.0.1", "resources": {"cmdare_ps": 100},
-        "include_dashboard": False})
+        "include_dashboard": False, "_system_config": LOCAL_FAILURE_DETECTION})
     ray.init(address=c.address, log_to_driver=False, logging_level="ERROR")
     yield c
     ray.shutdown()

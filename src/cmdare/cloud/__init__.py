@@ -5,7 +5,8 @@
 * :mod:`cmdare.cloud.servers` - :class:`ServerSpec` and per-second :func:`cost_usd`;
 * :mod:`cmdare.cloud.notices` - :class:`NoticeWatcher` for GCE/AWS preemption notices and
   :class:`LocalMetadataServer`, a local endpoint that emulates them;
-* :mod:`cmdare.cloud.launcher` - Ray cluster-launcher YAML for GCP preemptible / AWS Spot workers.
+* :mod:`cmdare.cloud.launcher` - Ray cluster-launcher YAML for GCP preemptible / AWS Spot workers;
+* :mod:`cmdare.cloud.detection` - how fast Ray declares a silent (revoked) node dead.
 """
 
 from cmdare.cloud.catalog import Catalog, GpuType, NotOfferedError, Offering, gpu_tflops, load_catalog

@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from cmdare.cloud.catalog import Catalog, Offering
+from cmdare.cloud.detection import CLOUD_FAILURE_DETECTION, system_config_flag
 from cmdare.errors import UnknownNameError, UserInputError
 
 __all__ = [
@@ -232,7 +233,8 @@ def cluster_config(
         "head_start_ray_commands": [
             "ray stop",
             "ulimit -n 65536; ray start --head --port=6379 --object-manager-port=8076 "
-            "--autoscaling-config=~/ray_bootstrap_config.yaml --dashboard-host=0.0.0.0",
+            "--autoscaling-config=~/ray_bootstrap_config.yaml --dashboard-host=0.0.0.0 "
+            + system_config_flag(CLOUD_FAILURE_DETECTION),
         ],
         "worker_start_ray_commands": [
             "ray stop",

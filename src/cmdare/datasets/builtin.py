@@ -27,11 +27,8 @@ def load_digits(data_dir: Path | None, num_train: int, num_test: int, seed: int)
     are ignored: the dataset is used whole.
     """
     import torch
-    from sklearn.datasets import load_digits as sk_digits
 
-    bunch = sk_digits()
-    x = bunch.images.astype(np.float32)
-    y = bunch.target.astype(np.int64)
+    x, y = _digits_arrays()
     order = np.random.default_rng(seed).permutation(len(y))
     n_test = round(len(y) * DIGITS_TEST_FRACTION)
     test_idx, train_idx = np.sort(order[:n_test]), np.sort(order[n_test:])
@@ -48,6 +45,24 @@ def load_digits(data_dir: Path | None, num_train: int, num_test: int, seed: int)
         10,
         (1, 8, 8),
     )
+
+
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as (images float32 [n, 8, 8], labels int64), read from the data file it
+    ships without importing scikit-learn (~1 s of a replacement worker's start-up)."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz" if spec else None
+    if path is not None and path.is_file():
+        with gzip.open(path, "rt") as f:
+            data = np.loadtxt(f, delimiter=",", dtype=np.float64)
+        return data[:, :-1].reshape(-1, 8, 8).astype(np.float32), data[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits as sk_digits
+
+    bunch = sk_digits()
+    return bunch.images.astype(np.float32), bunch.target.astype(np.int64)
 
 
 def load_synthetic(data_dir: Path | None, num_train: int, num_test: int, seed: int) -> Dataset:

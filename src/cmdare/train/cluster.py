@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 
+from cmdare.cloud.detection import LOCAL_FAILURE_DETECTION
 from cmdare.errors import ClusterError
 
 # A local multi-node cluster rewrites 127.0.0.1 to the machine's address unless this is set
@@ -33,7 +34,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus
         else:
             # address="local": always a new local instance, even when another Ray runs on this machine
             ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address="127.0.0.1",
-                     **common)
+                     _system_config=LOCAL_FAILURE_DETECTION, **common)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as err:
         where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
