@@ -66,3 +66,9 @@ def test_bad_input_raises_user_errors(args: list[str]) -> None:
     result = CliRunner().invoke(_app(), ["workloads", *args])
     assert result.exit_code != 0
     assert isinstance(result.exception, UserInputError), result.exception
+
+
+def test_the_cli_imports_neither_torch_nor_ray_until_a_command_needs_them():
+    code = "import sys, cmdare.cli; print(sorted(m for m in ('torch', 'ray', 'sklearn') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"  # `cmdare --help` stays fast

@@ -24,18 +24,35 @@ depth and width, and :mod:`cmdare.workloads.profile` for what the FLOP counts in
 
 from __future__ import annotations
 
-from cmdare.workloads.profile import WorkloadProfile, count_flops_forward, profile_model
-from cmdare.workloads.registry import (
-    ModelSpec,
-    build_model,
-    describe_model,
-    list_models,
-    register_model,
-    unregister_model,
-)
-from cmdare.workloads.zoo import register_builtin_models
+import importlib
+from typing import Any
 
-register_builtin_models()
+# Loaded on first use, so that importing the package (e.g. for the CLI's ``cmdare --help``) does not
+# import torch; the registry registers the built-in zoo the first time it is consulted.
+_EXPORTS = {
+    "WorkloadProfile": "cmdare.workloads.profile",
+    "count_flops_forward": "cmdare.workloads.profile",
+    "profile_model": "cmdare.workloads.profile",
+    "ModelSpec": "cmdare.workloads.registry",
+    "build_model": "cmdare.workloads.registry",
+    "describe_model": "cmdare.workloads.registry",
+    "list_models": "cmdare.workloads.registry",
+    "register_model": "cmdare.workloads.registry",
+    "unregister_model": "cmdare.workloads.registry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'cmdare.workloads' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "ModelSpec",

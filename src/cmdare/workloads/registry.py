@@ -1,7 +1,8 @@
 """The model registry: names to builders, with one clear error for an unknown name.
 
-A builder is any callable ``builder(num_classes, in_channels) -> torch.nn.Module``. Families register
-themselves when :mod:`cmdare.workloads` is imported, so ``build_model("resnet32")`` works from there.
+A builder is any callable ``builder(num_classes, in_channels) -> torch.nn.Module``. The built-in families
+register the first time the registry is consulted (importing them imports torch), so
+``build_model("resnet32")`` always works.
 """
 
 from __future__ import annotations
@@ -38,6 +39,17 @@ class ModelSpec:
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
+_builtins_loaded = False
+
+
+def _ensure_builtins() -> None:
+    """Register the built-in zoo on first use (it imports torch, so not at package import)."""
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        from cmdare.workloads.zoo import register_builtin_models
+
+        register_builtin_models()
 
 
 def register_model(name: str, builder: Builder, description: str = "", *, replace: bool = False) -> ModelSpec:
@@ -57,6 +69,7 @@ def register_model(name: str, builder: Builder, description: str = "", *, replac
     """
     if not name or not isinstance(name, str):
         raise UserInputError(f"model name must be a non-empty string, got {name!r}")
+    _ensure_builtins()
     if name in _REGISTRY and not replace:
         raise UserInputError(f"model {name!r} is already registered")
     spec = ModelSpec(name, builder, description)
@@ -76,10 +89,12 @@ def unregister_model(name: str) -> None:
 
 def list_models() -> list[str]:
     """Names of all registered models, in registration order (families grouped)."""
+    _ensure_builtins()
     return list(_REGISTRY)
 
 
 def _spec(name: str) -> ModelSpec:
+    _ensure_builtins()
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
