@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,7 +158,14 @@ class LocalProcessProvider(ServerProvider):
 
 
 class LocalClusterProvider(ServerProvider):
-    """A multi-node local Ray cluster; each worker server is a Ray node of its own."""
+    """A multi-node local Ray cluster; each worker server is a Ray node of its own.
+
+    A node takes about a second to start (its raylet and agents). The first nodes start one by one
+    before training (nothing trains yet); once a server has been revoked, replacement nodes start on a
+    background thread: the coordinator goes on feeding the surviving workers, and Ray places the
+    server's actor (which asks for the node's own resource) as soon as the node registers. Revoking or
+    releasing a server whose node is still starting waits for the start, then removes the node.
+    """
 
     kind = "node"
 
@@ -165,14 +173,28 @@ class LocalClusterProvider(ServerProvider):
         super().__init__(startup)
         self.cluster = cluster
         self.cpus_per_node = cpus_per_node
+        self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cmdare-node-start")
+        self._starting: dict[str, Future] = {}
+        self._background = False  # set by the first revocation: replacements then start in the background
 
     def _resource(self, server: Server) -> str:
         return f"cmdare_srv_{server.server_id}"
 
     def prepare(self, server: Server) -> None:
-        if server.spec.role == "worker" and server.node is None:
-            server.node = self.cluster.add_node(num_cpus=self.cpus_per_node, node_ip_address="127.0.0.1",
-                                                resources={self._resource(server): 1})
+        if server.spec.role == "worker" and server.node is None and server.server_id not in self._starting:
+            self._starting[server.server_id] = self._starter.submit(
+                _start_worker_node, self.cluster, num_cpus=self.cpus_per_node, node_ip_address="127.0.0.1",
+                resources={self._resource(server): 1})
+            if not self._background:
+                self._node(server)
+
+    def _node(self, server: Server) -> Any:
+        """The server's node, waiting for it if it is still starting (None if it never started)."""
+        future = self._starting.pop(server.server_id, None)
+        if future is not None:
+            with contextlib.suppress(Exception):
+                server.node = future.result()
+        return server.node
 
     def actor_options(self, server: Server) -> dict[str, Any]:
         if server.spec.role != "worker":
@@ -180,16 +202,39 @@ class LocalClusterProvider(ServerProvider):
         return {"resources": {self._resource(server): 1}}
 
     def revoke(self, server: Server) -> None:
-        if server.node is not None:
+        self._background = True
+        node = self._node(server)
+        if node is not None:
             with contextlib.suppress(Exception):
-                self.cluster.remove_node(server.node, allow_graceful=False)
+                self.cluster.remove_node(node, allow_graceful=False)
 
     def release(self, server: Server, reason: str = "released") -> None:
         super().release(server, reason)
-        if server.node is not None:
+        node = self._node(server)
+        if node is not None:
             with contextlib.suppress(Exception):
-                self.cluster.remove_node(server.node)
+                self.cluster.remove_node(node)
             server.node = None
+
+
+def _start_worker_node(cluster: Any, **node_args: Any) -> Any:
+    """``cluster.add_node(wait=False, **node_args)`` that may run off the main thread.
+
+    Ray's ``add_node`` registers a SIGTERM handler for the node, which only the main thread may do;
+    this starts the same worker node without that exit hook (``Cluster.remove_node`` and
+    ``Cluster.shutdown`` still stop it, and its raylet exits when the cluster's GCS goes away).
+    """
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+
+    params = RayParams(**node_args)
+    params.update_if_absent(num_cpus=1, num_gpus=0, object_store_memory=150 * 1024 * 1024, min_worker_port=0,
+                            max_worker_port=0, redis_address=cluster.redis_address,
+                            gcs_address=cluster.gcs_address, include_log_monitor=False, node_manager_port=0)
+    params.dashboard_agent_listen_port = None
+    node = Node(params, head=False, shutdown_at_exit=False, spawn_reaper=False)
+    cluster.worker_nodes.add(node)
+    return node
 
 
 class RayClusterProvider(ServerProvider):

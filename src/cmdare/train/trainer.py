@@ -612,6 +612,11 @@ class Trainer:
         for server, slot, lost in arrived:
             w = self._start_worker(server, slot, self.global_step)
             w.replaces = lost
+            if self.chief is not None:
+                # Batch-norm running statistics live in the workers, not on the shards: a newcomer starts
+                # from the chief's (passed as a reference: the coordinator does not wait), so it evaluates
+                # and checkpoints well if it becomes chief soon after joining.
+                w.actor.load_buffers.remote(self.chief.actor.buffers.remote())
             if self.spec.sync:
                 for s in self.shards:
                     s.set_num_workers.remote(len(self.workers))
