@@ -62,14 +62,6 @@ class ShardReport:
     wait_s: float = 0.0  # summed over pushes: worker-observed send-to-reply time
     blocks: tuple[Any, ...] = ()  # per block on this shard: cmdare.ps.psld.BlockLoad
 
-    @property
-    def queue_per_push_s(self) -> float:
-        return self.queue_s / self.pushes if self.pushes else 0.0
-
-    @property
-    def wait_per_push_s(self) -> float:
-        return self.wait_s / self.pushes if self.pushes else 0.0
-
 
 @dataclass(frozen=True)
 class EvalReport:
