@@ -186,13 +186,13 @@ class LocalClusterProvider(ServerProvider):
                 _start_worker_node, self.cluster, num_cpus=self.cpus_per_node, node_ip_address="127.0.0.1",
                 resources={self._resource(server): 1})
             if not self._background:
-                self._node(server)
+                server.node = self._starting.pop(server.server_id).result()  # a failed start raises here
 
     def _node(self, server: Server) -> Any:
         """The server's node, waiting for it if it is still starting (None if it never started)."""
         future = self._starting.pop(server.server_id, None)
         if future is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # being removed anyway: a failed start leaves nothing
                 server.node = future.result()
         return server.node
 
