@@ -72,3 +72,9 @@ def test_sync_training_over_an_emulated_link_gives_the_same_parameters(local_ray
         assert Trainer(spec, checkpoint_dir=tmp_path / name).run().global_step == 20
         runs[name] = load_checkpoint(latest_checkpoint(tmp_path / name)).params
     np.testing.assert_array_equal(runs["link"], runs["plain"])
+
+
+def test_link_rates_read_in_bytes_and_bits():
+    forms = {"200MB/s": 2e8, "1.6Gbit/s": 2e8, "10Gbps": 1.25e9, "5e8": 5e8, "1GiB/s": 2.0**30, "100 Mbit/s": 1.25e7,
+             "3k": 3e3, "2Mbits/s": 2.5e5}
+    assert {t: parse_rate_bytes_per_s(t) for t in forms} == forms

@@ -10,6 +10,7 @@ from cmdare.ps.optimizer import OptimizerConfig
 
 _RATE_UNITS = {"b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30,
                "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8}
+_RATE_UNITS.update(k=1e3, m=1e6, g=1e9, kbits=1e3 / 8, mbits=1e6 / 8, gbits=1e9 / 8)  # short and plural forms
 
 
 def parse_rate_bytes_per_s(text: str) -> float:
@@ -21,8 +22,6 @@ def parse_rate_bytes_per_s(text: str) -> float:
     while i and not (t[i - 1].isdigit() or t[i - 1] == "."):
         i -= 1
     unit = t[i:] or "b"
-    unit = {"": "b", "k": "kb", "m": "mb", "g": "gb", "kbits": "kbit", "mbits": "mbit", "gbits": "gbit"}.get(
-        unit, unit)
     try:
         value = float(t[:i]) * _RATE_UNITS[unit]
     except (KeyError, ValueError):
