@@ -1,14 +1,30 @@
-"""Deterministic toy models for the planner's unit tests (imported by the test modules)."""
+"""Deterministic toy models and a CLI runner for the planner's unit tests (imported by the test modules)."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
+from cmdare import cli
 from cmdare.plan.replay import FixedStartup, FlatPrices, ScriptedLifetimes
 from cmdare.plan.replay import MeasuredSpeed as ToySpeed
 from cmdare.plan.spec import PlanModels
 
-__all__ = ["ExpLifetimes", "FixedStartup", "FlatPrices", "ScriptedLifetimes", "ToySpeed", "toy_models"]
+__all__ = ["ExpLifetimes", "FixedStartup", "FlatPrices", "ScriptedLifetimes", "ToySpeed", "run_cli", "toy_models"]
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """Run ``cmdare ARGS`` through the real entry point; returns (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["cmdare", *args])
+    monkeypatch.setenv("COLUMNS", "300")  # one line means one line, not Rich wrapping at 80
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 class ExpLifetimes:

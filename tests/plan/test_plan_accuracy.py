@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 
 import numpy as np
 import pytest
-from plan_toys import ExpLifetimes, toy_models
+from plan_toys import ExpLifetimes, run_cli, toy_models
 
-from cmdare import cli
 from cmdare.errors import UserInputError
 from cmdare.plan.adapters import PredictedAccuracy
 from cmdare.plan.recommender import enumerate_clusters, recommend
@@ -84,41 +82,29 @@ def test_bad_thresholds():
         recommend(job, clusters, toy_models(), runs=2, min_accuracy=0.9)
 
 
-def _cli(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["cmdare", *args])
-    monkeypatch.setenv("COLUMNS", "300")
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 PLAN = ["plan", "--model", "resnet32", "--steps", "64000", "--gpus", "k80", "--max-workers", "8", "--runs", "10"]
 
 
 def test_cli_simulate_json_reports_accuracy(monkeypatch, capsys):
     sim = ["plan", "simulate", "--model", "resnet32", "--steps", "64000", "--runs", "30", "--seed", "1",
            "--transient", "--json"]
-    one = json.loads(_cli(monkeypatch, capsys, *sim, "--workers", "k80:1")[1])
-    eight = json.loads(_cli(monkeypatch, capsys, *sim, "--workers", "k80:8")[1])
+    one = json.loads(run_cli(monkeypatch, capsys, *sim, "--workers", "k80:1")[1])
+    eight = json.loads(run_cli(monkeypatch, capsys, *sim, "--workers", "k80:8")[1])
     assert 0.85 < eight["accuracy"]["mean"] < one["accuracy"]["mean"] < 0.94
     assert eight["accuracy"]["p5"] <= eight["accuracy"]["mean"]
     assert eight["time_s"]["mean"] < one["time_s"]["mean"]  # faster, but less accurate
 
 
 def test_cli_min_accuracy(monkeypatch, capsys):
-    code, out, _ = _cli(monkeypatch, capsys, *PLAN, "--min-accuracy", "0.91", "--json")
+    code, out, _ = run_cli(monkeypatch, capsys, *PLAN, "--min-accuracy", "0.91", "--json")
     data = json.loads(out)
     assert code == 0 and data["constraint_met"]
     assert all(o["accuracy_mean"] >= 0.91 for o in data["front"])
-    code, out, _ = _cli(monkeypatch, capsys, *PLAN, "--min-accuracy", "0.91")
+    code, out, _ = run_cli(monkeypatch, capsys, *PLAN, "--min-accuracy", "0.91")
     assert code == 0 and "accuracy P5" in out and "predicted to reach 91.0% accuracy" in out
-    code, out, _ = _cli(monkeypatch, capsys, *PLAN, "--min-accuracy", "0.97", "--json")
+    code, out, _ = run_cli(monkeypatch, capsys, *PLAN, "--min-accuracy", "0.97", "--json")
     data = json.loads(out)
     assert code == 0 and not data["constraint_met"]
     assert data["message"].startswith("no configuration is predicted to reach 97.0% accuracy; the most accurate is 1x")
-    code, _, err = _cli(monkeypatch, capsys, *PLAN, "--min-accuracy", "91")
+    code, _, err = run_cli(monkeypatch, capsys, *PLAN, "--min-accuracy", "91")
     assert code == 1 and "fraction" in err and "Traceback" not in err

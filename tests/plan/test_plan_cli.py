@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from plan_toys import run_cli
 
-from cmdare import cli
 from cmdare.errors import UserInputError
 from cmdare.plan.commands import parse_deadline_s
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["cmdare", *args])
-    monkeypatch.setenv("COLUMNS", "300")  # one line means one line, not Rich wrapping at 80
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
 
 SIM = ["plan", "simulate", "--model", "resnet32", "--steps", "64000", "--runs", "20", "--seed", "1"]
 

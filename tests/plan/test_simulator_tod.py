@@ -4,13 +4,11 @@ requested, runs stay deterministic, common random numbers hold, and ``--start-ho
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pytest
-from plan_toys import ExpLifetimes, toy_models
+from plan_toys import ExpLifetimes, run_cli, toy_models
 
-from cmdare import cli
 from cmdare.errors import UserInputError
 from cmdare.plan.adapters import QuantileLifetimes
 from cmdare.plan.simulator import Simulator
@@ -137,18 +135,6 @@ def test_job_spec_rejects_hours_outside_the_day(hour):
         JobSpec("toy", 10, start_hour=hour)
 
 
-def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["cmdare", *args])
-    monkeypatch.setenv("COLUMNS", "300")
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 SIM = ["plan", "simulate", "--model", "resnet32", "--steps", "64000", "--workers", "k80:4", "--transient",
        "--ps-transient", "--runs", "10", "--seed", "2", "--json"]
 
@@ -156,24 +142,24 @@ SIM = ["plan", "simulate", "--model", "resnet32", "--steps", "64000", "--workers
 @pytest.mark.parametrize("cmd", [SIM, ["plan", "--model", "resnet32", "--steps", "64000", "--runs", "5"]])
 @pytest.mark.parametrize("hour", ["24", "-3"])
 def test_cli_bad_start_hour_is_one_line(monkeypatch, capsys, cmd, hour):
-    code, _, err = _cli(monkeypatch, capsys, *cmd, "--start-hour", hour)
+    code, _, err = run_cli(monkeypatch, capsys, *cmd, "--start-hour", hour)
     assert code == 1 and "--start-hour must be an hour of day 0-23" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
 def test_cli_start_hour_is_deterministic_and_reported(monkeypatch, capsys):
-    code, out, err = _cli(monkeypatch, capsys, *SIM, "--start-hour", "14")
+    code, out, err = run_cli(monkeypatch, capsys, *SIM, "--start-hour", "14")
     assert code == 0 and err == ""
     data = json.loads(out)
     assert data["start_hour"] == 14 and "launch hour" in data["models"]
-    again = json.loads(_cli(monkeypatch, capsys, *SIM, "--start-hour", "14")[1])
+    again = json.loads(run_cli(monkeypatch, capsys, *SIM, "--start-hour", "14")[1])
     assert again["time_s"] == data["time_s"] and again["cost_usd"] == data["cost_usd"]
-    plain = json.loads(_cli(monkeypatch, capsys, *SIM)[1])
+    plain = json.loads(run_cli(monkeypatch, capsys, *SIM)[1])
     assert plain["start_hour"] is None and "launch hour" not in plain["models"]
 
 
 def test_cli_plan_with_a_start_hour_recommends(monkeypatch, capsys):
-    code, out, err = _cli(monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "64000", "--gpus", "k80",
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "64000", "--gpus", "k80",
                           "--max-workers", "2", "--max-ps", "1", "--runs", "5", "--start-hour", "3", "--json")
     assert code == 0 and err == ""
     rec = json.loads(out)
