@@ -26,27 +26,13 @@ import tempfile
 import time
 from typing import Any
 
+from _common import collector
+
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
 # Static placements the mitigated run is compared with, at the shard count it ended with (TensorFlow's
 # round-robin is left out: on resnet8 with 3 shards it puts 99% of the bytes on one shard).
 STATIC = ("greedy", "mxnet", "byteps")
-
-
-def _collector() -> Any:
-    from cmdare.train.callbacks import EventReport, StepReport, TrainCallback
-
-    class Collect(TrainCallback):
-        def __init__(self) -> None:
-            self.steps: list[StepReport] = []
-            self.events: list[EventReport] = []
-
-        def on_step(self, report: StepReport) -> None:
-            self.steps.append(report)
-
-        def on_event(self, report: EventReport) -> None:
-            self.events.append(report)
-
-    return Collect()
 
 
 def run(args: argparse.Namespace, ps: int, auto: bool, placement: str = "round-robin") -> tuple[Any, Any]:
@@ -55,7 +41,7 @@ def run(args: argparse.Namespace, ps: int, auto: bool, placement: str = "round-r
     spec = TrainSpec(model=args.model, dataset="digits", workers=args.workers, ps=ps, steps=args.steps,
                      batch_size=args.batch_size, placement=placement, checkpoint_every=0, eval_every=0, seed=args.seed,
                      auto_mitigate=auto, balance_every=args.balance_every, ps_bandwidth=args.ps_bandwidth)
-    cb = _collector()
+    cb = collector()
     with tempfile.TemporaryDirectory() as tmp:
         summary = Trainer(spec, [cb], checkpoint_dir=tmp).run()
     if summary.status != "finished":

@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import collector
+
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 STATIC = ("round-robin", "greedy", "mxnet", "byteps")
@@ -42,27 +44,6 @@ STATIC = ("round-robin", "greedy", "mxnet", "byteps")
 BALANCED_STATIC = ("greedy", "mxnet", "byteps")
 MODEL = "resnet8_fc"
 IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
-
-
-def _collector() -> Any:
-    from cmdare.train.callbacks import EventReport, ShardReport, StepReport, TrainCallback
-
-    class Collect(TrainCallback):
-        def __init__(self) -> None:
-            self.steps: list[StepReport] = []
-            self.shards: list[ShardReport] = []
-            self.events: list[EventReport] = []
-
-        def on_step(self, report: StepReport) -> None:
-            self.steps.append(report)
-
-        def on_shard(self, report: ShardReport) -> None:
-            self.shards.append(report)
-
-        def on_event(self, report: EventReport) -> None:
-            self.events.append(report)
-
-    return Collect()
 
 
 def heaviest_shard(placement: str, ps: int) -> int:
@@ -89,7 +70,7 @@ def run(args: argparse.Namespace, placement: str, ps: int, steps: int, straggler
                      batch_size=args.batch_size, placement=placement, checkpoint_every=0, eval_every=0,
                      seed=args.seed, chunk_steps=args.chunk_steps, straggler=straggler, elastic_ps=elastic,
                      balance_every=args.balance_every, ps_bandwidth=args.ps_bandwidth or None)
-    cb = _collector()
+    cb = collector()
     with tempfile.TemporaryDirectory() as tmp:
         summary = Trainer(spec, [cb], checkpoint_dir=tmp).run()
     if summary.status != "finished":
