@@ -228,6 +228,7 @@ class _Run:
         self.live: dict[int, int] = {}  # slot -> gpu index of joined workers
         self.done = self.env.event()
         self._tod = sim.start_hour is not None
+        self._first: dict[int, float] = {}  # time-of-day runs: initial lifetime per transient slot
         self._lifetimes = self._draw_uniforms() if self._tod else self._draw_lifetimes()
         env = self.env
         for slot_id, slot in enumerate(sim._slots):
@@ -261,9 +262,10 @@ class _Run:
         return out
 
     def _draw_uniforms(self) -> dict[int, list[float]]:
-        """Time-of-day runs: the same slot-major uniforms as :meth:`_draw_lifetimes`; the first of each
-        slot is inverted now (the initial servers launch at the start hour), the others when the slot's
-        replacement is requested, through the model of that hour."""
+        """Time-of-day runs: the same slot-major uniforms as :meth:`_draw_lifetimes`. The first of each
+        slot is inverted now, vectorized (the initial servers launch at the start hour), into
+        ``self._first``; the others stay uniforms, inverted when the slot's replacement is requested,
+        through the model of that hour."""
         out: dict[int, list[float]] = {}
         lifetimes = self.sim.models.lifetimes
         slot_id = 0
@@ -271,10 +273,10 @@ class _Run:
             if group.transient:
                 u = self.rng.random(group.count * _LIFETIMES_PER_SLOT).reshape(group.count, _LIFETIMES_PER_SLOT)
                 first = lifetimes.lifetimes_at(u[:, 0], group.gpu, group.region, self.sim.start_hour).tolist()
-                rows = u.tolist()
+                rows = u[:, 1:].tolist()
                 for i in range(group.count):
-                    rows[i][0] = -1.0 - first[i]  # negative: already a lifetime (-1 - s), not a uniform
-                    out[slot_id + i] = rows[i][::-1]
+                    self._first[slot_id + i] = first[i]
+                    out[slot_id + i] = rows[i][::-1]  # pop() from the end
             slot_id += group.count
         return out
 
@@ -289,9 +291,10 @@ class _Run:
             if same_type and pool:
                 return pool.pop()
             return float(lifetimes.sample(self.rng, gpu, region, 1)[0])
+        first = self._first.pop(slot_id, None)  # the slot's initial server
+        if first is not None:
+            return first
         u = pool.pop() if same_type and pool else float(self.rng.random())
-        if u < 0:
-            return -1.0 - u
         return float(lifetimes.lifetimes_at(np.array([u]), gpu, region, self._hour())[0])
 
     def _ps_lifetime(self, region: str) -> float:
