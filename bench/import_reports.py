@@ -1,11 +1,11 @@
-"""Benchmark: import all shared public data and generate every report (tables and PNG plots).
+"""Benchmark: import all the public data and generate every report (tables and PNG plots).
 
 Measures the wall time of the imports and of each report, and peak memory as the process's peak RSS
 (tracemalloc is not used: it slows the numpy/scipy fits several-fold). The store is a fresh SQLite
 file, and a fresh PostgreSQL database when CMDARE_BENCH_PG_URL or CMDARE_TEST_PG_URL is set. A second
 import of the same data (idempotent: adds nothing) is timed as the baseline of reading and hashing only.
 
-Usage: python bench/import_reports.py [DATA_DIR]   (default $CMDARE_SHARED_DATA or ../shared/data)
+Usage: python bench/import_reports.py [DATA_DIR]   (default: the public data bundled with cmdare)
 The last line printed is one JSON object with the figures.
 """
 
@@ -65,8 +65,9 @@ def bench(url: str, data: Path, out_dir: Path) -> dict[str, object]:
 
 
 def main() -> None:
-    default = os.environ.get("CMDARE_SHARED_DATA") or str(Path(__file__).resolve().parents[2] / "shared" / "data")
-    data = Path(sys.argv[1] if len(sys.argv) > 1 else default)
+    from cmdare.public_data import public_data_dir
+
+    data = Path(sys.argv[1]) if len(sys.argv) > 1 else public_data_dir()
     out: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         out["sqlite"] = bench(f"sqlite:///{Path(tmp) / 'b.db'}", data, Path(tmp))

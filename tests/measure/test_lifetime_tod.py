@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from measure_testdata import LIFETIME_CSV, needs_data
+from measure_testdata import LIFETIME_CSV
 
 from cmdare.errors import DataFormatError, UnknownNameError, UserInputError
 from cmdare.measure.importers.lifetimes import read_lifetimes_file
@@ -142,7 +142,6 @@ def test_shipped_defaults():
         np.testing.assert_allclose(model.cdf(grid, 3.0), load_lifetime_model(f"empirical:{gpu}").cdf(grid))
 
 
-@needs_data
 def test_measured_gpu_statistics_match_the_docs():
     obs = [o for o in read_lifetimes_file(LIFETIME_CSV).rows["lifetime_observations"] if o["server_type"] == "k80"]
     rows = time_of_day_stats([o["lifetime_s"] for o in obs], [clock_hour(o) for o in obs])

@@ -5,15 +5,13 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from measure_testdata import CMDARE_DIR, LIFETIME_CSV, LIFETIME_JSON, needs_data
+from measure_testdata import CMDARE_DIR, LIFETIME_CSV, LIFETIME_JSON
 
 from cmdare.errors import DataFormatError, DataNotFoundError
 from cmdare.measure.importers.cmdare_data import import_cmdare_dir
 from cmdare.measure.importers.lifetimes import import_lifetimes, read_lifetimes_file
 from cmdare.measure.importers.tensorboard_import import import_tensorboard
 from cmdare.measure.store import open_store
-
-pytestmark = needs_data
 
 
 @pytest.fixture(scope="module")

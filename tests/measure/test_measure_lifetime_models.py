@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from measure_testdata import LIFETIME_CSV, LIFETIME_JSON, needs_data
+from measure_testdata import LIFETIME_CSV, LIFETIME_JSON
 
 from cmdare.errors import DataFormatError, DataNotFoundError, UnknownNameError
 from cmdare.measure.lifetime_models import (
@@ -63,7 +63,6 @@ def test_bathtub_recovers_synthetic_parameters():
     assert fit.tau1_s_ == pytest.approx(1800, rel=0.3)
 
 
-@needs_data
 def test_bathtub_on_1442_vm_json_beats_exponential(cpu_lifetimes):
     t, _ = cpu_lifetimes
     bath = BathtubLifetime().fit(t)
@@ -74,7 +73,6 @@ def test_bathtub_on_1442_vm_json_beats_exponential(cpu_lifetimes):
     assert 0.55 < bath.A_ < 0.75 and DEADLINE_S <= bath.b_s_ <= DEADLINE_S + 3600
 
 
-@needs_data
 @pytest.mark.xfail(
     strict=True,
     reason="target missed: the 4-parameter bathtub reaches KS 0.079 on the 1,442 "
@@ -85,7 +83,6 @@ def test_bathtub_on_1442_vm_json_within_ks_005(cpu_lifetimes):
     assert ks_distance(BathtubLifetime().fit(t), t) <= 0.05
 
 
-@needs_data
 def test_empirical_is_exact_and_km_handles_censoring(cpu_lifetimes):
     t, cens = cpu_lifetimes
     emp = EmpiricalLifetime().fit(t)
@@ -125,7 +122,6 @@ def test_shipped_defaults_sample_sensible_lifetimes(spec):
     assert 0 <= model.cdf(np.array([3600.0]))[0] <= 1
 
 
-@needs_data
 def test_load_from_lifetime_csv(tmp_path):
     model = load_lifetime_model(str(LIFETIME_CSV))
     assert isinstance(model, EmpiricalLifetime) and model.meta["n"] > 500

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from measure_testdata import CMDARE_DIR, LIFETIME_CSV, LIFETIME_JSON, needs_data
+from measure_testdata import CMDARE_DIR, LIFETIME_CSV, LIFETIME_JSON
 
 from cmdare.errors import DataNotFoundError, UnknownNameError
 from cmdare.measure.importers.cmdare_data import import_cmdare_dir
@@ -14,8 +14,6 @@ from cmdare.measure.recorder import StoreRecorder
 from cmdare.measure.reports import REPORTS, build_report
 from cmdare.measure.store import open_store
 from cmdare.train.callbacks import CheckpointReport, EventReport, RunInfo, RunSummary, ShardReport, StepReport
-
-pytestmark = needs_data
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,12 @@ from cmdare.plan.bottleneck import (
     decide_mitigation,
     diagnose,
 )
-from cmdare.predict.data import shared_data_dir
+from cmdare.public_data import public_data_dir
 
 
 def cluster_speeds(gpu: str, cnn: str) -> dict[int, float]:
     """Median global steps/s with 1 PS and n = 1..8 workers (after a 20% warm-up)."""
-    root = shared_data_dir() / "cmdare" / "speed_and_cluster_size" / gpu
+    root = public_data_dir() / "cmdare" / "speed_and_cluster_size" / gpu
     out = {}
     for n in range(1, 9):
         (run,) = root.glob(f"{cnn}{gpu}worker{n}")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import cmdare.predict as P
-from cmdare.errors import DataFormatError, DataNotFoundError, UnknownNameError, UserInputError
+from cmdare.errors import DataFormatError, UnknownNameError, UserInputError
 from cmdare.predict import data, persist
 from cmdare.predict.startup import PHASES, StartupModel
 
@@ -73,19 +73,6 @@ def test_published_workloads_and_aliases():
     assert w.avg_tensor_mb == pytest.approx(0.462785686, rel=1e-6)
     with pytest.raises(UnknownNameError, match="Res32"):
         P.published_workload("resnet1000")
-
-
-def test_shared_data_dir_env_and_error(monkeypatch, tmp_path):
-    found = data.shared_data_dir()
-    assert (found / "cmdare" / "speed_data" / "0latency_data.csv").is_file()
-    monkeypatch.setenv("CMDARE_SHARED_DATA", str(found))
-    assert data.shared_data_dir() == found
-    monkeypatch.setenv("CMDARE_SHARED_DATA", str(tmp_path))
-    with pytest.raises(DataNotFoundError, match="CMDARE_SHARED_DATA"):
-        data.shared_data_dir()
-    monkeypatch.delenv("CMDARE_SHARED_DATA")
-    monkeypatch.chdir(tmp_path)
-    assert data.shared_data_dir() == found  # found from the package location too
 
 
 def test_loaders_have_no_missing_features():

@@ -17,7 +17,7 @@ REQUIRED = [
     "shake_shake_16", "shake_shake_32", "shake_shake_48", "shake_shake_80",
 ]  # fmt: skip
 
-# Parameter counts of the CM-DARE data (../shared/data/cmdare/checkpoint/ckpt.csv, Tensor2Tensor's models).
+# Parameter counts of the CM-DARE data (cmdare/public_data/cmdare/checkpoint/ckpt.csv, Tensor2Tensor's models).
 CMDARE_PARAMS = {
     "t2t_resnet15": 693_818,
     "t2t_resnet32": 1_857_722,

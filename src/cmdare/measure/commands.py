@@ -1,23 +1,22 @@
 """CLI of the measure concern: ``cmdare import ...`` and ``cmdare report ...``.
 
 Every command takes ``--db URL`` (default ``CMDARE_DB_URL`` or the SQLite file in the data
-directory). Paths to the shared public data may be omitted when ``CMDARE_SHARED_DATA`` names the
-data root (the folder holding ``cmdare/`` and ``lifetimes/``); cmdare never guesses them from the
-working directory.
+directory). Paths to the public data may be omitted: they default to the copy bundled with cmdare
+(or ``CMDARE_SHARED_DATA``, a folder holding ``cmdare/`` and ``lifetimes/``). The reports built on
+the public data import it on first use.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import typer
 
 from cmdare.errors import UserInputError
+from cmdare.public_data import PUBLIC_SOURCES, is_bundled, lifetime_files, public_data_dir
 
-SHARED_ENV = "CMDARE_SHARED_DATA"
-LIFETIME_FILES = ("gce_gpu_lifetimes.csv", "gce_cpu_preemptions.json")
+_PUBLIC = "the public data bundled with cmdare (or $CMDARE_SHARED_DATA)"
 _DB_HELP = "Store URL (SQLAlchemy); default $CMDARE_DB_URL or a SQLite file in the cmdare data directory."
 _FMT_HELP = "Output format: table, csv or json."
 _PLOT_HELP = "Also draw the report's figure into this PNG file."
@@ -26,16 +25,6 @@ import_app = typer.Typer(
     help="Import public or exported measurements into the store (idempotent).", no_args_is_help=True
 )
 report_app = typer.Typer(help="Characterization reports (a table plus a matplotlib figure).", no_args_is_help=True)
-
-
-def _shared(sub: str) -> Path:
-    root = os.environ.get(SHARED_ENV)
-    if not root:
-        raise UserInputError(
-            f"name the data path, or set {SHARED_ENV} to the shared data root "
-            f"(the folder holding cmdare/ and lifetimes/)"
-        )
-    return Path(root).expanduser() / sub
 
 
 def _print_import(result, as_json: bool, verbose: bool) -> None:
@@ -58,7 +47,7 @@ def _print_import(result, as_json: bool, verbose: bool) -> None:
 
 @import_app.command("cmdare")
 def import_cmdare_cmd(
-    directory: Path | None = typer.Argument(None, help=f"CM-DARE's processed_data; default ${SHARED_ENV}/cmdare."),
+    directory: Path | None = typer.Argument(None, help=f"CM-DARE's processed_data; default cmdare/ of {_PUBLIC}."),
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="One line per file."),
@@ -67,7 +56,7 @@ def import_cmdare_cmd(
     from cmdare.measure.importers.cmdare_data import import_cmdare_dir
     from cmdare.measure.store import open_store
 
-    path = directory or _shared("cmdare")
+    path = directory or public_data_dir() / "cmdare"
     store = open_store(db)
     _print_import(import_cmdare_dir(store, path), as_json, verbose)
 
@@ -97,7 +86,7 @@ def import_tensorboard_cmd(
 @import_app.command("lifetimes")
 def import_lifetimes_cmd(
     files: list[Path] | None = typer.Argument(
-        None, help=f"Lifetime CSV/JSON files; default the two in ${SHARED_ENV}/lifetimes."
+        None, help=f"Lifetime CSV/JSON files; default the two in lifetimes/ of {_PUBLIC}."
     ),
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -107,7 +96,7 @@ def import_lifetimes_cmd(
     from cmdare.measure.importers.lifetimes import import_lifetimes
     from cmdare.measure.store import open_store
 
-    paths = list(files or [_shared("lifetimes") / f for f in LIFETIME_FILES])
+    paths = list(files or lifetime_files())
     store = open_store(db)
     _print_import(import_lifetimes(store, paths), as_json, verbose)
 
@@ -115,20 +104,31 @@ def import_lifetimes_cmd(
 @import_app.command("public")
 def import_public_cmd(
     data_dir: Path | None = typer.Argument(
-        None, help=f"Shared data root (cmdare/, lifetimes/); default ${SHARED_ENV}."
+        None, help=f"Data root holding cmdare/ and lifetimes/; default {_PUBLIC}."
     ),
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Import all the shared public data: CM-DARE's CSVs and both lifetime files."""
-    from cmdare.measure.importers.cmdare_data import import_cmdare_dir
-    from cmdare.measure.importers.lifetimes import import_lifetimes
+    """Import all the public data: CM-DARE's CSVs and both lifetime files."""
+    from cmdare.measure.importers.public import import_public
     from cmdare.measure.store import open_store
 
-    root = data_dir or _shared("")
     store = open_store(db)
-    _print_import(import_cmdare_dir(store, root / "cmdare"), as_json, False)
-    _print_import(import_lifetimes(store, [root / "lifetimes" / f for f in LIFETIME_FILES]), as_json, False)
+    for result in import_public(store, data_dir):
+        _print_import(result, as_json, False)
+
+
+def _import_on_first_use(store, name: str) -> None:
+    from cmdare.measure.importers.public import ensure_public_data
+
+    done = ensure_public_data(store, name)
+    if done is not None:  # on stderr: --format csv/json output stays clean
+        typer.echo(
+            f"the store had no public measurements for this report: imported {done.imported} rows of "
+            f"{PUBLIC_SOURCES} from {'the copy bundled with cmdare' if is_bundled() else public_data_dir()} "
+            f"into {store.url}",
+            err=True,
+        )
 
 
 def _emit(name: str, db: str | None, fmt: str, plot: Path | None, run_id: str | None = None):
@@ -139,7 +139,10 @@ def _emit(name: str, db: str | None, fmt: str, plot: Path | None, run_id: str | 
         from cmdare.errors import UnknownNameError
 
         raise UnknownNameError("report format", fmt, FORMATS)
-    report = build_report(name, open_store(db), run_id=run_id)
+    store = open_store(db)
+    if run_id is None:
+        _import_on_first_use(store, name)
+    report = build_report(name, store, run_id=run_id)
     typer.echo(report.render(fmt), nl=False)
     if plot is not None:
         out = report.save_plot(plot)

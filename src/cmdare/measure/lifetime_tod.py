@@ -379,14 +379,13 @@ def load_tod_model(spec: str) -> TimeOfDayLifetime:
 def main(argv: list[str] | None = None) -> None:
     """Print the time-of-day statistics of the public data; ``--write`` also refits the defaults."""
     import argparse
-    import os
+
+    from cmdare.public_data import lifetime_files
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    # The shared public data next to the checkout (``../shared/data``), or $CMDARE_SHARED_DATA.
-    shared = Path(os.environ.get("CMDARE_SHARED_DATA", Path(__file__).resolve().parents[4] / "shared" / "data"))
-    data = shared / "lifetimes"
-    parser.add_argument("--gpu-csv", type=Path, default=data / "gce_gpu_lifetimes.csv")
-    parser.add_argument("--cpu-json", type=Path, default=data / "gce_cpu_preemptions.json")
+    gpu_csv, cpu_json = lifetime_files()  # the bundled public data, or $CMDARE_SHARED_DATA
+    parser.add_argument("--gpu-csv", type=Path, default=gpu_csv)
+    parser.add_argument("--cpu-json", type=Path, default=cpu_json)
     parser.add_argument("--write", action="store_true", help=f"write {TOD_DEFAULTS_PATH.name}")
     args = parser.parse_args(argv)
     defaults, stats = build_tod_defaults(args.gpu_csv, args.cpu_json)

@@ -57,10 +57,10 @@ def _cache_dir() -> Path:
 
 @lru_cache(maxsize=1)
 def _fingerprint() -> str:
-    from cmdare.predict.data import shared_data_dir
     from cmdare.predict.persist import data_fingerprint
+    from cmdare.public_data import public_data_dir
 
-    root = shared_data_dir() / "cmdare"
+    root = public_data_dir() / "cmdare"
     files = [
         p
         for sub in ("speed_data", "speed_and_cluster_size", "checkpoint", "startup_time")
@@ -70,9 +70,9 @@ def _fingerprint() -> str:
 
 
 def _provenance(source: str, rows: int) -> dict:
-    from cmdare.predict.data import shared_data_dir
+    from cmdare.public_data import public_data_dir
 
-    return {"data_fingerprint": _fingerprint(), "source": source, "rows": rows, "data_dir": str(shared_data_dir())}
+    return {"data_fingerprint": _fingerprint(), "source": source, "rows": rows, "data_dir": str(public_data_dir())}
 
 
 def _cached(name: str, suffix: str, fit, source: str):

@@ -198,15 +198,15 @@ def published_accuracy_data() -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
 def published_curve_shape() -> dict[str, float]:
     """``curve_scale`` and ``curve_exponent`` for the published workload, fitted on the baseline
     test-accuracy curves of CM-DARE's ``chief_rejoining`` runs (CIFAR-10, 24k steps); the
-    constructor defaults when the shared data is missing."""
+    constructor defaults when a ``CMDARE_SHARED_DATA`` override lacks those files."""
     from scipy.optimize import curve_fit
 
     try:
-        from cmdare.predict.data import shared_data_dir
+        from cmdare.public_data import public_data_dir
 
-        folder = shared_data_dir() / "cmdare" / "chief_rejoining"
+        folder = public_data_dir() / "cmdare" / "chief_rejoining"
         frames = [pd.read_csv(folder / name) for name in ("base.csv", "base-1.csv")]
-    except Exception:  # no shared data: the defaults
+    except OSError:  # an override folder without chief_rejoining/: the defaults
         return {"curve_scale": 0.0, "curve_exponent": 0.5}
     df = pd.concat(frames)
     df = df[df["Step"] > 100]

@@ -1,21 +1,18 @@
-"""Loaders of the public CM-DARE measurements (``shared/data/cmdare``) as tidy pandas frames.
+"""Loaders of the public CM-DARE measurements (bundled in :mod:`cmdare.public_data`) as tidy pandas frames.
 
-The models are fitted on these tables directly (no store needed), so tests and CI only need the
-shared data folder. :func:`shared_data_dir` finds it: ``CMDARE_SHARED_DATA`` if set, else a
-``shared/data`` folder beside one of the parents of the current directory or of this package
-(the repository lives at ``<root>/main`` and the data at ``<root>/shared/data``).
+The models are fitted on these tables directly (no store needed); the tables ship with the package,
+and ``CMDARE_SHARED_DATA`` may point to another copy (:func:`cmdare.public_data.public_data_dir`).
 """
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from cmdare.errors import DataNotFoundError
+from cmdare.public_data import public_data_dir
 
 __all__ = [
     "CNN_CHECKPOINT_NAMES",
@@ -24,7 +21,6 @@ __all__ = [
     "load_latency_speed",
     "load_single_gpu_speed",
     "load_startup",
-    "shared_data_dir",
 ]
 
 GPU_TFLOPS_IN_DATA = {"K80": 4.113, "P100": 9.526}
@@ -46,33 +42,8 @@ CNN_CHECKPOINT_NAMES: dict[str, str] = {
 _CLUSTER_PREFIX = {"res15": "Res15", "res32": "Res32", "shakesmall": "shakesmall", "shakebig": "shakebig"}
 
 
-def shared_data_dir() -> Path:
-    """The folder holding the public datasets (``.../shared/data``).
-
-    Raises:
-        DataNotFoundError: if neither ``CMDARE_SHARED_DATA`` nor a ``shared/data`` folder beside a
-            parent of the working directory or of the installed package exists.
-    """
-    env = os.environ.get("CMDARE_SHARED_DATA")
-    if env:
-        path = Path(env).expanduser()
-        if (path / "cmdare").is_dir():
-            return path
-        raise DataNotFoundError(f"CMDARE_SHARED_DATA={env} has no cmdare/ folder of CM-DARE measurements")
-    starts = [Path.cwd().resolve(), Path(__file__).resolve().parent]
-    for start in starts:
-        for parent in [start, *start.parents]:
-            for cand in (parent / "shared" / "data", parent / "data"):
-                if (cand / "cmdare" / "speed_data").is_dir():
-                    return cand
-    raise DataNotFoundError(
-        "cannot find the shared data folder (shared/data/cmdare); set CMDARE_SHARED_DATA to it, "
-        "e.g. export CMDARE_SHARED_DATA=/work/shared/data"
-    )
-
-
 def _cmdare_dir() -> Path:
-    return shared_data_dir() / "cmdare"
+    return public_data_dir() / "cmdare"
 
 
 @lru_cache(maxsize=1)
