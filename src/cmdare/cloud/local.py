@@ -44,6 +44,7 @@ class Server:
     actor: Any = None  # the actor it hosts (set by the coordinator)
     node: Any = None  # the Ray node (cluster provider)
     speedup: float = 1.0  # time compression of the emulated phases
+    emulated: bool = False  # a local stand-in for a cloud VM (phases drawn from the startup model)
 
     @property
     def alive(self) -> bool:
@@ -57,7 +58,8 @@ class Server:
         """Fields for the store's servers table."""
         out = {"role": self.spec.role, "gpu_type": self.spec.gpu_type, "region": self.spec.region,
                "cloud": self.spec.cloud, "transient": self.spec.transient,
-               "price_per_hour_usd": self.spec.price_per_hour_usd, "requested_at": self.requested_at}
+               "price_per_hour_usd": self.spec.price_per_hour_usd, "requested_at": self.requested_at,
+               "emulated": self.emulated}
         for name, key in (("Provisioning", "provisioning_s"), ("Staging", "staging_s"), ("Booting", "booting_s")):
             if name in self.phases_s:
                 out[key] = self.phases_s[name]
@@ -102,6 +104,7 @@ class ServerProvider(ABC):
     """Hands out servers, pins actors to them, and (for emulation) revokes them."""
 
     kind = "abstract"
+    emulated = True  # its servers stand in for cloud VMs (every provider but a real Ray cluster's)
 
     def __init__(self, startup: StartupDelay | None = None):
         self.startup = startup or StartupDelay("0")
@@ -120,7 +123,7 @@ class ServerProvider(ABC):
         phases = self.startup.sample(spec) if spec.role == "worker" else {}
         now = time.time()
         server = Server(f"{self.kind}-{spec.role}-{n}", spec, now, now + self.startup.wall_s(phases), phases,
-                        notice=notice, speedup=self.startup.speedup)
+                        notice=notice, speedup=self.startup.speedup, emulated=self.emulated)
         self.servers.append(server)
         return server
 
@@ -241,6 +244,7 @@ class RayClusterProvider(ServerProvider):
     """A real Ray cluster: workers go to nodes with ``cmdare_worker``, shards to ``cmdare_ps`` nodes."""
 
     kind = "ray"
+    emulated = False
 
     def actor_options(self, server: Server) -> dict[str, Any]:
         key = "cmdare_worker" if server.spec.role == "worker" else "cmdare_ps"

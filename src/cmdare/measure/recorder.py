@@ -61,6 +61,7 @@ _SERVER_FIELDS = (
     "staging_s",
     "booting_s",
     "joining_s",
+    "emulated",
 )
 
 

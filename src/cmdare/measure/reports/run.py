@@ -78,6 +78,17 @@ def shard_table(shards: Any) -> Any:
                          "wait_ms": (g.wait_s * per).round(2)}, columns=cols)
 
 
+def _emulation_notes(run: Run, servers: Any) -> list[str]:
+    """Say when the run's servers were emulated: GPU types, prices and start-up phases are not measured."""
+    n = int(servers.emulated.astype(bool).sum()) if len(servers) else 0
+    if not run.emulated and not n:
+        return []
+    of = f"{n} of {len(servers)} servers" if len(servers) else "its servers"
+    return [f"emulated run: {of} were local stand-ins for cloud VMs; their GPU type and price are the "
+            "catalog's (cost_usd is what those servers would cost), their start-up phases emulated (drawn "
+            "from the startup model, or fixed by --startup), and revocations, if any, injected"]
+
+
 def build(store: Store, run_id: str | None = None) -> Report:
     """The report of one run (throughput, events, checkpoints, cost)."""
     import pandas as pd
@@ -124,6 +135,7 @@ def build(store: Store, run_id: str | None = None) -> Report:
         "dataset": run.dataset,
         "status": run.status,
         "emulated": run.emulated,
+        "emulated_servers": int(servers.emulated.astype(bool).sum()) if len(servers) else 0,
         "global_step": int(run.final_step or (steps.global_step.max() if len(steps) else 0)),
         "wall_s": float(now - t0),
         "steps_per_s": run.steps_per_s,
@@ -138,6 +150,7 @@ def build(store: Store, run_id: str | None = None) -> Report:
         "lr_changes": int(kinds.get("lr_change", 0)),
     }
     summary_df = pd.DataFrame({"field": list(summary), "value": [str(v) for v in summary.values()]})
+    notes = _emulation_notes(run, servers)
     event_df = (
         events[["time", "kind", "global_step", "worker_id", "server_id"]]
         .assign(t_s=lambda d: d.time - t0)
@@ -186,7 +199,7 @@ def build(store: Store, run_id: str | None = None) -> Report:
         f"Run {run_id}",
         {"summary": summary_df, "timeline": timeline, "events": event_df, "staleness": stale_df,
          "shards": shard_df},
-        [],
+        notes,
         plot,
         figsize=(15, 4.5) if len(stale_hist) else (11, 4.5),
     )

@@ -1,7 +1,8 @@
 """``cmdare report scaling``: cluster speed against the number of workers, per GPU type and #PS.
 
 Each (GPU, model, #PS, #workers) run is summarized by the median global steps/s after dropping the
-first 20% of its samples (warm-up). The ideal line is #workers x the 1-worker speed. The PS is marked
+first 20% of its samples (warm-up). Samples of cmdare runs on emulated servers keep apart, their model
+marked ``(emulated)``. The ideal line is #workers x the 1-worker speed. The PS is marked
 saturated from the smallest cluster reaching 85% of the best speed, when the largest cluster stays
 under 80% scaling efficiency (otherwise the curve is near-linear and nothing is marked).
 """
@@ -18,6 +19,7 @@ from cmdare.measure.store import Store
 WARMUP_FRACTION = 0.2
 KNEE_FRACTION = 0.85
 SATURATED_EFFICIENCY = 0.8
+EMULATED_MARK = " (emulated)"  # appended to the model of samples from cmdare runs on emulated servers
 
 
 def cluster_speeds(store: Store) -> Any:
@@ -28,6 +30,10 @@ def cluster_speeds(store: Store) -> Any:
     require_rows(df, "cluster speed samples", store.url, "cmdare import cmdare DIR (CM-DARE's processed_data)")
     df = df[df.source != "cmdare:speed_data_base"]
     df["model_name"] = df.model_name.fillna(df.run_id).fillna("unknown")
+    runs = store.frame("runs")
+    emulated = set(runs.run_id[runs.emulated.astype(bool)]) if len(runs) else set()
+    mark = df.run_id.isin(emulated)
+    df.loc[mark, "model_name"] = df.model_name[mark] + EMULATED_MARK
     df["gpu_type"] = df.gpu_type.fillna("unknown")
     out = []
     for key, g in df.groupby(["gpu_type", "model_name", "ps", "workers", "import_id"], dropna=False):
@@ -103,6 +109,10 @@ def build(store: Store, run_id: str | None = None) -> Report:
                 f"{r.gpu_type} {r.model} with {r.ps} PS: near-linear up to {r.max_workers} workers "
                 f"(efficiency {r.efficiency_at_max:.0%})"
             )
+    emulated = sorted({m for m in speeds.model if m.endswith(EMULATED_MARK)})
+    if emulated:
+        notes.append(f"{', '.join(emulated)}: cmdare runs on emulated servers; their speed was measured on the "
+                     "machine they ran on, not on the GPU type shown")
     gpus = sorted(speeds.gpu_type.unique())
 
     def plot(fig: Any) -> None:

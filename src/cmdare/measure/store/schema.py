@@ -11,7 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    UniqueConstraint,
+    false,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -63,7 +74,11 @@ class Run(Base):
 
 
 class Server(Base):
-    """A server (VM or local Ray node): type, price, phase timestamps and why it ended."""
+    """A server (VM or local Ray node): type, price, phase timestamps and why it ended.
+
+    ``emulated`` marks a local stand-in for a cloud VM (its GPU type and price are the catalog's, its
+    start-up phases drawn from the startup model); imported and real-cluster servers are False.
+    """
 
     __tablename__ = "servers"
 
@@ -86,6 +101,7 @@ class Server(Base):
     staging_s: Mapped[float | None] = mapped_column(Float)
     booting_s: Mapped[float | None] = mapped_column(Float)
     joining_s: Mapped[float | None] = mapped_column(Float)
+    emulated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     source: Mapped[str] = mapped_column(String(64), default="cmdare")
     import_id: Mapped[int | None] = mapped_column(ForeignKey("imports.id"))
 
