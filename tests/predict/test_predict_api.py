@@ -242,6 +242,22 @@ def test_fit_from_store_adds_own_checkpoints_and_servers(tmp_path):
             for i in range(6)
         ],
     )
+    store.insert_rows(  # an emulated server: its phases came from the startup model itself, never refit on
+        "servers",
+        [
+            {
+                "server_id": "emulated",
+                "gpu_type": "t4",
+                "region": "us-central1",
+                "transient": True,
+                "provisioning_s": 3.0,
+                "staging_s": 5000.0,
+                "booting_s": 50.0,
+                "source": "cmdare",
+                "emulated": True,
+            }
+        ],
+    )
     store.close()
     before = P.predict_checkpoint_s(500e6, 300, remote=True)
     staging_before = P.startup_model().mean_s("t4", True, "us-central1")["Staging"]

@@ -43,8 +43,12 @@ def _coast(region: object) -> str:
 
 
 def own_startup_rows(store) -> pd.DataFrame:
-    """Servers cmdare started with all three phases recorded: gpu, region, transient, phases."""
+    """Servers cmdare started with all three phases recorded: gpu, region, transient, phases.
+
+    Emulated servers are left out: their phases were drawn from the startup model itself.
+    """
     frame = _own(store.frame("servers"))
+    frame = frame[~frame["emulated"].fillna(False).astype(bool)]
     frame = frame.dropna(subset=["gpu_type", "provisioning_s", "staging_s", "booting_s"])
     return pd.DataFrame(
         {
