@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 
 def _collector():
@@ -242,10 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps({"plots": written, "own_fit": own}))
         return {"plots": written, "own_fit": own}
 
-    import ray
-
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 2, 12), _node_ip_address="127.0.0.1",
-             include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray = start_local_ray(num_cpus=max(os.cpu_count() or 2, 12))
     t0 = time.perf_counter()
     results: dict = {"args": vars(args), "scale": [], "policies": []}
     try:

@@ -27,8 +27,7 @@ import time
 from typing import Any
 
 from _common import collector
-
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 # Static placements the mitigated run is compared with, at the shard count it ended with (TensorFlow's
 # round-robin is left out: on resnet8 with 3 shards it puts 99% of the bytes on one shard).
@@ -72,8 +71,7 @@ def main() -> None:
     import ray
 
     logging.getLogger("ray").setLevel(logging.ERROR)
-    ray.init(address="local", num_cpus=12, _node_ip_address="127.0.0.1", include_dashboard=False,
-             log_to_driver=False, logging_level="ERROR")
+    start_local_ray(num_cpus=12)
     out: dict[str, Any] = {"model": args.model, "workers": args.workers, "steps": args.steps,
                            "ps_bandwidth": args.ps_bandwidth}
     try:

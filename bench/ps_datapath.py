@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import socket
 import statistics
 import time
 
 import numpy as np
+
+from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 VARIANTS = ("cmdare", "naive_ray", "gloo", "floor")
 # Where the time goes, measured in the same rounds: one ray.put of the model, the shard's update,
@@ -123,7 +124,6 @@ def main() -> None:
     args = ap.parse_args()
     load_start = os.getloadavg()[0]  # the 2 cores are shared: say how busy they were
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
     import torch
 
@@ -139,8 +139,7 @@ def main() -> None:
     grad = (rng.standard_normal(numel) * 1e-3).astype(np.float32)
 
     gloo = Gloo(numel)  # start before Ray so the children do not inherit Ray's state
-    ray.init(address="local", num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False,
-             logging_level=logging.ERROR, log_to_driver=False)
+    start_local_ray(num_cpus=4)
     try:
         shard = ray.remote(AsyncShardActor).options(num_cpus=1).remote(0, cfg)
         ray.get(shard.load.remote(BlockData((Block(0, 0, "w", 0, numel),), params0,

@@ -35,8 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import collector
-
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 STATIC = ("round-robin", "greedy", "mxnet", "byteps")
 # Without a straggler round-robin and greedy put the 16 MiB tensor whole on one shard; they are measured
@@ -162,8 +161,7 @@ def main() -> None:
     import ray
 
     logging.getLogger("ray").setLevel(logging.ERROR)
-    ray.init(address="local", num_cpus=max(8, args.workers + args.ps + 3), _node_ip_address="127.0.0.1",
-             include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    start_local_ray(num_cpus=max(8, args.workers + args.ps + 3))
     half = args.steps // 2
     out: dict[str, Any] = {"model": MODEL, "workers": args.workers, "ps": args.ps, "steps": args.steps,
                            "ps_bandwidth": args.ps_bandwidth,

@@ -34,8 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+from cmdare.train.cluster import start_local_cluster  # before Ray is imported: Ray on 127.0.0.1
 
 IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
 
@@ -166,7 +165,6 @@ def main() -> None:
     t_bench = time.time()
 
     import ray
-    from ray.cluster_utils import Cluster
 
     from cmdare.cloud.detection import LOCAL_FAILURE_DETECTION
     from cmdare.cloud.local import LocalClusterProvider
@@ -206,10 +204,7 @@ def main() -> None:
                 future.add_done_callback(lambda _f: self.node_start.__setitem__(sid, (t0, time.time())))
 
     logging.getLogger("ray").setLevel(logging.ERROR)
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 3, "node_ip_address": "127.0.0.1", "resources": {"cmdare_ps": 100},
-        "include_dashboard": False, "_system_config": LOCAL_FAILURE_DETECTION})
-    ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+    cluster = start_local_cluster(num_cpus=3, resources={"cmdare_ps": 100}, _system_config=LOCAL_FAILURE_DETECTION)
     spec = TrainSpec(model=args.model, dataset="digits", workers=args.workers, ps=1, steps=args.steps,
                      batch_size=32, optimizer=OptimizerConfig(lr=0.05), checkpoint_every=0, eval_every=0,
                      seed=5, transient=True, revocations=f"every={args.every:g},first={args.first:g},seed=1",

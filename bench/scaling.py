@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import statistics
 import tempfile
 import time
 
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 WORKERS = (1, 2, 4)
 SHARDS = (1, 2)
@@ -80,8 +79,7 @@ def main() -> None:
     import ray
 
     configs = [(w, s) for w in WORKERS for s in SHARDS]  # 1 and 2 shards side by side in time
-    ray.init(address="local", num_cpus=max(WORKERS) + max(SHARDS), _node_ip_address="127.0.0.1",
-             include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    start_local_ray(num_cpus=max(WORKERS) + max(SHARDS))
     t_start = time.perf_counter()
     runs: dict[tuple[int, int], list[dict[str, float]]] = {c: [] for c in configs}
     try:

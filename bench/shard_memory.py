@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import time
 
 import numpy as np
 
 from cmdare.ps.shard import AsyncShardActor
+from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 FIELDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM")
 
@@ -59,7 +59,6 @@ def main() -> None:
     args = ap.parse_args()
     load_start = os.getloadavg()[0]  # the 2 cores are shared: say how busy they were
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
     from cmdare.ps.blocks import Block
@@ -71,8 +70,7 @@ def main() -> None:
     cfg = OptimizerConfig(lr=0.01, momentum=0.9, weight_decay=1e-4)
     t_start = time.perf_counter()
     store = {"object_store_memory": args.object_store_mb * 2**20} if args.object_store_mb else {}
-    ray.init(address="local", num_cpus=4, _node_ip_address="127.0.0.1", **store,
-             include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    start_local_ray(num_cpus=4, **store)
     try:
         cls = ray.remote(MeasuredShard).options(num_cpus=1)
 

@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -43,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 #: The simulator's worker type for the emulated local workers.
 GPU = "local"
@@ -105,8 +103,7 @@ def real_run(steps: int, workers: int, revocations: Revocations, startup_s: floa
                      startup=str(startup_s))
     started = not ray.is_initialized()
     if started:
-        ray.init(address="local", num_cpus=6, _node_ip_address="127.0.0.1", include_dashboard=False,
-                 logging_level=logging.ERROR, log_to_driver=False)
+        start_local_ray(num_cpus=6)
     try:
         out.summary = Trainer(spec, [Recorder()], checkpoint_dir=workdir / "ckpt").run()
     finally:
@@ -386,8 +383,7 @@ def compare(workers: int = 3, steps: int = 2500, revocations: Revocations | None
     t = time.perf_counter()
     started = not ray.is_initialized()
     if started:
-        ray.init(address="local", num_cpus=6, _node_ip_address="127.0.0.1", include_dashboard=False,
-                 logging_level=logging.ERROR, log_to_driver=False)
+        start_local_ray(num_cpus=6)
     try:
         for k in range(real_runs):
             with tempfile.TemporaryDirectory(prefix="cmdare-simreal-") as tmp:

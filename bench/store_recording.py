@@ -23,6 +23,7 @@ from pathlib import Path
 from cmdare.measure.recorder import StoreRecorder
 from cmdare.measure.store import open_store
 from cmdare.train.callbacks import RunInfo, StepReport, TrainCallback
+from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 
 def _reports(n: int) -> list[StepReport]:
@@ -79,22 +80,13 @@ class _Timed(TrainCallback):
 
 
 def train_pairs(url: str, steps: int, pairs: int) -> dict[str, float]:
-    import logging
-
     import ray
 
     from cmdare.train import TrainSpec, train
 
     # One private local Ray for all runs ("local": never join another user's cluster on this machine).
     if not ray.is_initialized():
-        ray.init(
-            address="local",
-            num_cpus=max(4, os.cpu_count() or 1),
-            _node_ip_address="127.0.0.1",
-            include_dashboard=False,
-            logging_level=logging.ERROR,
-            log_to_driver=False,
-        )
+        start_local_ray(num_cpus=max(4, os.cpu_count() or 1))
     spec = TrainSpec(model="resnet15", dataset="digits", workers=2, ps=1, steps=steps, eval_every=0, checkpoint_every=0)
     with_speed, without_speed, shares = [], [], []
     for _ in range(pairs):

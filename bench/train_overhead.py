@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import statistics
 import time
 
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 CONFIGS = {
     # name: (model, dataset, batch, plain warm-up steps, plain timed steps, cmdare steps)
@@ -111,8 +110,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    ray.init(address="local", num_cpus=2, _node_ip_address="127.0.0.1",
-             include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    start_local_ray(num_cpus=2)
     t_start = time.perf_counter()
     out: dict[str, dict] = {}
     try:

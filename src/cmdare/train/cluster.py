@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from typing import Any
 
 from cmdare.cloud.detection import LOCAL_FAILURE_DETECTION
 from cmdare.errors import ClusterError
@@ -14,6 +15,8 @@ from cmdare.errors import ClusterError
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+LOOPBACK = "127.0.0.1"
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
@@ -53,3 +56,47 @@ def _check_reachable(address: str, timeout_s: float = 3.0) -> None:
             pass
     except OSError as err:
         raise ClusterError(f"cannot reach the Ray cluster at {address}: {err.strerror or err}") from err
+
+
+def start_local_ray(num_cpus: int | None = None, **options: Any) -> Any:
+    """Start a new private local Ray instance on 127.0.0.1 for a script (the benchmarks); returns ``ray``.
+
+    ``ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+    logging_level=ERROR)``, ``options`` overriding or adding to these. Import this module before anything
+    imports Ray. Unlike :func:`ensure_ray`: always a new instance, Ray's own failure-detection settings,
+    Ray's errors as raised.
+    """
+    ray = _loopback_ray()
+    ray.init(**{"address": "local", "num_cpus": num_cpus, "_node_ip_address": LOOPBACK, "include_dashboard": False,
+                "log_to_driver": False, "logging_level": logging.ERROR, **options})
+    return ray
+
+
+def start_local_cluster(**head_node_args: Any) -> Any:
+    """A multi-node ``ray.cluster_utils.Cluster`` on 127.0.0.1 (head node only) with this process connected
+    as its driver; the caller calls ``ray.shutdown()`` and then ``cluster.shutdown()``."""
+    ray = _loopback_ray()
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"node_ip_address": LOOPBACK, "include_dashboard": False,
+                                                             **head_node_args})
+    try:
+        ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.ERROR)
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return cluster
+
+
+def _loopback_ray() -> Any:
+    """``ray``, after checking it will keep 127.0.0.1 (it reads the variable above when imported)."""
+    import ray
+
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # a Ray without this module: nothing to check
+        return ray
+    if getattr(ray_constants, "ENABLE_RAY_CLUSTER", False):
+        raise ClusterError("Ray would run on this machine's network address, not 127.0.0.1: import "
+                           "cmdare.train.cluster before Ray, with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER unset or 0")
+    return ray
