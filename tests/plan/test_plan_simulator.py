@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
-from plan_toys import ExpLifetimes, ScriptedLifetimes, toy_models
+from plan_toys import ExpLifetimes, FlatPrices, ScriptedLifetimes, toy_models
 
 from cmdare.errors import UnknownNameError, UserInputError
 from cmdare.plan.simulator import Simulator, simulate
@@ -89,14 +90,19 @@ def test_transient_ps_loss_rolls_back_to_the_last_checkpoint():
 
 
 def test_cheapest_replacement_switches_type():
-    # 'b' costs the same per step as 'a' on demand; make 'a' spot cheaper per step by speed: a=1/s, b=2/s,
-    # prices a 3.6, b 7.2 -> equal; use a scripted revocation of 'b' and check the run still finishes.
+    # a=1 step/s, b=2 steps/s at the same spot price: b is half the price per step. 'a' dies at 100 s
+    # (300 steps done), a replacement is asked for and joins 10 s later (320 steps): with 'cheapest' it is
+    # a 'b' (4 steps/s: 1680 / 4 = 420 s more -> 530 s), with 'same' an 'a' (3 steps/s -> 670 s).
     job = JobSpec("toy", 2000)
-    models = toy_models(ScriptedLifetimes({"b": [100]}), startup_s=10.0)
-    sim = Simulator(job, cluster(("a", 1, True), ("b", 1, True), replacement="cheapest"), models)
-    r = sim.run_once(np.random.default_rng(0))
-    assert r.finished and r.replacements == 1
-    assert sim._replacement_gpu in ("a", "b")
+    prices = FlatPrices({"a": 3.6, "b": 3.6, "cpu": 0.36}, discount=0.5)
+    times = {}
+    for policy in ("cheapest", "same"):
+        models = dataclasses.replace(toy_models(ScriptedLifetimes({"a": [100]}), startup_s=10.0), prices=prices)
+        r = Simulator(job, cluster(("a", 1, True), ("b", 1, True), replacement=policy), models).run_once(
+            np.random.default_rng(0))
+        assert r.finished and r.replacements == 1
+        times[policy] = r.wall_time_s
+    assert times == {"cheapest": pytest.approx(530.0), "same": pytest.approx(670.0)}
 
 
 def test_same_seed_same_result_and_runs_are_prefix_stable():

@@ -40,16 +40,17 @@ def one_worker(n: int = 1) -> ClusterSpec:
     return ClusterSpec((WorkerGroup("a", n, True, "r"),), ps=1, region="r")
 
 
-def test_a_replacement_draws_from_the_model_of_its_request_hour():
+def test_a_replacement_draws_from_the_model_of_the_hour_it_is_ready():
     lifetimes = DayNightLifetimes()
     assert isinstance(lifetimes, TimeOfDayLifetimeSampler)
     # 1 step/s for 12 h of steps: the first worker (launched 01:00) lives ~11 h, is replaced at ~12:00,
-    # and the replacement, requested in the afternoon, lives 10 min.
+    # and the replacement, ready in the afternoon (50 s after its request), lives 10 min.
     job = JobSpec("toy", int(12 * HOUR_S), start_hour=1)
     run = Simulator(job, one_worker(), toy_models(lifetimes, startup_s=50.0)).run_once(np.random.default_rng(0))
     first, second = lifetimes.calls[0], lifetimes.calls[1]
     assert first[0] == 1.0 and first[2] >= 11 * HOUR_S
-    assert second[0] == pytest.approx((1.0 + first[2] / HOUR_S) % 24)  # requested when the first died
+    # its lifetime starts when it is ready, as in the trainer: 50 s of start-up after the first died
+    assert second[0] == pytest.approx((1.0 + (first[2] + 50.0) / HOUR_S) % 24)
     assert second[0] >= 12.0 and second[2] < 700.0
     assert run.revocations >= 3 and run.replacements == run.revocations  # afternoon servers die fast
     # The same job started in the afternoon: every server is short-lived from the start.

@@ -8,8 +8,10 @@ How time evolves in one run::
          |  progress grows at the effective speed of the live membership; no individual steps are
          |  simulated: the speed only changes at membership events, so a run costs O(#events)
          v
-    worker revoked  -> leaves; (chief: the next live worker takes the role, no restart)
-                       replacement policy: same type | most cost-efficient type | none
+    worker revoked  -> leaves; the control kernel (the trainer's own policy objects) decides:
+                       chief: the longest-serving live worker takes the role, no restart;
+                       replacement policy: same | cheapest (lowest price per step) | none;
+                       LR policy: the new learning-rate scale (recorded in the timeline)
                        replacement requested now, joins after a sampled startup delay
     PS revoked      -> training stalls until a new PS is up, then rolls back to the last checkpoint
     progress == total steps -> done: wall time, cost, revocations, replacements, steps lost
@@ -18,7 +20,8 @@ Checkpoints: every ``N`` steps the chief stops training for ``c`` seconds (the p
 time) while the other workers go on, so a membership with speed ``v``, whose chief alone contributes
 a share ``w_chief / W`` of it, advances at ``N / (N / v + c * w_chief / W)`` steps/s.
 
-A server's lifetime runs from its request, so a replacement can be revoked while it starts up.
+A server's lifetime runs from the moment it is ready (as in the trainer): a replacement cannot be
+revoked while it starts up, but bills from its request.
 
 Billing is per second for every server from its request (a replacement bills its startup) until it
 is revoked or the job ends; parameter servers (and the coordinator, which runs on the first of
@@ -39,11 +42,21 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
+from cmdare.cloud.servers import ServerSpec
+from cmdare.control import (
+    LifetimeRevocations,
+    MembershipKernel,
+    Offer,
+    RequestReplacement,
+    RevocationSource,
+    WorkerInfo,
+)
 from cmdare.plan.spec import (
     PS_SERVER,
     ClusterSpec,
@@ -85,27 +98,29 @@ class Simulator:
         models: speed, lifetime, startup and price models for the job's workload.
     """
 
-    def __init__(self, job: JobSpec, cluster: ClusterSpec, models: PlanModels):
+    def __init__(self, job: JobSpec, cluster: ClusterSpec, models: PlanModels,
+                 revocations: Callable[[], RevocationSource] | None = None):
         self.job, self.cluster, self.models = job, cluster, models
+        self.revocations = revocations
         gpus = list(cluster.gpu_counts)
         self._slots: list[_Slot] = []
         for g in cluster.workers:
             self._slots += [_Slot(gpus.index(g.gpu), g.transient, g.region) for _ in range(g.count)]
-        self._replacement_gpu = None
-        if cluster.replacement == "cheapest":
-            # The most cost-efficient of the cluster's GPU types (spot USD per step).
-            def usd_per_step(name: str) -> float:
-                price = models.prices.price_per_hour_usd(name, cluster.region, True)
-                return price / models.speed.worker_steps_per_s(name)
-
-            self._replacement_gpu = min(gpus, key=usd_per_step)
         self.gpus = gpus
+        self.gpu_index = {g: i for i, g in enumerate(gpus)}
         self._worker_speed = [models.speed.worker_steps_per_s(g) for g in gpus]
         price = models.prices.price_per_hour_usd
-        self._price_s = {
+        self._slot_price_s = {
             (s.gpu, s.transient, s.region): price(gpus[s.gpu], s.region, s.transient) / 3600
             for s in self._slots
         }
+        cloud = getattr(models.prices, "cloud", "gcp")
+        self._specs = [
+            ServerSpec(gpus[s.gpu], cloud, s.region, s.transient, price(gpus[s.gpu], s.region, s.transient))
+            for s in self._slots
+        ]
+        #: What a replacement may run on, per region: the cluster's GPU types at spot prices, with their speeds.
+        self._offers: dict[str, tuple[Offer, ...]] = {}
         self._ps_price_s = (
             models.prices.price_per_hour_usd(PS_SERVER, cluster.region, cluster.ps_transient) / 3600
         )
@@ -117,6 +132,18 @@ class Simulator:
             else None
         )
         self.base_time_s = self.total_time_at(tuple(cluster.gpu_counts.values()), self._slots[0].gpu)
+
+    def offers(self, lost: ServerSpec) -> tuple[Offer, ...]:
+        """The offerings a replacement of ``lost`` may run on (for the kernel's ``cheapest`` policy)."""
+        offers = self._offers.get(lost.region)
+        if offers is None:
+            price = self.models.prices.price_per_hour_usd
+            cloud = lost.cloud
+            offers = self._offers[lost.region] = tuple(
+                Offer(ServerSpec(g, cloud, lost.region, True, price(g, lost.region, True)), self._worker_speed[i])
+                for i, g in enumerate(self.gpus)
+            )
+        return offers
 
     # ---- speed ---------------------------------------------------------------------------------
     def rate(self, counts: tuple[int, ...], chief_gpu: int) -> float:
@@ -152,7 +179,7 @@ class Simulator:
         full = tuple(self.cluster.gpu_counts.values())
         usd_s = [0.0] * len(full)
         for s in self._slots:
-            usd_s[s.gpu] += self._price_s[(s.gpu, s.transient, s.region)] / full[s.gpu]
+            usd_s[s.gpu] += self._slot_price_s[(s.gpu, s.transient, s.region)] / full[s.gpu]
         ps_usd_s = self.cluster.ps * self._ps_price_s
         best_rate, best_usd_per_step = 0.0, math.inf
         for counts in itertools.product(*(range(n + 1) for n in full)):
@@ -201,12 +228,17 @@ class Simulator:
         )
 
     def _static_cost_per_s(self) -> float:
-        worker = sum(self._price_s[(s.gpu, s.transient, s.region)] for s in self._slots)
+        worker = sum(self._slot_price_s[(s.gpu, s.transient, s.region)] for s in self._slots)
         return worker + self.cluster.ps * self._ps_price_s
 
 
 class _Run:
-    """State of one SimPy run; callbacks keep it to a handful of events per membership change."""
+    """State of one SimPy run: the SimPy executor of the control kernel's membership decisions.
+
+    The kernel (:class:`~cmdare.control.MembershipKernel`, the same object the Ray trainer drives)
+    holds the membership, elects the chief, applies the LR policy and picks replacements; this class
+    turns its decisions into SimPy timeouts and keeps the run's progress and bill.
+    """
 
     def __init__(self, sim: Simulator, rng: np.random.Generator):
         self.sim, self.rng = sim, rng
@@ -224,24 +256,32 @@ class _Run:
         self.replacements = 0
         self.steps_lost = 0.0
         self.ps_down = 0
-        self.counts = [0] * len(sim.gpus)
-        self.live: dict[int, int] = {}  # slot -> gpu index of joined workers
         self.done = self.env.event()
         self._tod = sim.start_hour is not None
         self._first: dict[int, float] = {}  # time-of-day runs: initial lifetime per transient slot
         self._lifetimes = self._draw_uniforms() if self._tod else self._draw_lifetimes()
+        self._same_type = {i: True for i in range(len(sim._slots))}  # slot still on its original GPU type
+        source = sim.revocations() if sim.revocations is not None else LifetimeRevocations(self._draw_life)
+        self.kernel = MembershipKernel(sim.cluster.n_workers, replacement=sim.cluster.replacement,
+                                       lr_policy=sim.job.lr_policy, revocations=source, offers=sim.offers)
+        self._next_id = len(sim._slots)
         env = self.env
-        for slot_id, slot in enumerate(sim._slots):
-            self.counts[slot.gpu] += 1
-            self.live[slot_id] = slot.gpu
-            if slot.transient:
-                env.process(self._worker(slot_id, slot))
-            else:
-                self._bill(sim._price_s[(slot.gpu, False, slot.region)])
+        first = [WorkerInfo(i, i, sim._specs[i], 0.0, trained_at=0.0) for i in range(len(sim._slots))]
+        for w in first:  # billing order as before the kernel: on-demand, PS, transient (same float sums)
+            if not w.server.transient:
+                self._bill(self._price_s(w.server))
         self._bill(sim.cluster.ps * sim._ps_price_s)
+        for w in first:
+            if w.server.transient:
+                self._bill(self._price_s(w.server))
+        self.kernel.start(first, 0.0)
+        for w in first:
+            self._schedule_deadline(w.worker_id)
         if sim.cluster.ps_transient:
             for _ in range(sim.cluster.ps):
                 env.process(self._parameter_server())
+        if source.next_due(0.0) is not None:
+            env.process(self._scheduled_revocations())
         horizon = env.timeout(_HORIZON_FACTOR * sim.base_time_s)
         horizon.callbacks.append(self._give_up)
         self._reschedule()
@@ -315,14 +355,26 @@ class _Run:
         self.progress = min(self.total, self.progress + self.speed * (now - self.t_last))
         self.t_last = now
 
+    def _price_s(self, spec: ServerSpec) -> float:
+        return self.sim.models.prices.price_per_hour_usd(spec.gpu_type, spec.region, spec.transient) / 3600
+
+    def _draw_life(self, w: WorkerInfo) -> float:
+        """A lifetime for the server of ``w`` (the kernel counts it from ``w.ready_at``)."""
+        return self._lifetime(w.slot, w.server.gpu_type, w.server.region, self._same_type[w.slot])
+
     def _reschedule(self) -> None:
         """Recompute the speed for the current membership and schedule the finish at that speed."""
         self.gen += 1
-        if self.ps_down or not self.live:
+        state = self.kernel.state
+        if self.ps_down or not state.workers:
             self.speed = 0.0
             return
-        chief = self.live[min(self.live)]
-        self.speed = self.sim.rate(tuple(self.counts), chief)
+        index = self.sim.gpu_index
+        counts = [0] * len(self.sim.gpus)
+        for w in state.workers:
+            counts[index[w.server.gpu_type]] += 1
+        chief = state.worker(state.chief) if state.chief is not None else state.workers[0]
+        self.speed = self.sim.rate(tuple(counts), index[chief.server.gpu_type])
         remaining = self.total - self.progress
         ev = self.env.timeout(remaining / self.speed)
         gen = self.gen
@@ -338,53 +390,54 @@ class _Run:
             self._advance()
             self.done.succeed(False)
 
-    def _join(self, slot_id: int, gpu: int) -> None:
+    # ---- the kernel's decisions, executed as SimPy events ---------------------------------------
+    def _schedule_deadline(self, worker_id: int) -> None:
+        deadline = self.kernel.deadlines.get(worker_id)
+        if deadline is not None:
+            ev = self.env.timeout(max(0.0, deadline - self.env.now))
+            ev.callbacks.append(lambda _ev: self._revoke(worker_id))
+
+    def _scheduled_revocations(self):
+        """Periodic and scripted revocation sources: wake at each due time, revoke what is due."""
+        source = self.kernel.revocations
+        while (at := source.next_due(0.0)) is not None:
+            yield self.env.timeout(max(0.0, at - self.env.now))
+            for wid in self.kernel.due(self.env.now, 0.0):
+                self._revoke(wid)
+
+    def _revoke(self, worker_id: int) -> None:
+        """A worker's server is revoked: the kernel decides what follows."""
+        lost = self.kernel.state.worker(worker_id)
+        if lost is None or self.done.triggered:
+            return
         self._advance()
-        self.live[slot_id] = gpu
-        self.counts[gpu] += 1
+        self.revocations += 1
+        self._bill(-self._price_s(lost.server))
+        for decision in self.kernel.lose(worker_id, self.env.now):
+            if isinstance(decision, RequestReplacement):
+                self._request(decision, lost)
         self._reschedule()
 
-    def _leave(self, slot_id: int, gpu: int) -> None:
-        self._advance()
-        del self.live[slot_id]
-        self.counts[gpu] -= 1
-        self._reschedule()
+    def _request(self, decision: RequestReplacement, lost: WorkerInfo) -> None:
+        """Start a replacement server: billed from now, joins after a sampled startup delay."""
+        spec = decision.spec
+        self._same_type[decision.slot] = self._same_type[decision.slot] and spec.gpu_type == lost.server.gpu_type
+        delay = float(self.sim.models.startup.sample(self.rng, spec.gpu_type, True, spec.region))
+        self.replacements += 1
+        self._bill(self._price_s(spec))
+        ev = self.env.timeout(delay)
+        ev.callbacks.append(lambda _ev: self._arrive(decision.slot, spec))
 
-    # ---- processes -----------------------------------------------------------------------------
-    def _worker(self, slot_id: int, slot: _Slot):
-        """One transient worker slot: live, revoked, replaced (after a startup delay), live, ..."""
-        sim, env = self.sim, self.env
-        gpu, region = slot.gpu, slot.region
-        delay = 0.0
-        same_type = True
-        price = sim._price_s[(gpu, True, region)]
-        self._bill(price)
-        while True:
-            life = self._lifetime(slot_id, sim.gpus[gpu], region, same_type)
-            if delay > 0:
-                if life <= delay:  # revoked while starting up
-                    yield env.timeout(life)
-                else:
-                    yield env.timeout(delay)
-                    self._join(slot_id, gpu)
-                    yield env.timeout(life - delay)
-                    self._leave(slot_id, gpu)
-            else:
-                yield env.timeout(life)
-                self._leave(slot_id, gpu)
-            self.revocations += 1
-            self._bill(-price)
-            policy = sim.cluster.replacement
-            if policy == "none":
-                return
-            if policy == "cheapest":
-                new_gpu = sim.gpus.index(sim._replacement_gpu)
-                same_type = same_type and new_gpu == gpu
-                gpu = new_gpu
-                price = sim.models.prices.price_per_hour_usd(sim.gpus[gpu], region, True) / 3600
-            delay = float(sim.models.startup.sample(self.rng, sim.gpus[gpu], True, region))
-            self.replacements += 1
-            self._bill(price)
+    def _arrive(self, slot: int, spec: ServerSpec) -> None:
+        if self.done.triggered:
+            return
+        self._advance()
+        now = self.env.now
+        w = WorkerInfo(self._next_id, slot, spec, ready_at=now, trained_at=now)
+        self._next_id += 1
+        self.kernel.join(w, now)
+        self._schedule_deadline(w.worker_id)
+        self._reschedule()
 
     def _parameter_server(self):
         """One transient PS: its loss stalls training, and the new PS restarts from the checkpoint."""

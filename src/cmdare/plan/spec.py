@@ -15,12 +15,12 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from cmdare.errors import UnknownNameError, UserInputError
+from cmdare.control import LR_POLICIES, REPLACEMENT_POLICIES
+from cmdare.errors import UserInputError
 
 __all__ = [
     "MAX_PS",
     "AccuracyPredictor",
-    "REPLACEMENT_POLICIES",
     "ClusterSpec",
     "JobSpec",
     "LifetimeSampler",
@@ -39,7 +39,6 @@ __all__ = [
 MAX_PS = 8
 #: What to do when a transient worker is revoked: start the same type, start the most cost-efficient
 #: type of the cluster, or carry on without it.
-REPLACEMENT_POLICIES = ("same", "cheapest", "none")
 #: The server type name used for parameter servers (CPU-only VMs, as in CM-DARE).
 PS_SERVER = "cpu"
 
@@ -139,6 +138,9 @@ class JobSpec:
     The default checkpoint interval, 1,000 steps, is Tensor2Tensor's ``local_eval_frequency``, which
     CM-DARE's runs used as ``save_checkpoints_steps``.
 
+    ``lr_policy`` (a :data:`cmdare.control.LR_POLICIES` name) is applied on every membership change,
+    as in the trainer.
+
     ``start_hour`` is the hour of day (0-23, the lifetime data's clock: US Pacific) at which the job
     starts; with it, every server's lifetime comes from the model of the hour it is requested
     (time-of-day-aware lifetimes). None: hour-agnostic lifetimes.
@@ -149,8 +151,10 @@ class JobSpec:
     checkpoint_every_steps: int = 1000
     batch_size: int | None = None
     start_hour: int | None = None
+    lr_policy: str = "unchanged"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "lr_policy", LR_POLICIES.canonical(self.lr_policy))
         if self.total_steps <= 0:
             raise UserInputError(f"steps must be positive, got {self.total_steps}")
         if self.checkpoint_every_steps <= 0:
@@ -198,8 +202,7 @@ class ClusterSpec:
             raise UserInputError(f"ps must be between 0 and {MAX_PS}, got {self.ps}")
         if self.ps == 0 and self.n_workers != 1:
             raise UserInputError(f"ps=0 (single-server training) needs 1 worker, got {self.n_workers}")
-        if self.replacement not in REPLACEMENT_POLICIES:
-            raise UnknownNameError("replacement policy", self.replacement, REPLACEMENT_POLICIES)
+        object.__setattr__(self, "replacement", REPLACEMENT_POLICIES.canonical(self.replacement))
 
     @property
     def n_workers(self) -> int:

@@ -1,0 +1,164 @@
+"""The membership kernel: applies the policies to joins and losses and says what to do.
+
+Drivers (the Ray trainer, the SimPy simulator) tell the kernel what happened (:meth:`join`,
+:meth:`trained`, :meth:`lose`) and act on the decision values it returns; they ask :meth:`due` which
+workers the revocation source revokes now. The kernel owns the :class:`Membership` value and the
+timeline of every change, so two drivers fed the same events produce the same timeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from cmdare.cloud.servers import ServerSpec
+from cmdare.control.chief import CHIEF_POLICIES, ChiefPolicy
+from cmdare.control.lr import LR_POLICIES, LrPolicy
+from cmdare.control.membership import Membership, MembershipEvent, PendingReplacement, WorkerInfo
+from cmdare.control.replacement import REPLACEMENT_POLICIES, Offer, Replace, ReplacementPolicy
+from cmdare.control.revocation import NoRevocations, RevocationSource
+
+__all__ = ["ChiefChange", "Decision", "LrChange", "MembershipKernel", "NoWorkersLeft", "RequestReplacement"]
+
+
+@dataclass(frozen=True)
+class ChiefChange:
+    """The chief role moves (``chief`` None: no worker is left to hold it)."""
+
+    previous: int | None
+    chief: int | None
+
+
+@dataclass(frozen=True)
+class LrChange:
+    """Multiply the configured learning rate by ``scale`` from now on."""
+
+    previous: float
+    scale: float
+    active: int
+
+
+@dataclass(frozen=True)
+class RequestReplacement:
+    """Start a server of ``spec``; its worker takes data slot ``slot``."""
+
+    slot: int
+    spec: ServerSpec
+    replaces: int
+
+
+@dataclass(frozen=True)
+class NoWorkersLeft:
+    """No worker is live and none is on its way: training cannot go on."""
+
+
+Decision = ChiefChange | LrChange | RequestReplacement | NoWorkersLeft
+
+
+class MembershipKernel:
+    """Membership state plus the policies that change it.
+
+    Args:
+        planned: the number of workers the run was configured with.
+        replacement, lr_policy, chief: policies or their registered names.
+        revocations: the revocation source (default: none).
+        offers: what a replacement could run on, given the lost server (for ``cheapest``).
+    """
+
+    def __init__(self, planned: int, *, replacement: ReplacementPolicy | str = "same",
+                 lr_policy: LrPolicy | str = "unchanged", chief: ChiefPolicy | str = "longest-serving",
+                 revocations: RevocationSource | None = None,
+                 offers: Callable[[ServerSpec], Sequence[Offer]] | None = None):
+        self.replacement = REPLACEMENT_POLICIES.create(replacement) if isinstance(replacement, str) else replacement
+        self.lr_policy = LR_POLICIES.create(lr_policy) if isinstance(lr_policy, str) else lr_policy
+        self.chief_policy = CHIEF_POLICIES.create(chief) if isinstance(chief, str) else chief
+        self.revocations = revocations or NoRevocations()
+        self.offers = offers or (lambda _lost: ())
+        self.state = Membership(planned)
+        self.timeline: list[MembershipEvent] = []
+        self.deadlines: dict[int, float] = {}
+
+    # -- what happened ---------------------------------------------------------------------------
+    def start(self, workers: Sequence[WorkerInfo], now: float) -> list[Decision]:
+        """The first wave of workers, all at once (one chief election, one learning-rate decision)."""
+        for w in workers:
+            self.state = self.state.with_worker(w)
+            self._record("join", now, w.worker_id, w.slot, gpu=w.server.gpu_type)
+            deadline = self.revocations.deadline(w)
+            if deadline is not None:
+                self.deadlines[w.worker_id] = deadline
+        decisions: list[Decision] = [self._set_chief(self.chief_policy.elect(self.state.workers), now)]
+        return decisions + self._apply_lr(now)
+
+    def join(self, worker: WorkerInfo, now: float) -> list[Decision]:
+        """A worker's server is ready and its worker started (a replacement takes its slot)."""
+        self.state = self.state.with_worker(worker)
+        self._record("join", now, worker.worker_id, worker.slot, gpu=worker.server.gpu_type)
+        deadline = self.revocations.deadline(worker)
+        if deadline is not None:
+            self.deadlines[worker.worker_id] = deadline
+        decisions: list[Decision] = []
+        if self.state.chief is None:
+            decisions.append(self._set_chief(self.chief_policy.elect(self.state.workers), now))
+        decisions += self._apply_lr(now)
+        return decisions
+
+    def trained(self, worker_id: int, now: float) -> None:
+        """The worker finished its first step (from now on injected revocations may hit it)."""
+        w = self.state.worker(worker_id)
+        if w is not None and w.trained_at is None:
+            self.state = self.state.with_worker(dataclasses.replace(w, trained_at=now))
+
+    def lose(self, worker_id: int, now: float, replace: bool = True) -> list[Decision]:
+        """A worker is gone (revoked, failed, or left after a notice); ``replace=False`` at the end."""
+        lost = self.state.worker(worker_id)
+        if lost is None:
+            return []
+        self.state = self.state.without_worker(worker_id)
+        self.deadlines.pop(worker_id, None)
+        self._record("loss", now, worker_id, lost.slot)
+        decisions: list[Decision] = []
+        if self.state.chief == worker_id:
+            decisions.append(self._set_chief(self.chief_policy.elect(self.state.workers), now))
+        decisions += self._apply_lr(now)
+        if replace:
+            choice = self.replacement.decide(lost.server, self.offers(lost.server))
+            if isinstance(choice, Replace):
+                pending = PendingReplacement(lost.slot, choice.spec, now, worker_id)
+                self.state = self.state.replace(pending=(*self.state.pending, pending))
+                self._record("replacement_requested", now, worker_id, lost.slot, gpu=choice.spec.gpu_type)
+                decisions.append(RequestReplacement(lost.slot, choice.spec, worker_id))
+        if not self.state.workers and not self.state.pending:
+            self._record("no_workers_left", now)
+            decisions.append(NoWorkersLeft())
+        return decisions
+
+    def due(self, now: float, started_at: float) -> list[int]:
+        """Workers the revocation source revokes at ``now``: expired lifetimes, then scheduled picks."""
+        trained = [w for w in self.state.workers if w.trained_at is not None]
+        out = [w.worker_id for w in trained if self.deadlines.get(w.worker_id, float("inf")) <= now]
+        for wid in self.revocations.due(now, started_at, trained):
+            if wid not in out:
+                out.append(wid)
+        return out
+
+    # -- decisions -------------------------------------------------------------------------------
+    def _set_chief(self, chief: int | None, now: float) -> ChiefChange:
+        previous = self.state.chief
+        self.state = self.state.replace(chief=chief)
+        self._record("chief_change", now, chief, details={"from": previous, "to": chief})
+        return ChiefChange(previous, chief)
+
+    def _apply_lr(self, now: float) -> list[Decision]:
+        scale = self.lr_policy.scale(self.state.live, self.state.planned)
+        previous = self.state.lr_scale
+        if scale == previous:
+            return []
+        self.state = self.state.replace(lr_scale=scale)
+        self._record("lr_change", now, details={"from": previous, "scale": scale, "active": self.state.live})
+        return [LrChange(previous, scale, self.state.live)]
+
+    def _record(self, kind: str, now: float, worker_id: int | None = None, slot: int | None = None,
+                details: dict | None = None, **extra: object) -> None:
+        self.timeline.append(MembershipEvent(kind, now, worker_id, slot, {**(details or {}), **extra}))

@@ -1,0 +1,217 @@
+"""Revocation sources: when each transient server dies, in local emulation and in the simulator.
+
+``--revocations`` takes a spec string:
+
+* ``lifetime=NAME[,speedup=S][,seed=N]``: each transient server lives a lifetime drawn from the
+  lifetime model ``NAME`` (``bathtub``, ``exponential``, ``empirical``, ``bathtub:k80``, a saved
+  model file; see :mod:`cmdare.measure.lifetime_models`), divided by ``speedup`` (time compression:
+  ``speedup=3600`` turns an hour into a second), counted from the moment its server is ready;
+* ``every=S[,first=F]``: a transient server is revoked every ``S`` seconds (chaos tests);
+* ``trace=T@SLOT+T@SLOT...``: the worker in data slot ``SLOT`` is revoked ``T`` seconds after the
+  first step (a scripted schedule: the same in the Ray trainer and the simulator);
+* ``none``: no injected revocations (notices and real failures are still handled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cmdare.control.membership import WorkerInfo
+from cmdare.control.registry import Registry
+from cmdare.errors import UserInputError
+
+__all__ = [
+    "LifetimeRevocations",
+    "NoRevocations",
+    "PeriodicRevocations",
+    "REVOCATION_SOURCES",
+    "RevocationPlan",
+    "RevocationSource",
+    "TraceRevocations",
+    "build_revocation_source",
+]
+
+_KEYS = ("lifetime", "speedup", "every", "first", "seed", "trace")
+
+
+@dataclass(frozen=True)
+class RevocationPlan:
+    """A parsed ``--revocations`` spec."""
+
+    lifetime: str | None = None
+    speedup: float = 1.0
+    every_s: float | None = None
+    first_s: float | None = None
+    seed: int = 0
+    trace: tuple[tuple[float, int], ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        return self.lifetime is not None or self.every_s is not None or bool(self.trace)
+
+    @property
+    def source(self) -> str:
+        """The name of the revocation source this plan builds."""
+        if self.lifetime is not None:
+            return "lifetime"
+        if self.every_s is not None:
+            return "periodic"
+        return "trace" if self.trace else "none"
+
+    @classmethod
+    def parse(cls, text: str | None, seed: int = 0) -> RevocationPlan:
+        """Parse ``lifetime=bathtub,speedup=3600`` / ``every=5`` / ``trace=3@0+6@1`` / ``none``.
+
+        Raises:
+            UserInputError: malformed spec (one line naming the valid keys).
+        """
+        if not text or text.strip().lower() == "none":
+            return cls(seed=seed)
+        fields: dict[str, str] = {}
+        for part in text.split(","):
+            key, sep, value = part.partition("=")
+            if not sep or not value.strip():
+                raise UserInputError(f"--revocations: expected KEY=VALUE, got {part!r} (e.g. lifetime=bathtub,"
+                                     "speedup=3600, every=5 or trace=3@0+6@1)")
+            fields[key.strip().lower()] = value.strip()
+        unknown = set(fields) - set(_KEYS)
+        if unknown:
+            raise UserInputError(f"--revocations: unknown key {sorted(unknown)[0]!r}; valid: {', '.join(_KEYS)}")
+        try:
+            plan = cls(lifetime=fields.get("lifetime"), speedup=float(fields.get("speedup", 1.0)),
+                       every_s=float(fields["every"]) if "every" in fields else None,
+                       first_s=float(fields["first"]) if "first" in fields else None,
+                       seed=int(fields.get("seed", seed)), trace=_parse_trace(fields.get("trace")))
+        except ValueError as err:
+            raise UserInputError(f"--revocations: {err}") from None
+        if plan.speedup <= 0 or (plan.every_s is not None and plan.every_s <= 0):
+            raise UserInputError("--revocations: speedup and every must be positive")
+        if sum(x is not None and x != () for x in (plan.lifetime, plan.every_s, plan.trace or None)) > 1:
+            raise UserInputError("--revocations: give one of lifetime=..., every=... or trace=...")
+        return plan
+
+
+def _parse_trace(text: str | None) -> tuple[tuple[float, int], ...]:
+    if not text:
+        return ()
+    out = []
+    for item in text.split("+"):
+        t, sep, slot = item.partition("@")
+        if not sep:
+            raise ValueError(f"trace entries are SECONDS@SLOT, got {item!r}")
+        if float(t) < 0 or int(slot) < 0:
+            raise ValueError(f"trace entry {item!r}: seconds and slot must be >= 0")
+        out.append((float(t), int(slot)))
+    return tuple(sorted(out))
+
+
+class RevocationSource:
+    """When transient servers are revoked. Drivers ask :meth:`deadline` when a server is ready and
+    :meth:`due` as time passes (the simulator schedules itself at :meth:`next_due`)."""
+
+    name = "none"
+
+    def deadline(self, worker: WorkerInfo) -> float | None:
+        """When the server of ``worker`` dies of old age (None: never by lifetime)."""
+        return None
+
+    def due(self, now: float, started_at: float, live: Sequence[WorkerInfo]) -> list[int]:
+        """Worker ids to revoke at ``now`` besides expired deadlines (periodic and scripted sources)."""
+        return []
+
+    def next_due(self, started_at: float) -> float | None:
+        """The next time :meth:`due` may return a worker (None: never)."""
+        return None
+
+
+REVOCATION_SOURCES: Registry[RevocationSource] = Registry("revocation source")
+
+
+@REVOCATION_SOURCES.register("none")
+class NoRevocations(RevocationSource):
+    """No injected revocations."""
+
+
+@REVOCATION_SOURCES.register("lifetime")
+class LifetimeRevocations(RevocationSource):
+    """Lifetimes drawn per server (``draw``), divided by ``speedup``, counted from ``ready_at``."""
+
+    name = "lifetime"
+
+    def __init__(self, draw: Callable[[WorkerInfo], float | None], speedup: float = 1.0):
+        self.draw, self.speedup = draw, speedup
+
+    @classmethod
+    def from_model(cls, model_name: str, rng: np.random.Generator, speedup: float = 1.0) -> LifetimeRevocations:
+        """Draws from the lifetime model ``model_name`` (see :mod:`cmdare.measure.lifetime_models`)."""
+        from cmdare.measure.lifetime_models import load_lifetime_model
+
+        model = load_lifetime_model(model_name)
+        return cls(lambda _w: float(model.sample(rng, 1)[0]), speedup)
+
+    def deadline(self, worker: WorkerInfo) -> float | None:
+        if not worker.server.transient:
+            return None
+        life = self.draw(worker)
+        return None if life is None else worker.ready_at + life / self.speedup
+
+
+@REVOCATION_SOURCES.register("periodic", "every")
+class PeriodicRevocations(RevocationSource):
+    """One trained transient worker, picked at random, every ``every_s`` (the first after ``first_s``)."""
+
+    name = "periodic"
+
+    def __init__(self, every_s: float, first_s: float | None, rng: np.random.Generator):
+        self.every_s, self.first_s, self.rng = every_s, first_s, rng
+        self._next: float | None = None
+
+    def next_due(self, started_at: float) -> float | None:
+        if self._next is None:
+            self._next = started_at + (self.first_s if self.first_s is not None else self.every_s)
+        return self._next
+
+    def due(self, now: float, started_at: float, live: Sequence[WorkerInfo]) -> list[int]:
+        at = self.next_due(started_at)
+        if at is None or now < at:
+            return []
+        self._next = now + self.every_s
+        eligible = [w for w in live if w.trained_at is not None and w.server.transient]
+        return [eligible[int(self.rng.integers(len(eligible)))].worker_id] if eligible else []
+
+
+@REVOCATION_SOURCES.register("trace")
+class TraceRevocations(RevocationSource):
+    """A scripted schedule: ``(seconds after the first step, data slot)`` pairs."""
+
+    name = "trace"
+
+    def __init__(self, schedule: Sequence[tuple[float, int]]):
+        self.schedule = sorted(schedule)
+        self._done = 0
+
+    def next_due(self, started_at: float) -> float | None:
+        return started_at + self.schedule[self._done][0] if self._done < len(self.schedule) else None
+
+    def due(self, now: float, started_at: float, live: Sequence[WorkerInfo]) -> list[int]:
+        out = []
+        while self._done < len(self.schedule) and started_at + self.schedule[self._done][0] <= now:
+            slot = self.schedule[self._done][1]
+            self._done += 1
+            out += [w.worker_id for w in live if w.slot == slot and w.worker_id not in out]
+        return out
+
+
+def build_revocation_source(plan: RevocationPlan, rng: np.random.Generator | None = None) -> RevocationSource:
+    """The source a parsed plan describes (raises a one-line error for an unreadable lifetime model)."""
+    rng = rng if rng is not None else np.random.default_rng(plan.seed)
+    if plan.lifetime is not None:
+        return LifetimeRevocations.from_model(plan.lifetime, rng, plan.speedup)
+    if plan.every_s is not None:
+        return PeriodicRevocations(plan.every_s, plan.first_s, rng)
+    if plan.trace:
+        return TraceRevocations(plan.trace)
+    return NoRevocations()
