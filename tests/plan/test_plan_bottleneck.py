@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from cmdare.errors import UserInputError
-from cmdare.plan.bottleneck import (
+from cmdare.control.bottleneck import (
     AddShard,
     BottleneckKind,
     NoAction,

@@ -3,7 +3,8 @@
 - :mod:`~cmdare.plan.spec`: job and cluster specs, the model protocols, run results;
 - :mod:`~cmdare.plan.simulator`: SimPy Monte Carlo simulation of a job under revocations;
 - :mod:`~cmdare.plan.recommender`: enumerate, simulate (with pruning), Pareto front, choice and reasons;
-- :mod:`~cmdare.plan.bottleneck`: pure bottleneck diagnosis and mitigation decisions for live runs;
+- bottleneck diagnosis and mitigation decisions (re-exported from :mod:`cmdare.control.bottleneck`, the
+  control kernel, which the live trainer uses too);
 - :mod:`~cmdare.plan.adapters`: the protocols over cmdare.predict, cmdare.measure and cmdare.cloud.
 
 Every name loads on first use (numpy, SimPy and the fitted models stay out of ``cmdare --help``).
@@ -37,7 +38,7 @@ __all__ = [
 _HOMES = {
     **dict.fromkeys(
         ["AddShard", "BottleneckKind", "Diagnosis", "NoAction", "Rebalance", "ReplaceWorker",
-         "decide_mitigation", "diagnose"], "cmdare.plan.bottleneck"),
+         "decide_mitigation", "diagnose"], "cmdare.control.bottleneck"),
     **dict.fromkeys(
         ["ClusterSpec", "JobSpec", "PlanModels", "RunResult", "SimSummary", "WorkerGroup", "parse_workers"],
         "cmdare.plan.spec"),

@@ -3,7 +3,7 @@
 At each balancing point the watch compares the measured cluster speed with the speed the live
 workers would reach if the parameter servers and network were free (each worker's compute-only
 rate, measured in the same window: for an emulated local run this is the honest prediction; the
-planner's models predict it for cloud GPUs). :func:`cmdare.plan.bottleneck.diagnose` classifies the
+planner's models predict it for cloud GPUs). :func:`cmdare.control.bottleneck.diagnose` classifies the
 gap (PS saturated, straggling shard, slow worker, network); :func:`decide_mitigation` picks an
 action; with ``auto`` the watch turns it into placement decisions the coordinator carries out
 (add a shard and fill it, or move load off a straggling shard). Detection, action and effect are
@@ -44,8 +44,8 @@ class BottleneckWatch(DecisionSource):
         w[2] += compute_s
 
     def decide(self, global_step: int, placement: Placement) -> list[Decision]:
-        from cmdare.plan.bottleneck import AddShard as AddShardAction
-        from cmdare.plan.bottleneck import Rebalance, decide_mitigation, diagnose
+        from cmdare.control.bottleneck import AddShard as AddShardAction
+        from cmdare.control.bottleneck import Rebalance, decide_mitigation, diagnose
 
         win = {k: v for k, v in self._win.items() if v[0] > 0 and v[1] > 0 and v[2] > 0}
         self._win = {}
