@@ -7,7 +7,6 @@ import statistics
 
 import pytest
 
-from cmdare.errors import UserInputError
 from cmdare.control.bottleneck import (
     AddShard,
     BottleneckKind,
@@ -17,6 +16,7 @@ from cmdare.control.bottleneck import (
     decide_mitigation,
     diagnose,
 )
+from cmdare.errors import UserInputError
 from cmdare.public_data import public_data_dir
 
 

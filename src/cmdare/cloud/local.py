@@ -7,8 +7,9 @@ A *server* hosts one worker or the parameter shards. Two local providers emulate
 * :class:`LocalClusterProvider` (``ray.cluster_utils.Cluster``): a server is a Ray node with its own
   raylet; revoking it removes the node, killing every process on it, as a cloud would.
 
-Both sample each server's start-up delay (provisioning + staging + booting, from the startup model
-fitted on the CM-DARE data, divided by the time-compression ``speedup``) and record phase times.
+Both sample each server's start-up delay (provisioning + staging + booting, from a startup model
+the caller passes in, e.g. the one fitted on the CM-DARE data, divided by the time-compression
+``speedup``) and record phase times.
 On a real Ray cluster (``--address``), :class:`RayClusterProvider` lets Ray's autoscaler supply the
 servers: a replacement is simply an actor that waits for a node with the ``cmdare_worker`` resource.
 """
@@ -19,13 +20,15 @@ import contextlib
 import itertools
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from cmdare.cloud.servers import ServerSpec
+from cmdare.errors import UserInputError
 
 
 @dataclass
@@ -70,31 +73,48 @@ class Server:
         return out
 
 
+class StartupSampler(Protocol):
+    """A fitted startup model, e.g. :class:`cmdare.predict.startup.StartupModel`."""
+
+    def sample(self, rng: np.random.Generator, gpu: str, transient: bool, region: str | None) -> dict[str, float]:
+        """Phase name -> seconds for one server start."""
+
+
 class StartupDelay:
     """Samples a server's start-up phases (seconds), compressed by ``speedup``.
 
-    ``mode`` is ``"model"`` (CM-DARE startup data: lognormal per GPU type and transient flag) or a
-    fixed number of seconds (``"0"`` for none).
+    ``mode`` is ``"model"`` (draw from ``model``, e.g. CM-DARE startup data: lognormal per GPU type and
+    transient flag) or a fixed number of seconds (``"0"`` for none). ``model`` is a fitted startup
+    model or a zero-argument factory returning one (called on first use), such as
+    :func:`cmdare.predict.startup_model`; it is only needed in ``"model"`` mode.
     """
 
-    def __init__(self, mode: str = "model", speedup: float = 1.0, seed: int = 0):
+    def __init__(self, mode: str = "model", speedup: float = 1.0, seed: int = 0,
+                 model: StartupSampler | Callable[[], StartupSampler] | None = None):
         self.speedup = max(float(speedup), 1e-9)
         self.rng = np.random.default_rng(seed)
         self.fixed_s: float | None = None if mode == "model" else float(mode)
-        self._model = None
+        self._source = model
+        self._model: StartupSampler | None = None
+
+    def _sampler(self) -> StartupSampler:
+        if self._model is None:
+            source = self._source
+            if source is None:
+                raise UserInputError('startup mode "model" needs a startup model: pass StartupDelay(..., '
+                                     'model=cmdare.predict.startup_model), or a fixed delay in seconds')
+            self._model = source if hasattr(source, "sample") else source()  # type: ignore[operator]
+        return self._model
 
     def sample(self, spec: ServerSpec) -> dict[str, float]:
         if self.fixed_s is not None:
             return {"Provisioning": self.fixed_s}
-        if self._model is None:
-            from cmdare.predict import startup_model
-
-            self._model = startup_model()
+        model = self._sampler()
         gpu = (spec.gpu_type or "k80").lower()
         try:
-            return self._model.sample(self.rng, gpu, spec.transient, None)
+            return model.sample(self.rng, gpu, spec.transient, None)
         except Exception:  # noqa: BLE001 - a GPU without startup data: use K80's figures
-            return self._model.sample(self.rng, "k80", spec.transient, None)
+            return model.sample(self.rng, "k80", spec.transient, None)
 
     def wall_s(self, phases: dict[str, float]) -> float:
         return sum(v for k, v in phases.items() if k != "Framework") / self.speedup

@@ -19,9 +19,7 @@ from collections import Counter
 from typing import Any
 
 from cmdare.errors import StoreError
-from cmdare.measure.store import Store, open_store
-from cmdare.measure.store.schema import Run, Server, Staleness
-from cmdare.train.callbacks import (
+from cmdare.events import (
     CheckpointReport,
     EvalReport,
     EventReport,
@@ -31,6 +29,8 @@ from cmdare.train.callbacks import (
     StepReport,
     TrainCallback,
 )
+from cmdare.measure.store import Store, open_store
+from cmdare.measure.store.schema import Run, Server, Staleness
 
 log = logging.getLogger(__name__)
 MAX_BACKLOG_BATCHES = 50  # rows kept in memory while the store is unreachable, in batches

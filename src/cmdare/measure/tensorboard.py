@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cmdare.train.callbacks import CheckpointReport, EvalReport, RunSummary, StepReport, TrainCallback
+from cmdare.events import CheckpointReport, EvalReport, RunSummary, StepReport, TrainCallback
 
 
 class TensorBoardCallback(TrainCallback):

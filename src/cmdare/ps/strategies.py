@@ -1,9 +1,9 @@
 """Static placement baselines (greedy, MXNet, BytePS) and PSLD's initial placement.
 
-Each strategy is registered by name with :func:`cmdare.ps.placement.register_placement` when this
-module is imported (``cmdare.ps.placement`` imports it at its end), so ``get_placement("mxnet")``
-works. Hashing uses deterministic functions of the tensor name (CRC-32, djb2), never Python's
-salted ``hash()``, so a placement is the same in every process and every run.
+Each strategy is registered by name with :func:`cmdare.ps.placement_base.register_placement` when
+this module is imported (``cmdare.ps.placement`` imports it), so ``get_placement("mxnet")`` works.
+Hashing uses deterministic functions of the tensor name (CRC-32, djb2), never Python's salted
+``hash()``, so a placement is the same in every process and every run.
 
 - ``greedy``: each whole tensor, in model order, to the shard with the fewest bytes so far
   (TensorFlow's ``GreedyLoadBalancingStrategy`` with ``byte_size_load_fn``).
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from cmdare.errors import UserInputError
 from cmdare.ps.blocks import BYTES_PER_ELEM, Block, ParamInfo, split_blocks
-from cmdare.ps.placement import Placement, PlacementStrategy, register_placement
+from cmdare.ps.placement_base import Placement, PlacementStrategy, register_placement
 
 __all__ = [
     "BYTEPS_PARTITION_BYTES",

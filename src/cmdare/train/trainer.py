@@ -124,7 +124,9 @@ class Trainer:
         lr_scale(spec.lr_policy, 1, 1)  # fail fast on an unknown policy
         self._lr_scale = 1.0
         self.worker_spec, self.ps_spec = _server_specs(spec)
-        startup = StartupDelay(spec.startup, self.plan.speedup, spec.seed)
+        from cmdare.predict import startup_model  # loaded when a phase is first sampled
+
+        startup = StartupDelay(spec.startup, self.plan.speedup, spec.seed, model=startup_model)
         if provider is None:
             provider = RayClusterProvider(startup) if address else LocalProcessProvider(startup)
         self.provider = provider

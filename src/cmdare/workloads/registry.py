@@ -7,16 +7,13 @@ register the first time the registry is consulted (importing them imports torch)
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cmdare.errors import UnknownNameError, UserInputError
+from cmdare.workloads.specs import MODELS, Builder, ModelSpec, add_model
 
 if TYPE_CHECKING:
     import torch
-
-Builder = Callable[[int, int], "torch.nn.Module"]
 
 __all__ = [
     "Builder",
@@ -28,17 +25,6 @@ __all__ = [
     "unregister_model",
 ]
 
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A registered model: its name, how to build it and a one-line description."""
-
-    name: str
-    builder: Builder
-    description: str = ""
-
-
-_REGISTRY: dict[str, ModelSpec] = {}
 _builtins_loaded = False
 
 
@@ -70,11 +56,9 @@ def register_model(name: str, builder: Builder, description: str = "", *, replac
     if not name or not isinstance(name, str):
         raise UserInputError(f"model name must be a non-empty string, got {name!r}")
     _ensure_builtins()
-    if name in _REGISTRY and not replace:
+    if name in MODELS and not replace:
         raise UserInputError(f"model {name!r} is already registered")
-    spec = ModelSpec(name, builder, description)
-    _REGISTRY[name] = spec
-    return spec
+    return add_model(name, builder, description)
 
 
 def unregister_model(name: str) -> None:
@@ -84,21 +68,21 @@ def unregister_model(name: str) -> None:
         UnknownNameError: ``name`` is not registered.
     """
     _spec(name)
-    del _REGISTRY[name]
+    del MODELS[name]
 
 
 def list_models() -> list[str]:
     """Names of all registered models, in registration order (families grouped)."""
     _ensure_builtins()
-    return list(_REGISTRY)
+    return list(MODELS)
 
 
 def _spec(name: str) -> ModelSpec:
     _ensure_builtins()
     try:
-        return _REGISTRY[name]
+        return MODELS[name]
     except (KeyError, TypeError):
-        raise UnknownNameError("model", str(name), list(_REGISTRY)) from None
+        raise UnknownNameError("model", str(name), list(MODELS)) from None
 
 
 def describe_model(name: str) -> str:

@@ -1,4 +1,4 @@
-"""Registers the built-in model families (imported once by :mod:`cmdare.workloads`)."""
+"""Registers the built-in model families (loaded once, on first use, by :mod:`cmdare.workloads.registry`)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from functools import partial
 
 from torch import nn
 
-from cmdare.workloads.registry import register_model
 from cmdare.workloads.resnet import CUSTOM_RESNETS, HE_RESNETS, CifarResNet
 from cmdare.workloads.resnet_fc import resnet8_fc
 from cmdare.workloads.shake_shake import SHAKE_SHAKE_WIDTHS, ShakeShakeNet
+from cmdare.workloads.specs import add_model
 
 
 def _he(blocks: tuple[int, int, int], num_classes: int, in_channels: int) -> nn.Module:
@@ -29,22 +29,20 @@ def register_builtin_models() -> None:
     for name, blocks in HE_RESNETS.items():
         depth = 6 * blocks[0] + 2
         title = f"ResNet-{depth}" if name != "resnet15" else "ResNet-15 (T2T's name; 14 layers)"
-        register_model(
+        add_model(
             name,
             partial(_he, blocks),
             f"{title}, He et al. CIFAR, {blocks[0]} blocks/stage, 16/32/64 ch",
-            replace=True,
         )
     for name, (blocks, widths) in CUSTOM_RESNETS.items():
         origin = "CM-DARE/T2T" if widths == (32, 64, 128) else "cmdare width extension"
         blocks_s, widths_s = "/".join(map(str, blocks)), "/".join(map(str, widths))
-        register_model(
+        add_model(
             name,
             partial(_t2t, blocks, widths),
             f"pre-act ResNet, blocks {blocks_s}, {widths_s} ch ({origin})",
-            replace=True,
         )
     for name, width in SHAKE_SHAKE_WIDTHS.items():
-        register_model(name, partial(_shake, width), f"Shake-Shake-26 2x{width}d", replace=True)
-    register_model("resnet8_fc", resnet8_fc, "ResNet-8 trunk + Linear(4096, 1024) head: one 4.2M-parameter "
-                   "tensor among small ones (PS load-balancing benchmarks)", replace=True)
+        add_model(name, partial(_shake, width), f"Shake-Shake-26 2x{width}d")
+    add_model("resnet8_fc", resnet8_fc, "ResNet-8 trunk + Linear(4096, 1024) head: one 4.2M-parameter "
+              "tensor among small ones (PS load-balancing benchmarks)")
