@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,84 @@ def test_ps_commands_refuse_finished_runs_and_the_last_shard(tmp_path):
     write_status(run_dir, "finished", 2, 100)
     res = ps("add", "run-p")
     assert res.returncode == 1 and "finished" in res.stderr
+
+
+#: Tags ``TensorBoardCallback`` documents (src/cmdare/measure/tensorboard.py, docs/reports.md).
+TB_TAGS = ("global_step/sec", "loss", "accuracy", "checkpoint_s")
+
+
+@pytest.mark.parametrize("where", ["default", "none", "dir"])
+def test_tensorboard_scalars_by_default(tmp_path, where):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    home, custom = tmp_path / "home", tmp_path / "tb-custom"
+    opt = {"default": [], "none": ["--tensorboard", "none"], "dir": ["--tensorboard", str(custom)]}[where]
+    res = _run(["--model", "resnet8", "--steps", "30", "--workers", "1", "--on-demand", "--checkpoint-every", "15",
+                "--eval-every", "15", *opt], home)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run_id = re.search(r"^run (run-\S+) finished", res.stdout, re.M).group(1)
+    default_dir = home / "tensorboard" / run_id
+    if where == "none":
+        assert not (home / "tensorboard").exists() and not custom.exists()
+        return
+    logdir = default_dir if where == "default" else custom
+    assert list(logdir.glob("events.out.tfevents.*")), f"no event file in {logdir}"
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    scalars = acc.Tags()["scalars"]
+    for tag in TB_TAGS:
+        assert tag in scalars, (tag, scalars)
+        assert len(acc.Scalars(tag)) >= 1
+    assert max(e.step for e in acc.Scalars("loss")) == 30
+    assert acc.Scalars("accuracy")[-1].step == 30 and 0.0 <= acc.Scalars("accuracy")[-1].value <= 1.0
+
+
+def test_revocations_do_not_print_unhandled_ray_errors(tmp_path):
+    # The main job's transient path: bathtub lifetimes compressed 14400x (seed 142: both first servers live
+    # under 2 s, so they are revoked as they join) and replacements with no start-up delay. Calls on killed
+    # workers fail; each failed result must be fetched by the coordinator, not left for Ray to report as an
+    # "Unhandled error" with a traceback.
+    res = _run(["--model", "resnet8", "--steps", "100", "--workers", "2", "--checkpoint-every", "0",
+                "--eval-every", "0", "--startup", "0", "--revocations", "lifetime=bathtub,speedup=14400,seed=142",
+                "--tensorboard", "none"], tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    revoked = int(re.search(r"^servers: (\d+) revoked", out, re.M).group(1))
+    assert revoked >= 1, out
+    for bad in ("Unhandled error", "Traceback", "ActorDiedError", "RayActorError"):
+        assert bad not in out, out
+
+
+_TWO_AT_ONCE = """
+import time
+from cmdare.ps.optimizer import OptimizerConfig
+from cmdare.train import Trainer, TrainSpec
+from cmdare.train.callbacks import TrainCallback
+
+class EndLifetimes(TrainCallback):
+    # At step 30 the injected lifetimes of both servers (the chief's among them) end in the same loop tick.
+    def on_step(self, r):
+        if r.global_step >= 30 and not trainer.revocations:
+            for w in list(trainer.workers.values()):
+                w.revoke_at = time.time()
+
+spec = TrainSpec(model="resnet8", dataset="digits", workers=2, ps=1, steps=120, batch_size=32,
+                 optimizer=OptimizerConfig(lr=0.05), checkpoint_every=0, eval_every=0, seed=0, transient=True,
+                 revocations="lifetime=bathtub,speedup=1", replace="same", startup="0")
+trainer = Trainer(spec, [EndLifetimes()])
+s = trainer.run()
+print(f"status {s.status} step {s.global_step} revoked {s.revocations} replaced {s.replacements}")
+"""
+
+
+def test_two_revocations_in_one_tick_print_no_unhandled_ray_errors(tmp_path):
+    # Both workers revoked at once, replacements with no start-up delay: the first replacement joins while the
+    # revoked chief is not detected yet. Calls on revoked workers fail; the coordinator must fetch each failed
+    # result itself instead of leaving it for Ray to print as an "Unhandled error ... ActorDiedError" block.
+    env = dict(os.environ, CMDARE_HOME=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", _TWO_AT_ONCE], capture_output=True, text=True, env=env, timeout=180)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert re.search(r"^status finished step 120 revoked ([2-9]|\d\d+) replaced", res.stdout, re.M), out
+    for bad in ("Unhandled error", "Traceback", "ActorDiedError", "RayActorError"):
+        assert bad not in out, out

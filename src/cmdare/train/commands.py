@@ -53,8 +53,8 @@ def train_command(
     ps_bandwidth: str = typer.Option(None, help="Emulate each PS server's network link, e.g. 1Gbit/s or 200MB/s "
                                      "(each push and reply take bytes/bandwidth on the shard)."),
     record: bool = typer.Option(True, "--record/--no-record", help="Record measurements in the store."),
-    tensorboard: Path = typer.Option(None, help="TensorBoard directory (default: the data directory's "
-                                     "tensorboard/RUN); 'none' to skip."),
+    tensorboard: str = typer.Option(None, help="TensorBoard directory (default: the data directory's "
+                                    "tensorboard/RUN); 'none' to skip."),
 ) -> None:
     """Train a CNN with parameter-server training on Ray and record measurements."""
     from cmdare.ps.optimizer import OptimizerConfig
@@ -89,10 +89,12 @@ def train_command(
     from cmdare.train.trainer import new_run_id
 
     run_id = resume or new_run_id()
-    if str(tensorboard).lower() != "none":
+    # No option means the default directory; only an explicit 'none' turns TensorBoard off. (str(None) is
+    # "none" too: testing str(tensorboard) against "none" skipped TensorBoard on every default run.)
+    if tensorboard is None or tensorboard.strip().lower() != "none":
         from cmdare.measure.tensorboard import TensorBoardCallback
 
-        tb_dir = tensorboard or data_dir() / "tensorboard" / run_id
+        tb_dir = Path(tensorboard).expanduser() if tensorboard else data_dir() / "tensorboard" / run_id
         callbacks.append(TensorBoardCallback(str(tb_dir)))
     trainer = Trainer(spec, callbacks, address=address, run_id=run_id, resume=resume is not None)
     summary = trainer.run()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import logging
 import os
 import secrets
 import time
@@ -71,6 +72,9 @@ from cmdare.train.worker import ChunkResult, Worker
 SHARD_STATS_EVERY_S = 2.0
 SPEED_WINDOW_S = 5.0
 LOOP_TICK_S = 0.05  # how often the loop looks at revocation deadlines and arriving replacements
+DETACHED_DRAIN_S = 5.0  # at shutdown: how long to wait for calls on killed actors to fail
+
+log = logging.getLogger(__name__)
 
 
 def new_run_id() -> str:
@@ -149,6 +153,12 @@ class Trainer:
         self.last_accuracy: float | None = None
         self.last_loss: float | None = None
         self._pending: list[tuple[Server, int, dict[str, Any]]] = []  # replacements on their way
+        # Calls whose results the coordinator does not wait for (settings pushed to shards and workers, a
+        # revoked worker's last chunk). Each is fetched once done: a call on a revoked (killed) actor fails,
+        # and a failed result nobody fetches is printed by Ray as an "Unhandled error" traceback.
+        self._detached: list[Any] = []
+        self._inflight: dict[Any, WorkerHandle] = {}  # the loop's chunk calls, by reference
+        self._duties: dict[Any, tuple[str, WorkerHandle]] = {}  # the loop's chief duties, by reference
         self._next_worker_id = 0
         self._started_ray = False
         self._speed: collections.deque = collections.deque()  # (time, global_step)
@@ -206,11 +216,11 @@ class Trainer:
             actor = ray.remote(AsyncShardActor).options(**opts).remote(k, spec.optimizer, spec.steps)
         server.actor = actor
         if self._lr_scale != 1.0:
-            actor.set_lr_scale.remote(self._lr_scale)
+            self._detach(actor.set_lr_scale.remote(self._lr_scale))
         if spec.lr_policy == "staleness":
-            actor.set_staleness_damping.remote(True)
+            self._detach(actor.set_staleness_damping.remote(True))
         if spec.ps_bandwidth:
-            actor.set_link.remote(spec.ps_link_bytes_per_s())
+            self._detach(actor.set_link.remote(spec.ps_link_bytes_per_s()))
         return actor
 
     def _start_shards(self, params: np.ndarray, momentum: np.ndarray, step: int) -> None:
@@ -309,8 +319,9 @@ class Trainer:
         next_eval = _next_multiple(self.global_step, spec.eval_every)
         next_stats = time.time() + SHARD_STATS_EVERY_S
         next_balance = self.global_step + spec.balance_every
-        inflight: dict[Any, WorkerHandle] = {}
-        duties: dict[Any, tuple[str, WorkerHandle]] = {}
+        # kept on the trainer: when the loop ends on an error, _shutdown fetches the calls still running
+        inflight: dict[Any, WorkerHandle] = self._inflight
+        duties: dict[Any, tuple[str, WorkerHandle]] = self._duties
         for w in self.workers.values():
             inflight[self._submit(w)] = w
         finished = False
@@ -348,6 +359,7 @@ class Trainer:
                 self._planned = []
                 for ref, w in [(r, w) for r, w in inflight.items() if w.revoked_at is not None]:
                     del inflight[ref]
+                    self._detach(ref)  # fetched (its expected failure discarded) once Ray reports it
                     self._on_worker_lost(w, None, replace=False)
             else:
                 self._inject_revocations(now)
@@ -357,6 +369,7 @@ class Trainer:
                 if not self.workers and not self._pending:
                     raise TransientError("every worker was lost and --replace none: no worker left to train "
                                          f"(resume from the checkpoint with --resume {self.run_id})")
+            self._reap_detached()
             if now >= next_stats:
                 self._collect_shard_stats()
                 next_stats = now + SHARD_STATS_EVERY_S
@@ -399,10 +412,14 @@ class Trainer:
         assert self.placement is not None and self._initial is not None
         alive = []
         for s in self.shards:
+            ref = s.ping.remote()
             try:
-                ray.get(s.ping.remote(), timeout=10)
+                ray.get(ref, timeout=10)
                 alive.append(True)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            except ray.exceptions.RayActorError:
+                alive.append(False)
+            except ray.exceptions.GetTimeoutError:
+                self._detach(ref)
                 alive.append(False)
         path = latest_checkpoint(self.checkpoint_dir)
         if path is not None:
@@ -576,8 +593,13 @@ class Trainer:
             self._finish_duty("checkpoint", w, self._checkpoint_ref(w))
             if w.worker_id not in self.workers:  # it died while checkpointing: handled as a loss
                 return
-        with contextlib.suppress(Exception):
-            ray.get(w.actor.leave.remote(), timeout=5)
+        ref = w.actor.leave.remote()
+        try:
+            ray.get(ref, timeout=5)
+        except ray.exceptions.GetTimeoutError:
+            self._detach(ref)  # still running when the actor is killed below: its failure is fetched later
+        except Exception:  # noqa: BLE001 - the server is leaving anyway
+            pass
         del self.workers[w.worker_id]
         self._end_server(w.server, "notice")
         with contextlib.suppress(Exception):
@@ -592,7 +614,7 @@ class Trainer:
         if self.spec.sync:
             n = max(1, len(self.workers))
             for s in self.shards:
-                s.set_num_workers.remote(n)
+                self._detach(s.set_num_workers.remote(n))
         self._membership_changed()
         if not replace:
             return
@@ -614,14 +636,16 @@ class Trainer:
         for server, slot, lost in arrived:
             w = self._start_worker(server, slot, self.global_step)
             w.replaces = lost
-            if self.chief is not None:
+            source = self._buffer_source(w)
+            if source is not None:
                 # Batch-norm running statistics live in the workers, not on the shards: a newcomer starts
                 # from the chief's (passed as a reference: the coordinator does not wait), so it evaluates
                 # and checkpoints well if it becomes chief soon after joining.
-                w.actor.load_buffers.remote(self.chief.actor.buffers.remote())
+                buffers = source.actor.buffers.remote()
+                self._detach(buffers, w.actor.load_buffers.remote(buffers))
             if self.spec.sync:
                 for s in self.shards:
-                    s.set_num_workers.remote(len(self.workers))
+                    self._detach(s.set_num_workers.remote(len(self.workers)))
             self._membership_changed()
             if self.chief is None:
                 self.chief = w
@@ -629,12 +653,21 @@ class Trainer:
             out.append(w)
         return out
 
+    def _buffer_source(self, newcomer: WorkerHandle) -> WorkerHandle | None:
+        """The worker a newcomer copies batch-norm statistics from: the chief, else another worker, that
+        was not revoked (a revoked worker may still be listed until its loss is detected)."""
+        others = [w for w in self.workers.values() if w is not newcomer and w.revoked_at is None]
+        if any(w is self.chief for w in others):
+            return self.chief
+        joined = [w for w in others if w.server.joined_at is not None]
+        return min(joined or others, key=lambda w: w.worker_id, default=None)
+
     def _membership_changed(self) -> None:
         """Apply the learning-rate policy for the new number of active workers."""
         scale = lr_scale(self.spec.lr_policy, len(self.workers), self.spec.workers)
         if scale != self._lr_scale:
             for s in self.shards:
-                s.set_lr_scale.remote(scale)
+                self._detach(s.set_lr_scale.remote(scale))
             self._event("lr_change", details={"policy": self.spec.lr_policy, "scale": scale,
                                               "from": self._lr_scale, "active_workers": len(self.workers)})
             self._lr_scale = scale
@@ -643,6 +676,31 @@ class Trainer:
         if server.alive:
             server.ended_at, server.end_reason = time.time(), reason
         self._server_event("server_ended", server, extra={"reason": reason, "uptime_s": server.uptime_s()})
+
+    # -- calls not waited for -------------------------------------------------------------------
+    def _detach(self, *refs: Any) -> None:
+        """Keep ``refs`` (calls whose results the coordinator does not wait for) until they are fetched."""
+        self._detached.extend(refs)
+
+    def _reap_detached(self, timeout_s: float = 0.0) -> None:
+        """Fetch the detached calls that are done (waiting up to ``timeout_s`` for all of them).
+
+        A call on a worker or shard that was revoked, removed or killed fails with ``RayActorError``:
+        expected, discarded. Any other failure is logged on one line.
+        """
+        import ray
+
+        if not self._detached:
+            return
+        ready, self._detached = ray.wait(self._detached, num_returns=len(self._detached), timeout=timeout_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.TaskCancelledError):
+                pass  # the actor is gone (revoked or killed): its pending calls fail, as expected
+            except Exception as err:  # noqa: BLE001 - a best-effort call: report, keep training
+                last = str(err).strip().splitlines()[-1] if str(err).strip() else ""
+                log.warning("a call the coordinator did not wait for failed: %s: %s", type(err).__name__, last)
 
     # -- measurement ---------------------------------------------------------------------------
     def _window_speed(self) -> float:
@@ -754,9 +812,18 @@ class Trainer:
             if server.alive:
                 server.ended_at, server.end_reason = now, "released"
                 self._server_event("server_ended", server, extra={"reason": "released"})
+        self._detach(*self._inflight, *self._duties)  # left running by a loop that ended on an error
+        self._inflight, self._duties = {}, {}
+        with contextlib.suppress(Exception):  # Ray itself is failing: nothing left to fetch
+            self._reap_detached()
         for handle in [w.actor for w in self.workers.values()] + list(self.shards):
             with contextlib.suppress(Exception):  # already gone
                 ray.kill(handle)
+        with contextlib.suppress(Exception):
+            # calls still pending on the actors just killed fail within moments: fetch (discard) them so
+            # that Ray does not print them as unhandled errors when their references are dropped
+            self._reap_detached(DETACHED_DRAIN_S)
+        self._detached = []
         for server in self.provider.servers:
             self.provider.release(server)
         if self._started_ray:
