@@ -141,6 +141,7 @@ EVENT_KINDS = (
     "lr_change",
     "bottleneck",
     "mitigation",
+    "run_state",
 )
 
 

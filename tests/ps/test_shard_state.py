@@ -89,15 +89,6 @@ def test_staleness_damping_divides_lr_by_one_plus_staleness():
     np.testing.assert_allclose(st.params, -(0.1 + 0.025), rtol=1e-6)
 
 
-def test_lr_policies_scale_with_active_workers():
-    from cmdare.train.membership import lr_scale
-
-    assert lr_scale("linear", 2, 4) == 0.5 and lr_scale("sqrt", 1, 4) == 0.5
-    assert lr_scale("unchanged", 1, 4) == lr_scale("staleness", 1, 4) == 1.0
-    with pytest.raises(Exception, match="valid"):
-        lr_scale("nope", 1, 1)
-
-
 def test_emulated_link_costs_bytes_over_bandwidth_and_a_straggler_multiplies_it():
     import time
 
@@ -111,7 +102,7 @@ def test_emulated_link_costs_bytes_over_bandwidth_and_a_straggler_multiplies_it(
     took = time.perf_counter() - t0
     st = shard.stats()
     assert took >= 0.05 and st.busy_s >= 0.05 and st.busy_s - st.apply_s == pytest.approx(0.05, rel=1e-6)
-    assert st.queue_s == pytest.approx(0.25, abs=0.05)  # the push waited 0.25 s before service
+    assert 0.25 <= st.queue_s <= 0.25 + took  # the push was sent 0.25 s before serve() began serving it
     shard.slowdown = 3.0
     assert shard.link_delay_s(200_000) == pytest.approx(0.15)
     shard.link_bytes_per_s = None

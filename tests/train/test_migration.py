@@ -53,14 +53,20 @@ def test_sync_run_with_moves_and_shard_changes_equals_run_without(local_ray, tmp
 class _DyingDestination(Trainer):
     """A trainer whose added shards die as they start (the destination of a migration fails)."""
 
-    def _new_shard(self, k, server=None):
+    def _setup(self, *args):
         import ray
 
-        actor = super()._new_shard(k, server)
-        if self.global_step > 0:
-            ray.get(actor.ping.remote())
-            ray.kill(actor)
-        return actor
+        super()._setup(*args)
+        start = self.shard_group.new_shard
+
+        def dying(k, server=None):
+            actor = start(k, server)
+            if self.global_step > 0:
+                ray.get(actor.ping.remote())
+                ray.kill(actor)
+            return actor
+
+        self.shard_group.new_shard = dying
 
 
 def test_failed_migration_rolls_back_and_training_continues(local_ray, tmp_path):

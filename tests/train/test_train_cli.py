@@ -137,7 +137,7 @@ class EndLifetimes(TrainCallback):
     def on_step(self, r):
         if r.global_step >= 30 and not trainer.revocations:
             for w in list(trainer.workers.values()):
-                w.revoke_at = time.time()
+                trainer.kernel.deadlines[w.worker_id] = time.time()
 
 spec = TrainSpec(model="resnet8", dataset="digits", workers=2, ps=1, steps=120, batch_size=32,
                  optimizer=OptimizerConfig(lr=0.05), checkpoint_every=0, eval_every=0, seed=0, transient=True,

@@ -78,6 +78,7 @@ class MembershipKernel:
         self.state = Membership(planned)
         self.timeline: list[MembershipEvent] = []
         self.deadlines: dict[int, float] = {}
+        self._revoking: set[int] = set()  # revoked by the driver, loss not yet detected
 
     # -- what happened ---------------------------------------------------------------------------
     def start(self, workers: Sequence[WorkerInfo], now: float) -> list[Decision]:
@@ -110,6 +111,11 @@ class MembershipKernel:
         if w is not None and w.trained_at is None:
             self.state = self.state.with_worker(dataclasses.replace(w, trained_at=now))
 
+    def mark_revoked(self, worker_id: int) -> None:
+        """The driver revoked the worker's server; until its loss is reported, :meth:`due` skips it."""
+        self._revoking.add(worker_id)
+        self.deadlines.pop(worker_id, None)
+
     def lose(self, worker_id: int, now: float, replace: bool = True) -> list[Decision]:
         """A worker is gone (revoked, failed, or left after a notice); ``replace=False`` at the end."""
         lost = self.state.worker(worker_id)
@@ -117,6 +123,7 @@ class MembershipKernel:
             return []
         self.state = self.state.without_worker(worker_id)
         self.deadlines.pop(worker_id, None)
+        self._revoking.discard(worker_id)
         self._record("loss", now, worker_id, lost.slot)
         decisions: list[Decision] = []
         if self.state.chief == worker_id:
@@ -136,7 +143,7 @@ class MembershipKernel:
 
     def due(self, now: float, started_at: float) -> list[int]:
         """Workers the revocation source revokes at ``now``: expired lifetimes, then scheduled picks."""
-        trained = [w for w in self.state.workers if w.trained_at is not None]
+        trained = [w for w in self.state.workers if w.trained_at is not None and w.worker_id not in self._revoking]
         out = [w.worker_id for w in trained if self.deadlines.get(w.worker_id, float("inf")) <= now]
         for wid in self.revocations.due(now, started_at, trained):
             if wid not in out:

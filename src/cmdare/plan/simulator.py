@@ -51,6 +51,7 @@ import simpy
 from cmdare.cloud.servers import ServerSpec
 from cmdare.control import (
     LifetimeRevocations,
+    MembershipEvent,
     MembershipKernel,
     Offer,
     RequestReplacement,
@@ -200,6 +201,12 @@ class Simulator:
             t = self.base_time_s
             return RunResult(t, self._static_cost_per_s() * t, 0, 0, 0.0, True)
         return _Run(self, rng).result()
+
+    def run_traced(self, rng: np.random.Generator) -> tuple[RunResult, list[MembershipEvent]]:
+        """One run and its membership timeline (the control kernel's record of joins, losses, chief and
+        LR changes), to compare with a real run's (``Trainer.kernel.timeline``)."""
+        run = _Run(self, rng)
+        return run.result(), run.kernel.timeline
 
     def run_many(self, runs: int, seed: int) -> list[RunResult]:
         """``runs`` independent seeded runs; run ``i`` is the same whatever ``runs`` is."""

@@ -1,102 +1,268 @@
-"""Membership decisions: who replaces a lost worker, and who is the chief.
+"""The Ray executor of the control kernel's membership decisions.
 
-Policies decide, the coordinator acts (the same policy objects can drive the simulator). A
-replacement policy returns :class:`Replace` (start a server of this spec) or :class:`NoReplace`.
+The kernel (:class:`cmdare.control.MembershipKernel`) decides: who is chief, the learning-rate scale,
+what replaces a lost worker, when an injected revocation is due. This module acts: it starts worker
+actors on servers from the provider, kills revoked servers, requests replacements, moves the chief
+role and pushes the new learning rate and round size to the shards. The simulator executes the same
+decisions with SimPy (:mod:`cmdare.plan.simulator`).
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+import contextlib
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from cmdare.cloud.local import Server, ServerProvider
 from cmdare.cloud.servers import ServerSpec
-from cmdare.errors import UnknownNameError
+from cmdare.control import (
+    ChiefChange,
+    Decision,
+    LrChange,
+    MembershipKernel,
+    NoWorkersLeft,
+    Offer,
+    RequestReplacement,
+    WorkerInfo,
+)
+from cmdare.train.detached import DetachedCalls
+from cmdare.train.emitter import RunEmitter
+from cmdare.train.shard_group import ShardGroup
+from cmdare.train.spec import TrainSpec
+from cmdare.train.worker import Worker
+
+__all__ = ["MembershipExecutor", "WorkerHandle", "catalog_offers"]
 
 
-@dataclass(frozen=True)
-class Replace:
-    """Start a new server of ``spec`` for the lost worker's data slot."""
+@dataclass
+class WorkerHandle:
+    """A running worker: its actor, data slot and server."""
 
-    spec: ServerSpec
-
-
-@dataclass(frozen=True)
-class NoReplace:
-    """Continue with the remaining workers."""
-
-    reason: str = "replacement disabled"
+    worker_id: int
+    slot: int
+    actor: Any
+    server: Server
+    revoked_at: float | None = None  # when it was revoked (injected) or told to leave (notice)
+    replaces: dict[str, Any] | None = None  # the loss this worker replaces (for recovery times)
 
 
-class ReplacementPolicy(ABC):
-    """Chooses what replaces a revoked or failed worker server."""
+def catalog_offers(lost: ServerSpec) -> list[Offer]:
+    """Transient offerings of the lost server's GPU type in the catalog (any region of its cloud).
 
-    name = ""
-
-    @abstractmethod
-    def decide(self, lost: ServerSpec) -> Replace | NoReplace:
-        """The decision for a lost server of spec ``lost``."""
-
-
-class ReplaceSame(ReplacementPolicy):
-    """A server of the same type, region and pricing (CM-DARE's default)."""
-
-    name = "same"
-
-    def decide(self, lost: ServerSpec) -> Replace | NoReplace:
-        return Replace(lost)
-
-
-class ReplaceCheapest(ReplacementPolicy):
-    """The cheapest transient worker slot of the same GPU type in the catalog (any region)."""
-
-    name = "cheapest"
-
-    def decide(self, lost: ServerSpec) -> Replace | NoReplace:
-        from cmdare.cloud.catalog import default_catalog
-
-        cloud = lost.cloud if lost.cloud != "local" else None
-        return Replace(default_catalog().cheapest(gpu=lost.gpu_type, transient=True, cloud=cloud))
-
-
-class NoReplacement(ReplacementPolicy):
-    """Never replace; train on with the survivors."""
-
-    name = "none"
-
-    def decide(self, lost: ServerSpec) -> Replace | NoReplace:
-        return NoReplace()
-
-
-REPLACEMENT_POLICIES: dict[str, Callable[[], ReplacementPolicy]] = {
-    p.name: p for p in (ReplaceSame, ReplaceCheapest, NoReplacement)
-}
-
-
-def get_replacement_policy(name: str) -> ReplacementPolicy:
-    """The policy registered as ``name`` (``same``, ``cheapest``, ``none``)."""
-    try:
-        return REPLACEMENT_POLICIES[name]()
-    except KeyError:
-        raise UnknownNameError("replacement policy", name, sorted(REPLACEMENT_POLICIES)) from None
-
-
-def elect_chief(live_worker_ids: Iterable[int]) -> int | None:
-    """The new chief: the longest-serving live worker (lowest id), or None when none is left."""
-    return min(live_worker_ids, default=None)
-
-
-LR_POLICIES = ("unchanged", "linear", "sqrt", "staleness")
-
-
-def lr_scale(policy: str, active_workers: int, planned_workers: int) -> float:
-    """Learning-rate multiplier when ``active_workers`` of ``planned_workers`` are training.
-
-    ``linear`` scales with the number of active workers (ICAC 2019: 92.85% vs 91.75% unchanged),
-    ``sqrt`` with its square root; ``unchanged`` and ``staleness`` (damped per push on the shards
-    instead) keep 1.
+    A run trains on one GPU type, so every offer trains at the same speed and ``cheapest`` picks the
+    lowest price per step, which is the lowest price.
     """
-    if policy not in LR_POLICIES:
-        raise UnknownNameError("learning-rate policy", policy, LR_POLICIES)
-    ratio = max(active_workers, 1) / max(planned_workers, 1)
-    return {"linear": ratio, "sqrt": ratio ** 0.5}.get(policy, 1.0)
+    from cmdare.cloud.catalog import default_catalog
+
+    cloud = lost.cloud if lost.cloud != "local" else None
+    out = []
+    for o in default_catalog().find(gpu=lost.gpu_type, cloud=cloud, role="worker", include_retired=True):
+        price = o.slot_price_per_hour_usd(True)
+        if price is not None:
+            out.append(Offer(ServerSpec(o.gpu, o.cloud, o.region, True, price, o.role), 1.0))
+    return out
+
+
+class MembershipExecutor:
+    """Workers of a run: started, revoked, lost, replaced, as the kernel decides."""
+
+    def __init__(self, spec: TrainSpec, kernel: MembershipKernel, provider: ServerProvider, shards: ShardGroup,
+                 emitter: RunEmitter, detached: DetachedCalls, speed: Callable[[], float],
+                 global_step: Callable[[], int]):
+        self.spec, self.kernel, self.provider, self.shards = spec, kernel, provider, shards
+        self.emitter, self.detached, self._speed, self._step = emitter, detached, speed, global_step
+        self.workers: dict[int, WorkerHandle] = {}
+        self.chief: WorkerHandle | None = None
+        self.pending: list[tuple[Server, int, dict[str, Any]]] = []  # replacements on their way
+        self.no_workers_left = False
+        self.started_at: float | None = None  # the first step's start (injected revocations count from it)
+        self._next_id = 0
+
+    # -- starting workers ------------------------------------------------------------------------
+    def _start_worker(self, server: Server, slot: int, start_step: int) -> WorkerHandle:
+        import ray
+
+        spec = self.spec
+        self.provider.prepare(server)
+        threads = max(1, int(spec.cpus_per_worker)) if spec.cpus_per_worker else None
+        opts = {"num_cpus": spec.cpus_per_worker, "num_gpus": spec.gpus_per_worker, "max_restarts": 0,
+                **self.provider.actor_options(server)}
+        worker_id, self._next_id = self._next_id, self._next_id + 1
+        actor = ray.remote(Worker).options(**opts).remote(
+            worker_id, slot, spec.workers, spec, self.shards.shards, self.shards.placement, threads, start_step,
+            server.notice)
+        server.actor = actor
+        handle = WorkerHandle(worker_id, slot, actor, server)
+        self.workers[worker_id] = handle
+        return handle
+
+    @staticmethod
+    def _info(w: WorkerHandle) -> WorkerInfo:
+        return WorkerInfo(w.worker_id, w.slot, w.server.spec, w.server.ready_at)
+
+    def start(self, worker_spec: ServerSpec, step: int) -> None:
+        """The first wave: one server and worker per data slot (its start-up is not part of the run)."""
+        handles = []
+        for slot in range(self.spec.workers):
+            server = self.provider.request(worker_spec)
+            server.ready_at = server.requested_at
+            self.emitter.server_event("server_requested", server)
+            handles.append(self._start_worker(server, slot, step))
+        # the first chief is elected silently: a chief_change event reports a handover
+        self._execute(self.kernel.start([self._info(w) for w in handles], time.time()), announce_chief=False)
+
+    def arrive(self, now: float) -> list[WorkerHandle]:
+        """Start workers on replacement servers that are ready by ``now``."""
+        arrived = [p for p in self.pending if p[0].ready_at <= now]
+        self.pending = [p for p in self.pending if p[0].ready_at > now]
+        out = []
+        for server, slot, lost in arrived:
+            w = self._start_worker(server, slot, self._step())
+            w.replaces = lost
+            source = self._buffer_source(w)
+            if source is not None:
+                # Batch-norm running statistics live in the workers, not on the shards: a newcomer starts
+                # from the chief's (passed as a reference: the coordinator does not wait), so it evaluates
+                # and checkpoints well if it becomes chief soon after joining.
+                buffers = source.actor.buffers.remote()
+                self.detached.add(buffers, w.actor.load_buffers.remote(buffers))
+            self.shards.set_num_workers(len(self.workers))
+            self._execute(self.kernel.join(self._info(w), now))
+            out.append(w)
+        return out
+
+    def _buffer_source(self, newcomer: WorkerHandle) -> WorkerHandle | None:
+        """The worker a newcomer copies batch-norm statistics from: the chief, else another worker, that
+        was not revoked (a revoked worker may still be listed until its loss is detected)."""
+        others = [w for w in self.workers.values() if w is not newcomer and w.revoked_at is None]
+        if any(w is self.chief for w in others):
+            return self.chief
+        joined = [w for w in others if w.server.joined_at is not None]
+        return min(joined or others, key=lambda w: w.worker_id, default=None)
+
+    def joined(self, w: WorkerHandle, at: float, global_step: int) -> None:
+        """The worker's first chunk, begun ``at``, ended: it has joined (injected revocations may hit it
+        from now on), and a replacement reports its recovery."""
+        server = w.server
+        server.joined_at = at
+        if self.started_at is None:
+            self.started_at = at
+        self.kernel.trained(w.worker_id, at)
+        if w.replaces is None:
+            self.emitter.server_event("server_joined", server, worker_id=w.worker_id)
+            return
+        lost = w.replaces
+        recovery_s = at - lost["revoked_at"]
+        # steps the cluster fell short of its pre-loss speed over the recovery interval (measured)
+        made = global_step - lost.get("step_at_loss", global_step)
+        steps_lost = max(0.0, lost["speed_before"] * recovery_s - made)
+        self.emitter.server_event("replacement_joined", server, worker_id=w.worker_id,
+                                  extra={"recovery_s": recovery_s, "replaces_worker": lost["worker_id"],
+                                         "startup_s": server.ready_at - server.requested_at,
+                                         "steps_per_s_before": lost["speed_before"], "steps_lost": steps_lost})
+
+    # -- losing workers --------------------------------------------------------------------------
+    def inject_revocations(self, now: float) -> None:
+        """Revoke the servers the kernel's revocation source says are due (only workers that trained)."""
+        if self.started_at is None or not self.spec.transient:
+            return
+        for wid in self.kernel.due(now, self.started_at):
+            w = self.workers.get(wid)
+            if w is None or w.revoked_at is not None:
+                continue
+            t_kill = time.time()
+            self.provider.revoke(w.server)
+            self.kernel.mark_revoked(wid)
+            # The emulated revocation runs on the coordinator's own thread, which can notice nothing while
+            # it kills: detection and recovery are timed from the end of the kill (kill_s says how long).
+            w.revoked_at = time.time()
+            self.emitter.event("revocation", worker_id=w.worker_id, server_id=w.server.server_id,
+                               details={"source": "injected", "uptime_s": w.server.uptime_s(),
+                                        "chief": w is self.chief, "kill_s": w.revoked_at - t_kill})
+
+    def lost(self, w: WorkerHandle, err: Exception | None, replace: bool = True) -> None:
+        """Drop a dead worker; the kernel re-elects the chief and may ask for a replacement."""
+        if w.worker_id not in self.workers:
+            return
+        now = time.time()
+        del self.workers[w.worker_id]
+        if w.revoked_at is None:  # not injected: a real failure or an outside revocation
+            w.revoked_at = now
+            self.emitter.event("revocation", worker_id=w.worker_id, server_id=w.server.server_id,
+                               details={"source": "failure", "error": type(err).__name__ if err else "unreachable"})
+        self.emitter.end_server(w.server, "revoked")
+        decisions = self.kernel.lose(w.worker_id, now, replace)
+        replaced = any(isinstance(d, RequestReplacement) for d in decisions)
+        self.emitter.event("worker_lost", worker_id=w.worker_id, server_id=w.server.server_id,
+                           details={"detection_delay_s": now - w.revoked_at, "steps_per_s_before": self._speed(),
+                                    "reason": "revoked", "detected": err is not None, "replaced": replaced})
+        self._depart(w, decisions)
+
+    def leave(self, w: WorkerHandle, notice: dict[str, Any], checkpoint: Callable[[WorkerHandle], bool]) -> None:
+        """A preemption notice: checkpoint if chief, leave cleanly, hand over the role, replace."""
+        import ray
+
+        w.revoked_at = time.time()
+        self.kernel.mark_revoked(w.worker_id)
+        self.emitter.event("notice", worker_id=w.worker_id, server_id=w.server.server_id,
+                           details=dict(notice, chief=w is self.chief))
+        if w is self.chief and self.spec.checkpoint_every:
+            checkpoint(w)
+            if w.worker_id not in self.workers:  # it died while checkpointing: handled as a loss
+                return
+        ref = w.actor.leave.remote()
+        try:
+            ray.get(ref, timeout=5)
+        except ray.exceptions.GetTimeoutError:
+            self.detached.add(ref)  # still running when the actor is killed below: its failure is fetched later
+        except Exception:  # noqa: BLE001 - the server is leaving anyway
+            pass
+        del self.workers[w.worker_id]
+        self.emitter.end_server(w.server, "notice")
+        with contextlib.suppress(Exception):
+            ray.kill(w.actor)
+        self._depart(w, self.kernel.lose(w.worker_id, time.time()))
+
+    def _depart(self, w: WorkerHandle, decisions: list[Decision]) -> None:
+        self.shards.set_num_workers(len(self.workers))
+        lost = {"revoked_at": w.revoked_at, "worker_id": w.worker_id, "server_id": w.server.server_id,
+                "speed_before": self._speed(), "step_at_loss": self._step()}
+        self._execute(decisions, lost)
+
+    # -- the kernel's decisions ------------------------------------------------------------------
+    def _execute(self, decisions: list[Decision], lost: dict[str, Any] | None = None,
+                 announce_chief: bool = True) -> None:
+        for d in decisions:
+            if isinstance(d, ChiefChange):
+                self.chief = self.workers.get(d.chief) if d.chief is not None else None
+                if announce_chief:
+                    self.emitter.event("chief_change", worker_id=d.chief,
+                                       details={"from": d.previous, "to": d.chief})
+            elif isinstance(d, LrChange):
+                self.shards.set_lr_scale(d.scale)
+                self.emitter.event("lr_change", details={"policy": self.spec.lr_policy, "scale": d.scale,
+                                                         "from": d.previous, "active_workers": d.active})
+            elif isinstance(d, RequestReplacement):
+                server = self.provider.request(d.spec)
+                self.pending.append((server, d.slot, lost or {}))
+                self.emitter.server_event("replacement_requested", server, worker_id=d.replaces,
+                                          extra={"replaces": (lost or {}).get("server_id"),
+                                                 "startup_s": server.ready_at - server.requested_at})
+            elif isinstance(d, NoWorkersLeft):
+                self.no_workers_left = True
+
+    def release(self) -> None:
+        """End every live worker's server (the run is over)."""
+        for w in list(self.workers.values()):
+            if w.server.alive:
+                self.emitter.end_server(w.server, "released")
+
+    def kill_all(self) -> None:
+        """Kill every worker actor (at shutdown)."""
+        import ray
+
+        for w in self.workers.values():
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(w.actor)

@@ -60,7 +60,7 @@ class TrainSpec:
     channels: int | None = None
     keep_checkpoints: int = 3
     # Servers (CM-DARE: workers on GPU servers, each shard on an on-demand CPU server). Locally they are
-    # emulated: prices come from the catalog, revocations from ``revocations`` (see cmdare.cloud.injection).
+    # emulated: prices come from the catalog, revocations from ``revocations`` (see cmdare.control.revocation).
     transient: bool = False
     gpu: str = "k80"
     cloud: str = "gcp"

@@ -1,0 +1,65 @@
+"""Placement changes while training: ``cmdare ps add|remove`` requests and the balancers' decisions,
+carried out on quiesced shards and reported as ``ps_move`` / ``ps_add`` / ``ps_remove`` events."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cmdare.ps.psld.decisions import Decision
+from cmdare.train.balancing import DecisionSource, decisions_for_request, read_requests, write_status
+from cmdare.train.emitter import RunEmitter
+from cmdare.train.shard_group import ShardGroup
+
+__all__ = ["PlacementChanges"]
+
+
+class PlacementChanges:
+    """Who changes the placement (``decisions``) and the executor of their changes."""
+
+    def __init__(self, shards: ShardGroup, decisions: DecisionSource | None, emitter: RunEmitter,
+                 checkpoint_dir: Path):
+        self.shards, self.decisions, self.emitter, self.checkpoint_dir = shards, decisions, emitter, checkpoint_dir
+        self.migrations = 0
+
+    def collect_stats(self, global_step: int) -> list[Any] | None:
+        """The shards' load since the last collection, shown to the balancers; None when a shard died."""
+        stats = self.shards.collect_stats(global_step)
+        if stats is not None and self.decisions is not None:
+            self.decisions.observe(stats, global_step)
+        return stats
+
+    def poll(self, global_step: int, balance_due: bool) -> list[Decision]:
+        """Placement changes to make now: queued ``cmdare ps`` requests, then the balancers'."""
+        placement = self.shards.placement
+        assert placement is not None
+        planned: list[Decision] = []
+        for req in read_requests(self.checkpoint_dir):
+            planned.extend(decisions_for_request(req, placement))
+        if not planned and self.decisions is not None and (balance_due or self.decisions.every_tick):
+            if balance_due:
+                self.collect_stats(global_step)  # closes the current load window (the balancer observes it)
+            planned = self.decisions.decide(global_step, self.shards.placement)
+        return planned
+
+    def observe_chunk(self, worker_id: int, steps: int, duration_s: float, compute_s: float) -> None:
+        """A worker's chunk, for the balancers that watch worker speed (bottleneck detection)."""
+        if steps and self.decisions is not None and hasattr(self.decisions, "observe_chunk"):
+            self.decisions.observe_chunk(worker_id, steps, duration_s, compute_s)
+
+    def migrate(self, decisions: list[Decision], workers: Sequence[Any], global_step: int) -> None:
+        """Carry out placement changes on quiesced shards and report them."""
+        old_n = len(self.shards.shards)
+        result, pause_s = self.shards.migrate(decisions, workers)
+        placement = self.shards.placement
+        if self.decisions is not None:
+            self.decisions.applied(result.done, placement, result.moved_bytes, pause_s)
+        moves = [d for d in result.done if type(d).__name__ == "Move"]
+        self.migrations += len(moves)
+        n = len(self.shards.shards)
+        kind = "ps_add" if n > old_n else "ps_remove" if n < old_n else "ps_move"
+        self.emitter.event(kind, details={"moves": len(moves), "moved_bytes": result.moved_bytes, "pause_s": pause_s,
+                                          "num_shards": n, "rolled_back": result.rolled_back, "error": result.error,
+                                          "placement_version": placement.version})
+        write_status(self.checkpoint_dir, "running", n, global_step)

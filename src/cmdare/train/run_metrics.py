@@ -1,0 +1,87 @@
+"""Run metrics as a callback: speed (window and mean), revocations, replacements, time lost.
+
+The coordinator reports steps and events; this callback turns them into the figures of the run's
+summary and the speed before a loss that loss events carry.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Sequence
+
+from cmdare.cloud.local import Server
+from cmdare.cloud.servers import cost_usd
+from cmdare.events import EventReport, RunSummary, StepReport, TrainCallback
+
+__all__ = ["RunMetrics", "SPEED_WINDOW_S"]
+
+SPEED_WINDOW_S = 5.0
+
+
+class RunMetrics(TrainCallback):
+    """Speed over the last :data:`SPEED_WINDOW_S` seconds and since the first step; losses and time lost."""
+
+    def __init__(self) -> None:
+        self._speed: collections.deque = collections.deque()  # (time, global_step)
+        self.first_step_at: float | None = None
+        self.first_step = 0
+        self.last_step_at: float | None = None
+        self.last_step = 0
+        self.revocations = 0
+        self.replacements = 0
+        self.lost_worker_s = 0.0  # worker-seconds lost: recovery of each replacement, detection of the rest
+
+    def start_chunk(self, started_at: float, global_step: int) -> None:
+        """The first chunk of the run started at ``started_at`` at ``global_step`` (start-up excluded)."""
+        if self.first_step_at is None:
+            self.first_step_at, self.first_step = started_at, global_step
+
+    def on_step(self, report: StepReport) -> None:
+        self.last_step_at, self.last_step = report.time, report.global_step
+        self._speed.append((report.time, report.global_step))
+        while len(self._speed) > 2 and report.time - self._speed[0][0] > SPEED_WINDOW_S:
+            self._speed.popleft()
+
+    def on_event(self, report: EventReport) -> None:
+        details = report.details or {}
+        if report.kind in ("revocation", "notice"):
+            self.revocations += 1
+        elif report.kind == "replacement_joined":
+            self.replacements += 1
+            self.lost_worker_s += float(details.get("recovery_s", 0.0))
+        elif report.kind == "worker_lost" and not details.get("replaced", True):
+            self.lost_worker_s += float(details.get("detection_delay_s", 0.0))
+        elif report.kind == "shard_restored":
+            self._speed.clear()  # the step went back to the checkpoint's
+
+    def window_speed(self, including: tuple[float, int] | None = None) -> float:
+        """Global steps/s over the recent window (0 before two chunks); ``including`` a (time, step) point
+        not reported yet (the speed a step report about to be sent carries)."""
+        points = list(self._speed) if including is None else [*self._speed, including]
+        while including is not None and len(points) > 2 and including[0] - points[0][0] > SPEED_WINDOW_S:
+            points.pop(0)
+        if len(points) < 2:
+            return 0.0
+        (t0, s0), (t1, s1) = points[0], points[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def mean_speed(self) -> float:
+        """Global steps/s from the first reported chunk to the last (start-up excluded)."""
+        if self.first_step_at is None or self.last_step_at is None:
+            return 0.0
+        span = self.last_step_at - self.first_step_at
+        return (self.last_step - self.first_step) / span if span > 0 else 0.0
+
+    def summary(self, run_id: str, status: str, t_start: float, global_step: int, servers: Sequence[Server],
+                accuracy: float | None, loss: float | None, *, planned_workers: int, emulated: bool,
+                checkpoint_dir: str) -> RunSummary:
+        """The run's :class:`RunSummary`: speed, losses, time lost per planned worker, and the servers' cost
+        (per-second billing of every server that joined or ended)."""
+        now = time.time()
+        cost = sum(cost_usd(s.spec, s.uptime_s(now)) for s in servers if s.joined_at is not None or not s.alive)
+        return RunSummary(run_id, now, status, global_step, now - t_start, self.mean_speed(), accuracy, loss,
+                          self.revocations, self.replacements, cost,
+                          details={"checkpoint_dir": checkpoint_dir, "startup_s": (self.first_step_at or now) - t_start,
+                                   "time_lost_s": self.lost_worker_s / max(1, planned_workers), "emulated": emulated,
+                                   "servers": len(servers)})

@@ -1,0 +1,72 @@
+"""What a run starts from: the server specs it rents and its initial (or resumed) parameters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cmdare.cloud.servers import ServerSpec
+from cmdare.errors import CheckpointError, UserInputError
+from cmdare.ps.blocks import ParamInfo, param_infos
+from cmdare.ps.placement import get_placement
+from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
+from cmdare.train.spec import TrainSpec
+
+__all__ = ["InitialState", "initial_state", "server_specs"]
+
+InitialState = tuple[list[ParamInfo], np.ndarray, np.ndarray, dict[str, np.ndarray], int]
+
+
+def initial_state(spec: TrainSpec, run_id: str, checkpoint_dir: Path, resume_from: Path | None,
+                  resuming: bool) -> InitialState:
+    """Validate names and data on the driver; the parameter layout, parameters, momentum, batch-norm
+    buffers and step to start from (fresh, or from the latest checkpoint when ``resuming``).
+
+    Raises:
+        CheckpointError: nothing to resume, or a checkpoint of another model.
+        UserInputError: the run is already at ``spec.steps``; unknown names.
+    """
+    import torch
+
+    from cmdare.datasets import load_dataset
+    from cmdare.workloads import build_model
+
+    data = load_dataset(spec.dataset, spec.data_dir, image_size=spec.image_size, channels=spec.channels,
+                        seed=spec.seed)
+    get_placement(spec.placement)  # fail fast on an unknown name
+    torch.manual_seed(spec.seed)
+    model = build_model(spec.model, num_classes=data.num_classes, in_channels=data.input_shape[0])
+    infos = param_infos((n, p.shape) for n, p in model.named_parameters())
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
+    momentum = np.zeros_like(params)
+    buffers: dict[str, np.ndarray] = {}
+    step = 0
+    if resuming:
+        path = resume_from or latest_checkpoint(checkpoint_dir)
+        if path is None:
+            raise CheckpointError(f"no checkpoint to resume run {run_id} in {checkpoint_dir}")
+        ckpt = load_checkpoint(path)
+        if ckpt.params.size != params.size:
+            raise CheckpointError(f"checkpoint {path} holds {ckpt.params.size} parameters; model "
+                                  f"{spec.model} has {params.size}")
+        params, momentum, buffers, step = ckpt.params, ckpt.momentum, ckpt.buffers, ckpt.step
+        if step >= spec.steps:
+            raise UserInputError(f"run {run_id} is already at step {step} >= --steps {spec.steps}")
+    return infos, params, momentum, buffers, step
+
+
+def server_specs(spec: TrainSpec) -> tuple[ServerSpec, ServerSpec]:
+    """Worker and PS server specs priced from the catalog (a local run emulates them)."""
+    from cmdare.cloud.catalog import default_catalog
+
+    catalog = default_catalog()
+    region = spec.region
+    if region is None:
+        offers = catalog.find(gpu=spec.gpu, cloud=spec.cloud)
+        if not offers:
+            catalog.offering(spec.gpu, spec.cloud, catalog.regions(spec.cloud)[0])  # raises a clear error
+        region = sorted(o.region for o in offers)[0]
+    worker = catalog.server_spec(spec.gpu, spec.cloud, region, spec.transient, role="worker")
+    ps = catalog.server_spec(None, spec.cloud, region, False, role="ps")
+    return worker, ps

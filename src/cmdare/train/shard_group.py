@@ -1,0 +1,223 @@
+"""The parameter shards of a run as one group: start, restore from a checkpoint, migrate, stats.
+
+Each shard is an actor on its own (on-demand) PS server. The group keeps the shards, their servers
+and the placement (which blocks live on which shard) consistent through shard losses and PSLD moves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cmdare.cloud.local import Server, ServerProvider
+from cmdare.cloud.servers import ServerSpec
+from cmdare.events import ShardReport
+from cmdare.ps.blocks import ParamInfo
+from cmdare.ps.layout import shard_arrays_from_model_flat
+from cmdare.ps.migration import MigrationResult
+from cmdare.ps.migration import execute as execute_decisions
+from cmdare.ps.placement import Placement, get_placement
+from cmdare.ps.psld.decisions import Decision
+from cmdare.ps.psld.load import ShardLoad, block_loads
+from cmdare.ps.shard import AsyncShardActor, BlockData, SyncShardActor
+from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
+from cmdare.train.detached import DetachedCalls
+from cmdare.train.emitter import RunEmitter
+from cmdare.train.spec import TrainSpec
+
+__all__ = ["ShardGroup"]
+
+
+class ShardGroup:
+    """The run's shards, their servers and placement."""
+
+    def __init__(self, spec: TrainSpec, provider: ServerProvider, ps_spec: ServerSpec, infos: list[ParamInfo],
+                 emitter: RunEmitter, detached: DetachedCalls):
+        self.spec, self.provider, self.ps_spec, self.infos = spec, provider, ps_spec, infos
+        self.emitter, self.detached = emitter, detached
+        self.shards: list[Any] = []
+        self.servers: list[Server] = []
+        self.placement: Placement | None = None
+        self.lr_scale = 1.0
+        self.num_workers = spec.workers
+        self.waits: list[float] = []  # per shard: workers' send-to-reply seconds since the last stats
+
+    def new_shard(self, k: int, server: Server | None = None) -> Any:
+        """Start shard actor ``k`` (empty) on a new on-demand PS server."""
+        import ray
+
+        spec = self.spec
+        server = server or self.provider.request(self.ps_spec)
+        self.servers.append(server)
+        self.emitter.server_event("server_requested", server)
+        opts = {"num_cpus": spec.cpus_per_shard, "max_restarts": 0, **self.provider.actor_options(server)}
+        if spec.sync:
+            actor = ray.remote(SyncShardActor).options(**opts).remote(k, spec.optimizer, spec.steps,
+                                                                     max(1, self.num_workers))
+        else:
+            actor = ray.remote(AsyncShardActor).options(**opts).remote(k, spec.optimizer, spec.steps)
+        server.actor = actor
+        if self.lr_scale != 1.0:
+            self.detached.add(actor.set_lr_scale.remote(self.lr_scale))
+        if spec.lr_policy == "staleness":
+            self.detached.add(actor.set_staleness_damping.remote(True))
+        if spec.ps_bandwidth:
+            self.detached.add(actor.set_link.remote(spec.ps_link_bytes_per_s()))
+        return actor
+
+    def _load(self, params: np.ndarray, momentum: np.ndarray, step: int) -> None:
+        import ray
+
+        assert self.placement is not None
+        values = shard_arrays_from_model_flat(params, self.infos, self.placement)
+        moms = shard_arrays_from_model_flat(momentum, self.infos, self.placement)
+        ray.get([s.load.remote(BlockData(tuple(self.placement.blocks_on(k)), values[k], moms[k], step))
+                 for k, s in enumerate(self.shards)])
+
+    def start(self, params: np.ndarray, momentum: np.ndarray, step: int) -> None:
+        """Place the blocks, start ``spec.ps`` shards and load them with the parameters at ``step``."""
+        import ray
+
+        spec = self.spec
+        self.placement = get_placement(spec.placement).place(self.infos, spec.ps)
+        self.shards = [self.new_shard(k) for k in range(spec.ps)]
+        self._load(params, momentum, step)
+        straggler = spec.straggler_factor()
+        if straggler:
+            ray.get(self.shards[straggler[0]].set_slowdown.remote(straggler[1]))
+        for server in self.servers:
+            server.joined_at = time.time()
+            self.emitter.server_event("server_joined", server)
+
+    # -- settings pushed to every shard ----------------------------------------------------------
+    def set_lr_scale(self, scale: float) -> None:
+        """Multiply the learning rate on every shard (the LR policy's decision)."""
+        self.lr_scale = scale
+        for s in self.shards:
+            self.detached.add(s.set_lr_scale.remote(scale))
+
+    def set_num_workers(self, n: int) -> None:
+        """Synchronous rounds: how many pushes make a round."""
+        self.num_workers = max(1, n)
+        if self.spec.sync:
+            for s in self.shards:
+                self.detached.add(s.set_num_workers.remote(self.num_workers))
+
+    # -- shard loss -------------------------------------------------------------------------------
+    def restore(self, checkpoint_dir: Path, initial: tuple[np.ndarray, np.ndarray, int], global_step: int,
+                workers: Sequence[Any]) -> tuple[int, dict[str, Any]]:
+        """Replace dead shards and roll every shard back to the latest checkpoint (consistent state).
+
+        Returns the step training resumes from and the ``shard_restored`` event's details.
+        """
+        import ray
+
+        alive = []
+        for s in self.shards:
+            ref = s.ping.remote()
+            try:
+                ray.get(ref, timeout=10)
+                alive.append(True)
+            except ray.exceptions.RayActorError:
+                alive.append(False)
+            except ray.exceptions.GetTimeoutError:
+                self.detached.add(ref)
+                alive.append(False)
+        path = latest_checkpoint(checkpoint_dir)
+        if path is not None:
+            ckpt = load_checkpoint(path)
+            params, momentum, step = ckpt.params, ckpt.momentum, ckpt.step
+        else:
+            params, momentum, step = initial
+        for k, ok in enumerate(alive):
+            if not ok:
+                server = self.servers[k]
+                self.emitter.event("shard_lost", shard_id=k, server_id=server.server_id,
+                                   details={"global_step": global_step, "reason": "revoked"})
+                self.emitter.end_server(server, "revoked")
+                self.shards[k] = self.new_shard(k)
+                self.servers.insert(k, self.servers.pop())  # keep servers in shard order
+        self.servers = [srv for srv in self.servers if srv.alive or srv.actor in self.shards]
+        self._load(params, momentum, step)
+        straggler = self.spec.straggler_factor()
+        if straggler and not alive[straggler[0]]:
+            ray.get(self.shards[straggler[0]].set_slowdown.remote(straggler[1]))
+        ray.get([w.set_layout.remote(self.placement, self.shards) for w in workers])
+        return step, {"checkpoint_step": step, "steps_lost": max(0, global_step - step),
+                      "from_checkpoint": path is not None, "dead_shards": [k for k, ok in enumerate(alive) if not ok]}
+
+    # -- placement changes ------------------------------------------------------------------------
+    def migrate(self, decisions: list[Decision], workers: Sequence[Any]) -> tuple[MigrationResult, float]:
+        """Carry out placement changes on quiesced shards; workers then adopt the new layout.
+
+        Returns the migration's result and the pause it cost (seconds).
+        """
+        import ray
+
+        assert self.placement is not None
+        result = execute_decisions(decisions, self.shards, self.placement, self.new_shard)
+        self.shards, self.placement = result.shards, result.placement
+        for actor in result.removed:
+            for server in self.servers:
+                if server.actor is actor and server.alive:
+                    server.ended_at, server.end_reason = time.time(), "removed"
+                    self.emitter.server_event("server_ended", server, extra={"reason": "removed"})
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        self.servers = [srv for srv in self.servers if srv.alive]
+        t0 = time.perf_counter()
+        ray.get([w.set_layout.remote(self.placement, self.shards) for w in workers])
+        if self.spec.sync:
+            ray.get([s.set_num_workers.remote(self.num_workers) for s in self.shards])
+        ray.get([s.stats.remote() for s in self.shards])  # fresh load windows under the new placement
+        self.waits = [0.0] * len(self.shards)
+        return result, result.pause_s + time.perf_counter() - t0
+
+    # -- load -------------------------------------------------------------------------------------
+    def add_waits(self, waits: Sequence[float]) -> None:
+        """Add a chunk's per-shard send-to-reply seconds (the worker-observed wait)."""
+        if len(self.waits) != len(self.shards):
+            self.waits = [0.0] * len(self.shards)
+        for k, v in enumerate(waits[:len(self.shards)]):
+            self.waits[k] += v
+
+    def collect_stats(self, global_step: int) -> list[Any] | None:
+        """Each shard's counters since the last collection, reported as ``on_shard``; None when a shard died."""
+        import ray
+
+        try:
+            stats = ray.get([s.stats.remote() for s in self.shards])
+        except ray.exceptions.RayActorError:
+            return None
+        now = time.time()
+        waits = self.waits if len(self.waits) == len(stats) else [0.0] * len(stats)
+        self.waits = [0.0] * len(stats)
+        stats = [dataclasses.replace(st, shard_id=k, wait_s=w)
+                 for k, (st, w) in enumerate(zip(stats, waits, strict=True))]
+        for k, st in enumerate(stats):
+            blocks = tuple(block_loads(ShardLoad.from_stats(st), self.placement)) if self.placement else ()
+            self.emitter.emit("on_shard", ShardReport(self.emitter.run_id, now, global_step, k, st.pushes,
+                                                      st.bytes_in, st.bytes_out, st.busy_s, st.num_params,
+                                                      st.apply_s, st.queue_s, st.wait_s, blocks))
+        return stats
+
+    def release(self) -> None:
+        """End every live PS server (the run is over)."""
+        for server in self.servers:
+            if server.alive:
+                server.ended_at, server.end_reason = time.time(), "released"
+                self.emitter.server_event("server_ended", server, extra={"reason": "released"})
+
+    def kill_all(self) -> None:
+        """Kill every shard actor (at shutdown)."""
+        import ray
+
+        for s in self.shards:
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(s)
