@@ -94,9 +94,10 @@ class Worker:
                                  channels=spec.channels, seed=spec.seed)
         self.model = build_model(spec.model, num_classes=self.data.num_classes,
                                  in_channels=self.data.input_shape[0]).to(self.device)
-        # Resume where the data stream was: each worker has consumed about step / num_slots batches.
+        # Resume where the data stream was: in synchronous mode every worker consumed one batch per global
+        # step; asynchronously the workers share the steps, about step / num_slots batches each.
         self.stream = BatchStream(self.data, slot, num_slots, spec.batch_size, spec.seed,
-                                  start_batch=start_step // num_slots)
+                                  start_batch=start_step if spec.sync else start_step // num_slots)
         self.shards = list(shards)
         self.layout = FlatLayout(list(self.model.parameters()), placement, self.device)
         self.step = -1  # global step of the parameters held; -1 before the first pull
