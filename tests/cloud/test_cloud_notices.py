@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from cmdare.cloud.notices import AWS_NOTICE_S, GCE_NOTICE_S, LocalMetadataServer, Notice, NoticeWatcher
+from cmdare.cloud.notices import AWS_NOTICE_S, GCE_NOTICE_S, GCE_PATH, LocalMetadataServer, Notice, NoticeWatcher
 from cmdare.errors import UnknownNameError, UserInputError
 
 POLL_S = 0.2
@@ -74,20 +74,22 @@ def test_local_server_speaks_imdsv2(server):
 
 
 @pytest.mark.parametrize("provider", ["gce", "aws"])
-def test_watcher_detects_a_flip_within_two_poll_intervals(server, provider):
+def test_watcher_detects_a_flip_at_the_next_poll(server, provider):
+    """The flip is seen by the first poll sent after it (the delay in seconds: bench/notice_latency.py)."""
     seen: list[Notice] = []
     called = threading.Event()
     watcher = NoticeWatcher(server.url_for(provider), provider, poll_interval_s=POLL_S,
                             on_notice=lambda n: (seen.append(n), called.set()))
     with watcher:
-        assert _wait_for(lambda: watcher.polls >= 2, 2.0)
+        assert _wait_for(lambda: watcher.polls >= 2, 10.0)
         assert watcher.notice is None and watcher.errors == 0, watcher.last_error
+        polls_before = watcher.polls  # one more may start before the flip and answer "not preempted"
         server.preempt()
         flipped = server.preempted_at
-        assert called.wait(2 * POLL_S + 1.0)
+        assert called.wait(10.0)
         notice = watcher.notice
-    delay_s = notice.detected_at - flipped
-    assert 0 <= delay_s <= 2 * POLL_S, f"{provider} detection took {delay_s:.3f}s"
+        assert watcher.polls <= polls_before + 2, (polls_before, watcher.polls)
+    assert notice.detected_at >= flipped  # never before the flip
     assert seen == [notice] and notice.provider == provider
     if provider == "gce":
         assert notice.deadline == pytest.approx(notice.detected_at + GCE_NOTICE_S)
@@ -105,9 +107,11 @@ def test_delayed_preemption_and_gce_wait_for_change(server):
     try:
         server.preempt(delay_s=0.3)
         assert not server.preempted
-        assert _wait_for(lambda: watcher.notice is not None, 3.0)
-        # a long poll answers as soon as the value changes, not at the next 1 s poll
-        assert watcher.notice.detected_at - server.preempted_at < 0.2
+        assert _wait_for(lambda: watcher.notice is not None, 10.0)
+        # a long poll answers as soon as the value changes, not at the next 1 s poll: the one request that
+        # was waiting when the value flipped brought the notice (polling would need a second request)
+        assert watcher.polls == 1 and server.requests[GCE_PATH] == 1
+        assert watcher.notice.detected_at >= server.preempted_at  # how soon after: bench/notice_latency.py
     finally:
         watcher.stop()
 
@@ -120,9 +124,7 @@ def test_unreachable_endpoint_is_counted_and_retried_without_crashing():
         assert watcher.running and watcher.notice is None
         assert "URLError" in (watcher.last_error or "")
     finally:
-        started = time.monotonic()
-        watcher.stop()
-        assert time.monotonic() - started < 1.0
+        watcher.stop()  # how fast it stops: bench/notice_latency.py
     assert not watcher.running
 
 

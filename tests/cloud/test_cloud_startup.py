@@ -70,6 +70,9 @@ def test_providers_default_to_no_delay() -> None:
 def test_the_predict_startup_model_plugs_in() -> None:
     from cmdare.predict import startup_model
 
-    phases = StartupDelay("model", 1000.0, 0, model=startup_model).sample(WORKER)
+    delay = StartupDelay("model", 1000.0, 0, model=startup_model)
+    phases = delay.sample(WORKER)
     assert {"Provisioning", "Staging", "Booting"} <= set(phases)
-    assert all(v >= 0 for v in phases.values())
+    # the model's own draw for the server's GPU and market, from the delay's seeded stream, compressed 1000x
+    assert phases == startup_model().sample(np.random.default_rng(0), "v100", True, None)
+    assert delay.wall_s(phases) == pytest.approx(sum(v for k, v in phases.items() if k != "Framework") / 1000.0)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
-import time
 
 import pytest
 from sqlalchemy import inspect
@@ -162,7 +161,7 @@ def test_recorder_pickles_and_reopens_by_url(tmp_path):
 
 def _writer(url: str, worker_id: int, rows: int, go=None) -> None:
     rec = StoreRecorder(url, batch_size=50)
-    assert rec.store.count("runs") >= 0  # connect first, then write together with the others
+    rec.store.count("runs")  # connect first, then write together with the others
     if go is not None:
         go.wait(30)
     _run(rec, "run-c", rows, worker_id=worker_id)
@@ -179,7 +178,6 @@ def test_concurrent_writers_lose_no_rows(db_url):
     store.engine.dispose()  # no pooled connection may be shared with the children
     go = ctx.Event()
     workers = [ctx.Process(target=_writer, args=(db_url, w, rows, go)) for w in range(procs)]
-    start = time.time()
     for p in workers:
         p.start()
     go.set()
@@ -190,8 +188,7 @@ def test_concurrent_writers_lose_no_rows(db_url):
     assert store.count("events") == procs * rows // 10
     hist = store.frame("staleness")
     assert hist["count"].sum() == 2 * procs * rows  # two staleness values per step, none lost
-    assert len(hist) == 2 * procs
-    assert time.time() - start < 120
+    assert len(hist) == 2 * procs  # how long the writers take: bench/store_writers.py
 
 
 def test_recorder_keeps_rows_while_the_store_fails(tmp_path):

@@ -14,6 +14,13 @@ from cmdare.plan.spec import PlanModels
 __all__ = ["ExpLifetimes", "FixedStartup", "FlatPrices", "ScriptedLifetimes", "ToySpeed", "run_cli", "toy_models"]
 
 
+def _exit_status(code: object) -> int:
+    """The process exit status ``sys.exit(code)`` gives: None is 0, an int itself, anything else 1."""
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     """Run ``cmdare ARGS`` through the real entry point; returns (exit code, stdout, stderr)."""
     monkeypatch.setattr(sys, "argv", ["cmdare", *args])
@@ -22,7 +29,7 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     try:
         cli.main()
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = _exit_status(exc.code)
     out = capsys.readouterr()
     return code, out.out, out.err
 

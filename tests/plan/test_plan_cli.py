@@ -21,7 +21,7 @@ def test_simulate_json_only(monkeypatch, capsys):
     assert data["workers"] == {"k80": 8} and data["runs"] == 20
     assert 0 < data["time_s"]["p50"] <= data["time_s"]["p95"]
     assert data["time_s"]["mean"] >= data["deterministic_time_s"] * 0.999999
-    assert data["cost_usd"]["mean"] > 0 and data["revocations_mean"] >= 0
+    assert data["cost_usd"]["mean"] > 0 and data["revocations_mean"] > 0  # transient K80s: some are revoked
     again = json.loads(run_cli(monkeypatch, capsys, *SIM, "--workers", "k80:8", "--transient", "--json")[1])
     assert again["time_s"] == data["time_s"]  # deterministic for a seed
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import cmdare.plan as plan
 
 EXPECTED = {
@@ -13,8 +15,9 @@ EXPECTED = {
 
 def test_public_api_is_pinned():
     assert set(plan.__all__) == EXPECTED
-    for name in plan.__all__:
-        assert getattr(plan, name) is not None
+    for name in plan.__all__:  # each name is the object defined in its home module (not a copy or a shim)
+        obj = getattr(plan, name)
+        assert obj is getattr(importlib.import_module(plan._HOMES[name]), name) and obj.__module__ == plan._HOMES[name]
     assert callable(plan.simulate) and callable(plan.recommend) and callable(plan.load_plan_models)
 
 

@@ -143,6 +143,13 @@ def test_models_evaluate_cli_prints_accuracy_loo(tmp_path):
     assert (rows["protocol"] == "loo").all() and (rows["n"] == 7).all()
 
 
+def _exit_status(code: object) -> int:
+    """The process exit status ``sys.exit(code)`` gives: None is 0, an int itself, anything else 1."""
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
 def _cli(monkeypatch, capsys, *args):
     from cmdare import cli
 
@@ -151,7 +158,7 @@ def _cli(monkeypatch, capsys, *args):
     try:
         cli.main()
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = _exit_status(exc.code)
     out = capsys.readouterr()
     return code, out.out, out.err
 

@@ -127,7 +127,8 @@ def test_checkpoint_predictions_and_cache_roundtrip():
     assert meta["data_fingerprint"] == P._fingerprint() and meta["rows"] == 100
     loaded = persist.load_model(cache / "checkpoint_remote.json", P._fingerprint())
     X = np.array([[6.27, 50.0], [204.0, np.nan]])
-    assert np.allclose(loaded.predict(X), P.checkpoint_model(True).predict(X))
+    # promised exactly (predict/checkpoint.py): the JSON keeps the training rows, the model is rebuilt by refitting
+    np.testing.assert_array_equal(loaded.predict(X), P.checkpoint_model(True).predict(X))
     assert persist.load_model(cache / "checkpoint_remote.json", "other-fingerprint") is None
 
 
@@ -282,8 +283,6 @@ def test_fit_from_store_adds_own_checkpoints_and_servers(tmp_path):
 
 
 def test_mva_exact_and_large_cluster_approximation():
-    import time
-
     from cmdare.predict.cluster_speed import _schweitzer_throughput, mva_throughput
 
     # one worker never queues: speed = 1 / (think + demand)
@@ -292,6 +291,5 @@ def test_mva_exact_and_large_cluster_approximation():
     assert mva_throughput([0.03], [200], 0.01) == pytest.approx(100.0, rel=1e-3)
     exact = mva_throughput([0.03, 0.1], [30, 30], 0.0096)
     assert _schweitzer_throughput([0.03, 0.1], [30, 30], 0.0096) == pytest.approx(exact, rel=0.03)
-    start = time.perf_counter()
-    big = mva_throughput([0.2, 0.08, 0.05], [100, 100, 100], 0.01)
-    assert time.perf_counter() - start < 0.5 and big == pytest.approx(100.0, rel=0.01)
+    big = mva_throughput([0.2, 0.08, 0.05], [100, 100, 100], 0.01)  # its latency: bench/mva_latency.py
+    assert big == pytest.approx(100.0, rel=0.01)

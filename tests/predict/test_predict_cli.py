@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import os
 import subprocess
 import sys
@@ -11,10 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
-from cmdare.cli import app
-from cmdare.errors import CmdareError
+from cmdare import cli
 from cmdare.predict.data import load_cluster_speed, load_single_gpu_speed
 
 CMDARE = [sys.executable, "-c", "from cmdare.cli import main; main()"]
@@ -34,21 +34,24 @@ def env(tmp_path_factory):
 
 
 def run(env, *args: str) -> Result:
-    """In-process run, mapping cmdare errors to exit 1 + one message like ``cmdare.cli.main``."""
-    old = os.environ.get("CMDARE_HOME")
+    """In-process run of the real entry point ``cmdare.cli.main``: its exit status (``sys.exit``'s) and
+    what it printed. An exception main() does not turn into an ``error:`` line propagates (fails the test)."""
+    old_home, old_argv = os.environ.get("CMDARE_HOME"), sys.argv
     os.environ["CMDARE_HOME"] = env["CMDARE_HOME"]
+    sys.argv = ["cmdare", *args]
+    out, err, code = io.StringIO(), io.StringIO(), 0
     try:
-        res = CliRunner().invoke(app, list(args))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli.main()
+    except SystemExit as exc:
+        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
     finally:
-        if old is None:
+        sys.argv = old_argv
+        if old_home is None:
             os.environ.pop("CMDARE_HOME")
         else:
-            os.environ["CMDARE_HOME"] = old
-    if isinstance(res.exception, CmdareError):
-        return Result(1, res.stdout, f"error: {res.exception}")
-    if res.exception is not None and not isinstance(res.exception, SystemExit):
-        raise res.exception
-    return Result(res.exit_code, res.stdout, "")
+            os.environ["CMDARE_HOME"] = old_home
+    return Result(code, out.getvalue(), err.getvalue())
 
 
 def run_subprocess(env, *args: str) -> subprocess.CompletedProcess:
@@ -174,7 +177,7 @@ def test_bad_input_is_one_line_error(env, tmp_path, kind, header, row, message):
     inp = write_csv(tmp_path / "bad.csv", header, [good, row])
     res = run(env, "predict", kind, "--input", str(inp))
     assert res.returncode == 1
-    assert message in res.stderr
+    assert res.stderr.startswith("error:") and message in " ".join(res.stderr.split())
 
 
 def test_bad_input_through_the_real_entry_point_is_one_line(env, tmp_path):
@@ -192,11 +195,11 @@ def test_bad_input_through_the_real_entry_point_is_one_line(env, tmp_path):
 
 def test_missing_input_and_unknown_names(env, tmp_path):
     res = run(env, "predict", "step-time", "--input", str(tmp_path / "none.csv"))
-    assert res.returncode == 1 and "does not exist" in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode == 1 and res.stderr.startswith("error:") and "does not exist" in res.stderr
     res = run(env, "predict", "step-time", "--model", "resnet32", "--gpu", "x100")
-    assert res.returncode == 1 and "x100" in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode == 1 and res.stderr.startswith("error:") and "x100" in res.stderr
     res = run(env, "predict", "cluster-speed", "--model", "nope", "--workers", "k80:1")
-    assert res.returncode == 1 and "Res32" in res.stderr
+    assert res.returncode == 1 and res.stderr.startswith("error:") and "Res32" in res.stderr
 
 
 def test_models_evaluate_prints_baselines_and_writes_plots(env, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from sqlalchemy import text
 
 from cmdare.measure.recorder import StoreRecorder
@@ -36,17 +37,21 @@ def test_async_two_workers_reach_90_percent_on_digits(local_ray, tmp_path):
     summary = Trainer(spec, [got, StoreRecorder(store)], checkpoint_dir=tmp_path / "ck").run()
     assert summary.status == "finished" and summary.global_step == 300
     assert summary.final_accuracy >= 0.90, summary.final_accuracy
-    # both workers pushed, the global step never went backwards, shard load was counted
+    # both workers pushed; every applied push is reported once: by each report, the pushes reported so far
+    # are distinct applied steps (so at most the reported global step), and at the end they are all the
+    # steps but at most one last push per worker (applied on one shard, refused by the other, so not
+    # counted as a step); shard load was counted
     assert {r.worker_id for r in got.steps} == {0, 1}
-    steps = [r.global_step for r in got.steps]
-    assert steps == sorted(steps)
+    reported = np.cumsum([r.steps for r in got.steps])
+    assert all(n <= r.global_step for n, r in zip(reported, got.steps, strict=True)), list(reported)
+    assert 300 - spec.workers <= reported[-1] <= 300
     assert sum(r.pushes for r in got.shards) == 2 * 300  # every step pushes to both shards
     assert all(r.bytes_in > 0 for r in got.shards if r.pushes)
     assert [c.global_step for c in got.ckpts][-1] == 300 and all(c.size_bytes > 0 for c in got.ckpts)
     assert got.evals[-1].accuracy == summary.final_accuracy
-    # staleness: with two asynchronous workers some pushes are stale, none negative
-    stale = [s for r in got.steps for s in r.staleness]
-    assert min(stale) >= 0 and max(stale) >= 1
+    # staleness: one value per reported push; with two asynchronous workers some pushes are stale
+    assert all(len(r.staleness) == r.steps for r in got.steps)
+    assert max(s for r in got.steps for s in r.staleness) >= 1
     with store.engine.connect() as conn:
         n_steps = conn.execute(text("select count(*) from step_metrics where run_id = :r"),
                                {"r": summary.run_id}).scalar()

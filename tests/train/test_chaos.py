@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 from sqlalchemy import text
 
@@ -61,13 +62,20 @@ def test_chaos_run_reaches_target_with_accuracy_of_fault_free_run(cluster, tmp_p
                     provider=LocalClusterProvider(cluster)).run()
     assert base.status == chaos.status == "finished"
     assert chaos.global_step == base.global_step == 400
-    steps = [r.global_step for r in log.steps]
-    assert steps == sorted(steps)  # the global step never goes backwards
+    # chunks are reported once: the pushes reported so far are distinct applied steps, so never more than
+    # the reported global step (chunks of revoked workers are lost, never double-counted)
+    reported = np.cumsum([r.steps for r in log.steps])
+    assert all(n <= r.global_step for n, r in zip(reported, log.steps, strict=True)), list(reported)
     assert chaos.revocations >= 2 and chaos.replacements >= 1
     assert abs(chaos.final_accuracy - base.final_accuracy) <= 0.02, (chaos.final_accuracy, base.final_accuracy)
     lost = [e for e in log.events if e.kind == "worker_lost"]
-    # every loss carries its detection delay (bench/revocation.py measures it; no timed asserts in tests)
-    assert lost and all(e.details["detection_delay_s"] >= 0 for e in lost)
+    # every loss follows that worker's revocation and carries the delay from it to the loss being handled
+    # (bench/revocation.py measures its size; no timed asserts in tests)
+    revocation = {e.worker_id: e for e in log.events if e.kind == "revocation"}
+    assert lost
+    for e in lost:
+        since = e.time - revocation[e.worker_id].time
+        assert since - 0.5 <= e.details["detection_delay_s"] <= since + 0.05, (e.details, since)
     with store.engine.connect() as conn:
         rows = conn.execute(text("select kind, details from events where run_id = :r"),
                             {"r": chaos.run_id}).all()

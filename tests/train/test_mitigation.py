@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from cmdare.ps.blocks import param_infos
 from cmdare.ps.placement import RoundRobin
 from cmdare.ps.psld.decisions import AddShard, Move
@@ -71,5 +73,12 @@ def test_overloaded_ps_on_a_live_run_gets_a_second_shard(local_ray, tmp_path):
     assert [e for e in log.events if e.kind == "ps_add"]
     # the effect (speed after / before) is measured and recorded; its size is a timing, measured in
     # bench/mitigation.py, not asserted here
+    action = [e for e in log.events if e.kind == "mitigation" and e.details.get("phase") == "action"]
     effect = [e for e in log.events if e.kind == "mitigation" and e.details.get("phase") == "effect"]
-    assert effect and effect[0].details["speedup"] > 0 and effect[0].details["action"] == "AddShard"
+    assert action and effect and effect[0].details["action"] == action[0].details["action"] == "AddShard"
+    # the effect compares the speed measured at the action with one measured after the shard was added
+    added = [e for e in log.events if e.kind == "ps_add"][0]
+    assert action[0].time <= added.time <= effect[0].time
+    d = effect[0].details
+    assert d["steps_per_s_before"] == action[0].details["steps_per_s_before"]
+    assert d["speedup"] == pytest.approx(d["steps_per_s_after"] / d["steps_per_s_before"])
