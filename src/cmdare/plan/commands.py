@@ -232,6 +232,32 @@ def _print_rec(rec, source: str, plot: str | None) -> None:
         console.print(f"Pareto plot: {plot}", highlight=False)
 
 
+def _revocation_source(revocations: str | None, lifetime: str, seed: int):
+    """(lifetime model name, revocation source factory or None) for ``--revocations`` (the trainer's
+    spec strings); ``lifetime=`` picks the model, the other sources replace lifetime draws."""
+    if revocations is None:
+        return lifetime, None
+    from itertools import count
+
+    import numpy as np
+
+    from cmdare.control import NoRevocations, PeriodicRevocations, RevocationPlan, TraceRevocations
+
+    plan = RevocationPlan.parse(revocations, seed=seed)
+    if plan.speedup != 1.0:
+        raise UserInputError("--revocations: speedup compresses time in local emulation; the planner simulates "
+                             "real time (leave speedup out)")
+    if plan.lifetime is not None:
+        return plan.lifetime, None
+    if plan.every_s is not None:
+        seeds = count()  # one stream per simulated run, in run order
+        every, first = plan.every_s, plan.first_s
+        return lifetime, lambda: PeriodicRevocations(every, first, np.random.default_rng([plan.seed, next(seeds)]))
+    if plan.trace:
+        return lifetime, lambda: TraceRevocations(plan.trace)
+    return lifetime, NoRevocations
+
+
 @plan_app.command("simulate")
 def simulate_cmd(
     model: Annotated[str, typer.Option("--model", help="Published workload, e.g. resnet32.")],
@@ -241,7 +267,13 @@ def simulate_cmd(
     transient: Annotated[bool, typer.Option("--transient/--on-demand", help="Worker pricing.")] = False,
     ps_transient: _PsTransient = False,
     region: Annotated[str, typer.Option("--region", help="Region of every server.")] = "us-east1",
-    replacement: Annotated[str, typer.Option("--replacement", help="same, cheapest or none.")] = "same",
+    replacement: Annotated[str, typer.Option(
+        "--replacement", "--replace", help="Replacement policy for a lost worker: same | cheapest | none.")] = "same",
+    revocations: Annotated[str | None, typer.Option(
+        "--revocations", help="As for cmdare train: lifetime=MODEL | every=S[,first=F] | trace=T@SLOT+... | none "
+        "(default: lifetime=the --lifetime model).")] = None,
+    lr_policy: Annotated[str, typer.Option(
+        "--lr-policy", help="LR on membership change: unchanged | linear | sqrt | staleness.")] = "unchanged",
     runs: Annotated[int, typer.Option("--runs", help="Monte Carlo runs.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
     lifetime: _Lifetime = "bathtub",
@@ -252,17 +284,18 @@ def simulate_cmd(
     start_hour: _StartHour = None,
 ) -> None:
     """Simulate one configuration: mean, P50 and P95 time and cost, revocations and replacements."""
-    from cmdare.plan.simulator import simulate
+    from cmdare.plan.simulator import Simulator
     from cmdare.plan.spec import ClusterSpec, JobSpec, parse_workers
 
     if runs < 1:
         raise UserInputError(f"--runs must be at least 1, got {runs}")
     groups = parse_workers(workers, transient, region)
     cluster = ClusterSpec(groups, ps=ps, region=region, ps_transient=ps_transient, replacement=replacement)
-    job = JobSpec(model, steps, checkpoint_every, start_hour=_start_hour(start_hour))
+    job = JobSpec(model, steps, checkpoint_every, start_hour=_start_hour(start_hour), lr_policy=lr_policy)
+    lifetime, source = _revocation_source(revocations, lifetime, seed)
     models = _models(model, lifetime, catalog, cloud)
     _check_names(models.prices, [g.gpu for g in groups], [region])
-    summary = simulate(job, cluster, models, runs, seed)
+    summary = Simulator(job, cluster, models, revocations=source).summarize(runs, seed)
     out = {
         "model": model,
         "steps": steps,
@@ -274,7 +307,9 @@ def simulate_cmd(
         "region": region,
         "cloud": cloud,
         "catalog": catalog or "default",
-        "replacement": replacement,
+        "replacement": cluster.replacement,
+        "revocations": revocations or f"lifetime={lifetime}",
+        "lr_policy": job.lr_policy,
         "runs": runs,
         "seed": seed,
         "start_hour": start_hour,

@@ -41,8 +41,10 @@ def train_command(
     cloud: str = typer.Option("gcp", help="Cloud whose prices the servers take: gcp | aws."),
     region: str = typer.Option(None, help="Region (default: the first region offering the GPU)."),
     revocations: str = typer.Option(
-        DEFAULT_REVOCATIONS, help="Injected revocations: lifetime=MODEL[,speedup=S][,seed=N] | every=S | none."),
-    replace: str = typer.Option("same", help="Replacement policy for a lost worker: same | cheapest | none."),
+        DEFAULT_REVOCATIONS, help="Injected revocations: lifetime=MODEL[,speedup=S][,seed=N] | every=S[,first=F] | "
+        "trace=T@SLOT+... | none."),
+    replace: str = typer.Option("same", "--replacement", "--replace",
+                                help="Replacement policy for a lost worker: same | cheapest | none."),
     startup: str = typer.Option("model", help="Replacement start-up delay: 'model' (CM-DARE data) or seconds."),
     lr_policy: str = typer.Option("unchanged", help="LR on membership change: unchanged | linear | sqrt | staleness."),
     elastic_ps: bool = typer.Option(False, "--elastic-ps", help="Let the PSLD balancer add and remove shards."),
