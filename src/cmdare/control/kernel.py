@@ -84,21 +84,13 @@ class MembershipKernel:
     def start(self, workers: Sequence[WorkerInfo], now: float) -> list[Decision]:
         """The first wave of workers, all at once (one chief election, one learning-rate decision)."""
         for w in workers:
-            self.state = self.state.with_worker(w)
-            self._record("join", now, w.worker_id, w.slot, gpu=w.server.gpu_type)
-            deadline = self.revocations.deadline(w)
-            if deadline is not None:
-                self.deadlines[w.worker_id] = deadline
+            self._add(w, now)
         decisions: list[Decision] = [self._set_chief(self.chief_policy.elect(self.state.workers), now)]
         return decisions + self._apply_lr(now)
 
     def join(self, worker: WorkerInfo, now: float) -> list[Decision]:
         """A worker's server is ready and its worker started (a replacement takes its slot)."""
-        self.state = self.state.with_worker(worker)
-        self._record("join", now, worker.worker_id, worker.slot, gpu=worker.server.gpu_type)
-        deadline = self.revocations.deadline(worker)
-        if deadline is not None:
-            self.deadlines[worker.worker_id] = deadline
+        self._add(worker, now)
         decisions: list[Decision] = []
         if self.state.chief is None:
             decisions.append(self._set_chief(self.chief_policy.elect(self.state.workers), now))
@@ -149,6 +141,13 @@ class MembershipKernel:
             if wid not in out:
                 out.append(wid)
         return out
+
+    def _add(self, worker: WorkerInfo, now: float) -> None:
+        self.state = self.state.with_worker(worker)
+        self._record("join", now, worker.worker_id, worker.slot, gpu=worker.server.gpu_type)
+        deadline = self.revocations.deadline(worker)  # drawn once per server, when it is ready
+        if deadline is not None:
+            self.deadlines[worker.worker_id] = deadline
 
     # -- decisions -------------------------------------------------------------------------------
     def _set_chief(self, chief: int | None, now: float) -> ChiefChange:
