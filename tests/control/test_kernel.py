@@ -145,3 +145,21 @@ def test_revocation_specs_and_the_one_vocabulary():
     assert REPLACEMENT_POLICIES.names() == ("same", "cheapest", "none")
     with pytest.raises(UnknownNameError, match="valid: same, cheapest, none"):
         REPLACEMENT_POLICIES.create("fastest")
+
+
+def test_the_kernel_reads_the_drivers_clock():
+    clock = ManualClock(100.0)
+    k = MembershipKernel(2, replacement="same", lr_policy="linear", clock=clock,
+                         revocations=LifetimeRevocations(lambda w: 10.0))
+    k.start([worker(0, ready_at=100.0), worker(1, ready_at=100.0)])
+    k.trained(0)
+    k.trained(1)
+    clock.advance(9.0)
+    assert k.due(None, 100.0) == []
+    clock.advance(1.0)
+    assert k.due(None, 100.0) == [0, 1]
+    k.mark_revoked(0)
+    assert k.due(None, 100.0) == [1]  # revoked, loss not yet reported: not revoked twice
+    k.lose(0)
+    assert [(e.kind, e.time) for e in k.timeline if e.kind in ("loss", "replacement_requested")] == [
+        ("loss", 110.0), ("replacement_requested", 110.0)]

@@ -18,12 +18,22 @@ from cmdare.cloud.servers import ServerSpec
 from cmdare.control import LifetimeRevocations, MembershipKernel, RequestReplacement, WorkerInfo
 from cmdare.plan.spec import PS_SERVER, RunResult
 
-__all__ = ["HORIZON_FACTOR", "LIFETIMES_PER_SLOT", "SimRun"]
+__all__ = ["HORIZON_FACTOR", "LIFETIMES_PER_SLOT", "SimClock", "SimRun"]
 
 #: Lifetimes pre-drawn per transient slot and run; a slot revoked more often draws more on demand.
 LIFETIMES_PER_SLOT = 3
 #: A run that has not finished after this many times its revocation-free duration is stopped.
 HORIZON_FACTOR = 50.0
+
+
+class SimClock:
+    """SimPy's simulated seconds behind the kernel's clock protocol (:class:`cmdare.control.Clock`)."""
+
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+
+    def now(self) -> float:
+        return float(self.env.now)
 
 
 class SimRun:
@@ -57,7 +67,8 @@ class SimRun:
         self._same_type = {i: True for i in range(len(sim._slots))}  # slot still on its original GPU type
         source = sim.revocations() if sim.revocations is not None else LifetimeRevocations(self._draw_life)
         self.kernel = MembershipKernel(sim.cluster.n_workers, replacement=sim.cluster.replacement,
-                                       lr_policy=sim.job.lr_policy, revocations=source, offers=sim.offers)
+                                       lr_policy=sim.job.lr_policy, revocations=source, offers=sim.offers,
+                                       clock=SimClock(self.env))
         self._next_id = len(sim._slots)
         env = self.env
         first = [WorkerInfo(i, i, sim._specs[i], 0.0, trained_at=0.0) for i in range(len(sim._slots))]
@@ -196,7 +207,7 @@ class SimRun:
         source = self.kernel.revocations
         while (at := source.next_due(0.0)) is not None:
             yield self.env.timeout(max(0.0, at - self.env.now))
-            for wid in self.kernel.due(self.env.now, 0.0):
+            for wid in self.kernel.due(None, 0.0):
                 self._revoke(wid)
 
     def _revoke(self, worker_id: int) -> None:
@@ -207,7 +218,7 @@ class SimRun:
         self._advance()
         self.revocations += 1
         self._bill(-self._price_s(lost.server))
-        for decision in self.kernel.lose(worker_id, self.env.now):
+        for decision in self.kernel.lose(worker_id):
             if isinstance(decision, RequestReplacement):
                 self._request(decision, lost)
         self._reschedule()

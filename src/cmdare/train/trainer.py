@@ -30,7 +30,7 @@ import numpy as np
 
 from cmdare import __version__
 from cmdare.cloud.local import LocalProcessProvider, RayClusterProvider, ServerProvider, StartupDelay
-from cmdare.control import MembershipKernel, NoRevocations, RevocationPlan, build_revocation_source
+from cmdare.control import MembershipKernel, NoRevocations, RevocationPlan, WallClock, build_revocation_source
 from cmdare.errors import ShardLostError, TransientError, UserInputError
 from cmdare.events import RunInfo, RunSummary, StepReport, TrainCallback
 from cmdare.paths import checkpoint_root
@@ -91,7 +91,7 @@ class Trainer:
         self.resume_from = Path(resume_from) if resume_from else None
         self.plan = RevocationPlan.parse(spec.revocations, seed=spec.seed)
         self.kernel = MembershipKernel(spec.workers, replacement=spec.replace, lr_policy=spec.lr_policy,
-                                       offers=catalog_offers)  # unknown names fail here, in one line
+                                       offers=catalog_offers, clock=WallClock())  # unknown names fail here
         self.worker_spec, self.ps_spec = server_specs(spec)
         from cmdare.predict import startup_model  # loaded when a phase is first sampled
 
