@@ -159,3 +159,11 @@ def test_two_revocations_in_one_tick_print_no_unhandled_ray_errors(tmp_path):
     assert re.search(r"^status finished step 120 revoked ([2-9]|\d\d+) replaced", res.stdout, re.M), out
     for bad in ("Unhandled error", "Traceback", "ActorDiedError", "RayActorError"):
         assert bad not in out, out
+
+
+def test_a_joined_cluster_gets_no_injected_revocations_by_default():
+    from cmdare.train.commands import DEFAULT_REVOCATIONS, default_revocations
+
+    assert default_revocations(None, None) == DEFAULT_REVOCATIONS  # a local run: emulated servers
+    assert default_revocations(None, "auto") == "none"  # real servers: revoked by their cloud only
+    assert default_revocations("every=5", "auto") == "every=5"  # injection on real servers only when asked

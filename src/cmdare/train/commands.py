@@ -16,6 +16,13 @@ console = Console(soft_wrap=True)
 DEFAULT_REVOCATIONS = "lifetime=bathtub,speedup=14400"
 
 
+def default_revocations(revocations: str | None, address: str | None) -> str:
+    """The ``--revocations`` a run uses: as given; else the emulated default locally, none when joined."""
+    if revocations is not None:
+        return revocations
+    return "none" if address else DEFAULT_REVOCATIONS
+
+
 def train_command(
     model: str = typer.Option("resnet15", help="Workload name (see `cmdare workloads`)."),
     dataset: str = typer.Option("digits", help="digits | synthetic | cifar10"),
@@ -41,8 +48,9 @@ def train_command(
     cloud: str = typer.Option("gcp", help="Cloud whose prices the servers take: gcp | aws."),
     region: str = typer.Option(None, help="Region (default: the first region offering the GPU)."),
     revocations: str = typer.Option(
-        DEFAULT_REVOCATIONS, help="Injected revocations: lifetime=MODEL[,speedup=S][,seed=N] | every=S[,first=F] | "
-        "trace=T@SLOT+... | none."),
+        None, help="Injected revocations: lifetime=MODEL[,speedup=S][,seed=N] | every=S[,first=F] | "
+        f"trace=T@SLOT+... | none. Default: {DEFAULT_REVOCATIONS} on a local run; none on a joined cluster "
+        "(--address: real servers are revoked by their cloud, never by emulation unless asked)."),
     replace: str = typer.Option("same", "--replacement", "--replace",
                                 help="Replacement policy for a lost worker: same | cheapest | none."),
     startup: str = typer.Option("model", help="Replacement start-up delay: 'model' (CM-DARE data) or seconds."),
@@ -73,7 +81,8 @@ def train_command(
                      optimizer=OptimizerConfig(lr=lr, momentum=momentum, weight_decay=weight_decay),
                      checkpoint_every=checkpoint_every, eval_every=eval_every, seed=seed,
                      gpus_per_worker=gpus_per_worker, transient=transient, gpu=gpu, cloud=cloud, region=region,
-                     revocations=revocations if transient else None, replace=replace, startup=startup,
+                     revocations=default_revocations(revocations, address) if transient else None, replace=replace,
+                     startup=startup,
                      lr_policy=lr_policy, elastic_ps=elastic_ps, balance_every=balance_every, straggler=straggler,
                      auto_mitigate=auto_mitigate, ps_bandwidth=ps_bandwidth)
     callbacks = [ProgressCallback(steps)]

@@ -112,6 +112,7 @@ class Trainer:
         self._inflight: dict[Any, WorkerHandle] = {}  # the loop's chunk calls, by reference
         self._duties: dict[Any, tuple[str, WorkerHandle]] = {}  # the loop's chief duties, by reference
         self._started_ray = False
+        self.emulated = self.provider.kind != "ray"
         self.shard_group: ShardGroup | None = None  # set up once Ray is
         self.members: MembershipExecutor | None = None
         self.duties: ChiefDuties | None = None
@@ -188,8 +189,10 @@ class Trainer:
         self._started_ray = ensure_ray(self.address, num_cpus=max(os.cpu_count() or 1, int(np.ceil(need_cpus)) + 2))
         t_start = time.time()
         config = dict(spec.to_dict(), checkpoint_dir=str(self.checkpoint_dir), provider=self.provider.kind)
+        # emulated: a local stand-in for cloud servers, or real servers revoked by injection (asked for)
+        self.emulated = self.provider.kind != "ray" or not isinstance(self.kernel.revocations, NoRevocations)
         self.emitter.emit("on_run_start", RunInfo(self.run_id, config, t_start, code_version=__version__,
-                                                  emulated=self.provider.kind != "ray", resumed_from_step=step))
+                                                  emulated=self.emulated, resumed_from_step=step))
         status = RunState.FAILED
         try:
             self._setup(params, momentum, step)
@@ -368,7 +371,7 @@ class Trainer:
         duties = self.duties
         return self.metrics.summary(self.run_id, status, t_start, self.global_step, self.provider.servers,
                                     duties.last_accuracy if duties else None, duties.last_loss if duties else None,
-                                    planned_workers=self.spec.workers, emulated=self.provider.kind != "ray",
+                                    planned_workers=self.spec.workers, emulated=self.emulated,
                                     checkpoint_dir=str(self.checkpoint_dir))
 
     def _shutdown(self) -> None:
