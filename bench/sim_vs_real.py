@@ -2,29 +2,49 @@
 
 One real run: ``W`` emulated transient workers + 1 PS on the local Ray node, revocations injected by
 an exponential lifetime model (mean ``--lifetime-mean-s``, saved as a model file and passed as
-``lifetime=FILE,speedup=1,seed=N``), replacement ``same`` after a fixed emulated start-up delay
-(``startup=S``). From the run's own reports we measure:
+``lifetime=FILE,speedup=1,seed=N``) or every ``--every-s`` s (``every=S,first=F,seed=N``),
+replacement ``same`` after a fixed emulated start-up delay (``startup=S``). From the run's own
+reports we measure:
 
 * the training wall time: start of the first chunk to the report that reaches the target step
   (Ray and actor start-up excluded, like the simulator's t=0);
 * the cluster speed per live-worker count (global steps over time in the intervals with that many
   workers live): on 2 shared cores W workers are not W x one worker, so the simulator gets the table;
 * the replacement delay actually observed (``replacement_joined.recovery_s``: revocation to the
-  replacement's first chunk: detection + emulated start-up + actor start + first pull);
-* the engine's lifetime clock offsets: an initial worker's lifetime runs from its *request* (before
-  actor start) and a replacement's from its *ready* time (request + start-up), while the simulator
-  counts every lifetime from the request at its t=0 / at the revocation. The Monte Carlo sampler
-  shifts the draws by these measured offsets so both count the same way.
+  replacement's first chunk: detection + emulated start-up + actor start + first pull).
 
 Then the same job is simulated through :mod:`cmdare.plan` with :mod:`cmdare.plan.replay` models:
 
-* ``replay``: the real run's own revocation schedule (:class:`ScriptedLifetimes`), one deterministic run;
-* ``sim``: the lifetime model, ``--runs`` seeded runs (mean, P50, P95) - the issue's comparison.
+* ``replay``: the real run's own revocation schedule (:class:`ScriptedLifetimes`) and replacement
+  delays, one deterministic run;
+* ``sim``: ``--runs`` seeded runs (mean, P50, P95) - the issue's comparison. Lifetime mode: plain
+  draws from the same lifetime model (:class:`ModelLifetimes`); periodic mode: the control kernel's
+  own :class:`~cmdare.control.PeriodicRevocations` (``Simulator(..., revocations=factory)``, one
+  seeded source per run). No hand correction of the lifetime clock (``"hand_correction": false``).
+
+Lifetime clocks. Both drivers count a server's lifetime from its ``ready_at`` and revoke only
+workers that trained (an overdue one goes at its first step), but "ready" is not the same moment:
+
+* a replacement: in the engine its server is ready after detection + the emulated start-up, and its
+  worker actor then starts and pulls before its first chunk; in the simulator it is ready when it
+  joins, the observed recovery delay after the revocation, which already includes that actor start
+  and first pull. The simulator's replacement clock therefore starts later, by the engine's ready to
+  first chunk (``replacement_clock_lag_s`` in the JSON, a few seconds here);
+* an initial server: the engine sets ``ready_at`` to its request, before Ray starts its actor, so its
+  clock runs ``initial_offset_s`` (the run's actor start-up) before the first chunk; the simulator
+  counts it from t=0, the first chunk.
+
+Both make the simulated lifetimes a few seconds longer than the engine's (fewer revocations in a
+short run); the bench reports the two figures and leaves them uncorrected. The periodic schedule
+has no such offset: both count its ticks from the first chunk (the engine's next tick from the
+coordinator check that revoked, so its ticks can slip by a chunk; and it picks among workers whose
+first chunk has reported, the simulator among those that joined).
 
 ``error_pct`` = |sim mean - real| / real. Usage::
 
-    .venv/bin/python bench/sim_vs_real.py [--workers 3] [--steps 1500] [--lifetime-mean-s 30]
-        [--startup-s 3] [--seed 7] [--runs 2000]
+    .venv/bin/python bench/sim_vs_real.py [--workers 3] [--steps 2500] [--mode lifetime|every]
+        [--lifetime-mean-s 45] [--every-s 10] [--first-s 5] [--startup-s 3] [--seed 7] [--runs 2000]
+        [--real-runs 1]
 
 Prints one JSON object as its last line.
 """
@@ -35,6 +55,7 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +71,7 @@ GPU = "local"
 @dataclass(frozen=True)
 class Revocations:
     """How revocations are injected: ``lifetime`` (exponential, mean ``mean_s``, from each server's
-    start) or ``every`` (one random training worker every ``every_s`` s, the first ``first_s`` s in)."""
+    ready time) or ``every`` (one random training worker every ``every_s`` s, the first ``first_s`` s in)."""
 
     mode: str = "lifetime"
     mean_s: float = 45.0
@@ -120,9 +141,9 @@ class Observed:
     speed_table: dict[int, float]  # live workers -> cluster steps/s
     time_at_count_s: dict[int, float]
     recovery_s: list[float]
-    initial_offset_s: list[float]  # per initial slot: t0 - request (lifetime already spent at t0)
-    replacement_offset_s: list[float]  # per replacement: ready - revocation (its lifetime starts later)
-    script: list[float]  # the run's lifetimes in the simulator's slot-major order
+    initial_offset_s: list[float]  # per initial worker: t0 - request (its engine lifetime already spent at t0)
+    replacement_clock_lag_s: list[float]  # per replacement: engine ready -> first chunk (simulator's ready)
+    script: list[float]  # the run's lifetimes as the simulator counts them, in its draw order
     replay_delays_s: list[float]  # per replacement, in request order: revocation to first chunk
     revocations: int
     startup_s: float  # the RunSummary's Ray + actor start-up, excluded from wall_s
@@ -147,7 +168,7 @@ def analyze(run: RealRun) -> Observed:
     left: dict[int, float] = {}
     requested: dict[int, float] = {}
     ready: dict[int, float] = {}
-    recovery, rep_offset = [], []
+    recovery, lag = [], []
     for e in ev:
         d = e.details
         if e.kind == "server_joined" and e.worker_id is not None:
@@ -161,7 +182,7 @@ def analyze(run: RealRun) -> Observed:
             joined[e.worker_id] = d.get("joined_at", e.time)
             recovery.append(d["recovery_s"])
             ready[e.worker_id] = d["requested_at"] + d["startup_s"]
-            rep_offset.append(ready[e.worker_id] - left[d["replaces_worker"]])
+            lag.append(joined[e.worker_id] - ready[e.worker_id])
     # Live-worker count over [t0, t_end]: +1 at a join, -1 at a revocation.
     changes = sorted([(max(t, t0), +1) for t in joined.values()] + [(t, -1) for t in left.values()])
     bounds, counts, live = [t0], [], 0
@@ -179,38 +200,38 @@ def analyze(run: RealRun) -> Observed:
             steps_at[n] = steps_at.get(n, 0.0) + _step_at(log, b) - _step_at(log, a)
             time_at[n] = time_at.get(n, 0.0) + b - a
     table = {n: steps_at[n] / time_at[n] for n in sorted(time_at) if time_at[n] > 0}
-    # Lifetimes as the simulator counts them: initial slots from t0, replacements from the revocation of
-    # the worker they replace (= their request in the simulator); never-revoked ones are infinite.
-    per_slot: dict[int, list[float]] = {s: [] for s in range(run.workers)}
-    start = {w: t0 for w in slot_of if w not in ready}
-    for e in ev:
-        if e.kind == "replacement_joined":
-            start[e.worker_id] = left[e.details["replaces_worker"]]
-    for w in sorted(slot_of, key=lambda w: start[w]):
-        per_slot[slot_of[w]].append(left[w] - start[w] if w in left and left[w] <= t_end else np.inf)
-    from cmdare.plan.simulator import _LIFETIMES_PER_SLOT as per
-
-    script: list[float] = []
-    extra: list[tuple[float, float]] = []  # beyond the pre-drawn ones: drawn on demand, in request order
-    for s in range(run.workers):
-        lives = per_slot[s] + [np.inf] * max(0, per - len(per_slot[s]))
-        script += lives[:per]
-        t_req = t0
-        for k, life in enumerate(lives):
-            if k >= per:
-                extra.append((t_req, life))
-            t_req += life
-    script += [life for _, life in sorted(extra)]
-    initial_offset = [t0 - requested[w] for w in sorted(requested)]
     # Each replacement's delay in request (= revocation) order; one still starting at the end took longer
     # than the rest of the run.
     recovery_of = {e.details["replaces_worker"]: e.details["recovery_s"] for e in ev if e.kind == "replacement_joined"}
     mean_delay = float(np.mean(recovery)) if recovery else 0.0
     replay_delays = [recovery_of.get(w, max(mean_delay, t_end - left[w] + 1.0))
                      for w in sorted(left, key=left.__getitem__)]
+    # Lifetimes as the simulator counts them, from each server's ready time there: an initial slot's
+    # from t0, a replacement's from its join (the revocation it replaces + that replacement's delay).
+    # Never-revoked ones are infinite. The simulator draws _LIFETIMES_PER_SLOT per slot up front
+    # (slot-major), further ones on demand when a replacement joins, in join order.
+    from cmdare.plan.simulator import _LIFETIMES_PER_SLOT as per
+
+    start = {w: t0 for w in slot_of if w not in ready}
+    for e in ev:
+        if e.kind == "replacement_joined":
+            lost = e.details["replaces_worker"]
+            start[e.worker_id] = left[lost] + recovery_of[lost]
+    per_slot: dict[int, list[tuple[float, float]]] = {s: [] for s in range(run.workers)}
+    for w in sorted(slot_of, key=start.__getitem__):
+        life = max(0.0, left[w] - start[w]) if w in left and left[w] <= t_end else np.inf
+        per_slot[slot_of[w]].append((start[w], life))
+    script: list[float] = []
+    extra: list[tuple[float, float]] = []
+    for s in range(run.workers):
+        lives = per_slot[s]
+        script += [life for _, life in lives[:per]] + [np.inf] * max(0, per - len(lives))
+        extra += lives[per:]
+    script += [life for _, life in sorted(extra)]
+    initial_offset = [t0 - requested[w] for w in sorted(requested)]
     return Observed(
         wall_s=t_end - t0, speed_table=table, time_at_count_s=time_at, recovery_s=recovery,
-        initial_offset_s=initial_offset, replacement_offset_s=rep_offset, script=script,
+        initial_offset_s=initial_offset, replacement_clock_lag_s=lag, script=script,
         replay_delays_s=replay_delays,
         initial_join_spread_s=max(joined[w] for w in requested) - t0 if requested else 0.0,
         revocations=len(left), startup_s=float(run.summary.details["startup_s"]) if run.summary else 0.0)
@@ -257,74 +278,27 @@ class TableSpeed:
         return self.table[n] / n
 
 
-class EngineClockLifetimes:
-    """The lifetime model as the engine applies it, in the simulator's lifetime convention.
+class ModelLifetimes:
+    """A :mod:`cmdare.measure.lifetime_models` model as the simulator's lifetime sampler: plain draws,
+    the same model the engine draws from (both count them from the server's ready time)."""
 
-    The simulator draws ``count x _LIFETIMES_PER_SLOT`` lifetimes per run slot-major (column 0: the
-    initial server, then its replacements) and single ones on demand (replacements). The engine counts
-    an initial worker's lifetime from its request, ``initial_offset_s`` before training starts, and a
-    replacement's from its ready time, ``replacement_offset_s`` after the revocation; it revokes only
-    workers that train, so an overdue one goes at the first step (initial) or right after joining
-    (a replacement: it lives at least ``join_s``, the observed replacement delay, plus one chunk).
-    """
-
-    def __init__(self, mean_s: float, initial_offset_s: float, replacement_offset_s: float, join_s: float,
-                 chunk_s: float = 0.3):
-        from cmdare.plan.simulator import _LIFETIMES_PER_SLOT
-
-        self.mean_s, self.per = mean_s, _LIFETIMES_PER_SLOT
-        self.initial_offset_s, self.replacement_offset_s = initial_offset_s, replacement_offset_s
-        self.min_replacement_s = join_s + chunk_s
+    def __init__(self, model: Any):
+        self.model = model
 
     def sample(self, rng: np.random.Generator, server: str, region: str, size: int) -> np.ndarray:
-        """Shifted exponential lifetimes (see the class docstring)."""
-        draws = rng.exponential(self.mean_s, size)
-        life = np.maximum(draws + self.replacement_offset_s, self.min_replacement_s)
-        if size % self.per == 0 and size > 1:
-            grid, first = life.reshape(-1, self.per), draws.reshape(-1, self.per)[:, 0]
-            grid[:, 0] = np.maximum(first - self.initial_offset_s, 1e-3)
-        return life
+        """``size`` lifetimes from the model."""
+        return np.asarray(self.model.sample(rng, size), dtype=float)
 
 
-class PeriodicLifetimes:
-    """``every=S,first=F`` as lifetimes: every ``S`` s (from ``F``) one random *training* worker goes.
+def periodic_source(every_s: float, first_s: float, seed: int) -> Callable[[], Any]:
+    """A ``Simulator(revocations=...)`` factory for ``every=S,first=F``: the control kernel's
+    :class:`~cmdare.control.PeriodicRevocations`, the engine's own source. Each call (one per simulated
+    run) gets the next child of ``SeedSequence(seed)`` for its victim picks, so with a fresh factory
+    run ``i`` of a ``summarize(runs, seed)`` is the same whatever ``runs`` is."""
+    from cmdare.control import PeriodicRevocations
 
-    The simulator asks for ``count x _LIFETIMES_PER_SLOT`` lifetimes once per run (slot-major), then
-    one at a time for further replacements, in request order. On the first call of a run this draws
-    the run's whole schedule: at each tick a uniformly random slot among those training (an initial
-    worker from t=0, a replacement ``join_s`` after the revocation it replaces; none: the tick passes,
-    as in the engine); a slot's lifetimes run from its request (t=0 or the revocation).
-    """
-
-    def __init__(self, workers: int, every_s: float, first_s: float, join_s: float, ticks: int = 400):
-        from cmdare.plan.simulator import _LIFETIMES_PER_SLOT
-
-        self.workers, self.every_s, self.first_s, self.join_s = workers, every_s, first_s, join_s
-        self.per, self.ticks = _LIFETIMES_PER_SLOT, ticks
-        self.extra: list[float] = []
-
-    def sample(self, rng: np.random.Generator, server: str, region: str, size: int) -> np.ndarray:
-        """The run's schedule (first call of a run) or the next on-demand lifetime."""
-        if size != self.workers * self.per:
-            return np.array([self.extra.pop(0) if self.extra else np.inf for _ in range(size)])
-        requested = [0.0] * self.workers
-        joins = [0.0] * self.workers
-        lives: list[list[float]] = [[] for _ in range(self.workers)]
-        extra: list[tuple[float, float]] = []
-        for k in range(self.ticks):
-            t = self.first_s + k * self.every_s
-            training = [i for i in range(self.workers) if joins[i] <= t]
-            if not training:
-                continue
-            i = training[int(rng.integers(len(training)))]
-            life = t - requested[i]
-            if len(lives[i]) < self.per:
-                lives[i].append(life)
-            else:
-                extra.append((requested[i], life))
-            requested[i], joins[i] = t, t + self.join_s
-        self.extra = [life for _, life in sorted(extra)]
-        return np.array([x for row in lives for x in row + [np.inf] * (self.per - len(row))])
+    seeds = np.random.SeedSequence(seed)
+    return lambda: PeriodicRevocations(every_s, first_s, np.random.default_rng(seeds.spawn(1)[0]))
 
 
 def _pool_speed(observed: list[Observed]) -> dict[int, float]:
@@ -344,7 +318,7 @@ def simulate(observed: list[Observed], workers: int, steps: int, revocations: Re
 
     The replay gives each real run its own revocation schedule and replacement delays (one
     deterministic simulated run each); the Monte Carlo draws revocations from the same lifetime model
-    (or periodic schedule) with every measurement pooled over the real runs.
+    (or the kernel's periodic source) with every measurement pooled over the real runs.
     """
     from cmdare.plan import ClusterSpec, JobSpec, PlanModels, WorkerGroup
     from cmdare.plan.replay import FixedStartup, FlatPrices, ScriptedLifetimes
@@ -360,15 +334,16 @@ def simulate(observed: list[Observed], workers: int, steps: int, revocations: Re
         replays.append(Simulator(job, cluster, models).run_once(np.random.default_rng(seed)).wall_time_s)
     recovery = [x for o in observed for x in o.recovery_s]
     delay = float(np.mean(recovery)) if recovery else 0.0
+    source: Callable[[], Any] | None = None
     if revocations.mode == "lifetime":
-        initial = float(np.mean([x for o in observed for x in o.initial_offset_s]))
-        rep = [x for o in observed for x in o.replacement_offset_s]
-        lifetimes: Any = EngineClockLifetimes(revocations.mean_s, initial, float(np.mean(rep)) if rep else 0.0,
-                                              delay)
+        from cmdare.measure.lifetime_models import ExponentialLifetime
+
+        lifetimes: Any = ModelLifetimes(ExponentialLifetime(revocations.mean_s))
     else:
-        lifetimes = PeriodicLifetimes(workers, revocations.every_s, revocations.first_s, delay)
+        lifetimes = ScriptedLifetimes()  # no lifetime ends a server: the periodic source revokes
+        source = periodic_source(revocations.every_s, revocations.first_s, seed)
     models = PlanModels(TableSpeed(_pool_speed(observed)), lifetimes, FixedStartup(delay), prices, checkpoint_s=0.0)
-    return replays, Simulator(job, cluster, models).summarize(runs, seed).to_dict()
+    return replays, Simulator(job, cluster, models, revocations=source).summarize(runs, seed).to_dict()
 
 
 def compare(workers: int = 3, steps: int = 2500, revocations: Revocations | None = None,
@@ -395,6 +370,7 @@ def compare(workers: int = 3, steps: int = 2500, revocations: Revocations | None
     real_total_s = time.perf_counter() - t
     replays, sim = simulate(observed, workers, steps, revocations, runs, seed)
     walls = [o.wall_s for o in observed]
+    lags = [x for o in observed for x in o.replacement_clock_lag_s]
     real = float(np.mean(walls))
     return {
         "real_wall_s": round(real, 2),
@@ -411,6 +387,8 @@ def compare(workers: int = 3, steps: int = 2500, revocations: Revocations | None
         "time_at_count_s": [{str(k): round(v, 1) for k, v in o.time_at_count_s.items()} for o in observed],
         "observed_recovery_s": [round(x, 2) for o in observed for x in o.recovery_s],
         "initial_offset_s": round(float(np.mean([x for o in observed for x in o.initial_offset_s])), 2),
+        "replacement_clock_lag_s": round(float(np.mean(lags)), 2) if lags else None,
+        "hand_correction": False,  # the simulator's lifetimes are not shifted by the offsets above
         "real_startup_s": [round(o.startup_s, 2) for o in observed],
         "initial_join_spread_s": [round(o.initial_join_spread_s, 2) for o in observed],
         "real_total_s": round(real_total_s, 2),
