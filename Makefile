@@ -21,7 +21,7 @@ run: install
 
 test: install-test
 	$(BIN)/ruff check src tests bench
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --durations=15
 
 # Tests that compare wall times of real runs (timing-sensitive on a shared machine): run apart.
 test-slow: install-test

@@ -110,22 +110,6 @@ def test_tensorboard_scalars_by_default(tmp_path, where):
     assert acc.Scalars("accuracy")[-1].step == 30 and 0.0 <= acc.Scalars("accuracy")[-1].value <= 1.0
 
 
-def test_revocations_do_not_print_unhandled_ray_errors(tmp_path):
-    # The main job's transient path: bathtub lifetimes compressed 14400x (seed 142: both first servers live
-    # under 2 s, so they are revoked as they join) and replacements with no start-up delay. Calls on killed
-    # workers fail; each failed result must be fetched by the coordinator, not left for Ray to report as an
-    # "Unhandled error" with a traceback.
-    res = _run(["--model", "resnet8", "--steps", "100", "--workers", "2", "--checkpoint-every", "0",
-                "--eval-every", "0", "--startup", "0", "--revocations", "lifetime=bathtub,speedup=14400,seed=142",
-                "--tensorboard", "none"], tmp_path)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out
-    revoked = int(re.search(r"^servers: (\d+) revoked", out, re.M).group(1))
-    assert revoked >= 1, out
-    for bad in ("Unhandled error", "Traceback", "ActorDiedError", "RayActorError"):
-        assert bad not in out, out
-
-
 _TWO_AT_ONCE = """
 import time
 from cmdare.ps.optimizer import OptimizerConfig
