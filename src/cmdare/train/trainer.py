@@ -129,19 +129,9 @@ class Trainer:
         return self.members.chief if self.members is not None else None
 
     @property
-    def migrations(self) -> int:
-        """Blocks moved between shards so far."""
-        return self.placement_changes.migrations if self.placement_changes is not None else 0
-
-    @property
     def revocations(self) -> int:
         """Servers revoked so far (injected, noticed or failed)."""
         return self.metrics.revocations
-
-    @property
-    def replacements(self) -> int:
-        """Replacements that joined so far."""
-        return self.metrics.replacements
 
     @property
     def shards(self) -> list[Any]:
