@@ -89,7 +89,7 @@ class RevocationPlan:
             raise UserInputError(f"--revocations: {err}") from None
         if plan.speedup <= 0 or (plan.every_s is not None and plan.every_s <= 0):
             raise UserInputError("--revocations: speedup and every must be positive")
-        if sum(x is not None and x != () for x in (plan.lifetime, plan.every_s, plan.trace or None)) > 1:
+        if sum(x is not None for x in (plan.lifetime, plan.every_s, plan.trace or None)) > 1:
             raise UserInputError("--revocations: give one of lifetime=..., every=... or trace=...")
         return plan
 

@@ -166,8 +166,7 @@ class ShardGroup:
         for actor in result.removed:
             for server in self.servers:
                 if server.actor is actor and server.alive:
-                    server.ended_at, server.end_reason = time.time(), "removed"
-                    self.emitter.server_event("server_ended", server, extra={"reason": "removed"})
+                    self._end(server, "removed")
             with contextlib.suppress(Exception):
                 ray.kill(actor)
         self.servers = [srv for srv in self.servers if srv.alive]
@@ -207,12 +206,15 @@ class ShardGroup:
                                                       st.apply_s, st.queue_s, st.wait_s, blocks))
         return stats
 
+    def _end(self, server: Server, reason: str) -> None:
+        server.ended_at, server.end_reason = time.time(), reason
+        self.emitter.server_event("server_ended", server, extra={"reason": reason})
+
     def release(self) -> None:
         """End every live PS server (the run is over)."""
         for server in self.servers:
             if server.alive:
-                server.ended_at, server.end_reason = time.time(), "released"
-                self.emitter.server_event("server_ended", server, extra={"reason": "released"})
+                self._end(server, "released")
 
     def kill_all(self) -> None:
         """Kill every shard actor (at shutdown)."""
