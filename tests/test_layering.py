@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "cmdare.datasets": 1,
     "cmdare.ps": 1,
     "cmdare.cloud": 1,
+    "cmdare.storage": 1,
     "cmdare.measure": 2,
     "cmdare.predict": 3,
     "cmdare.control": 4,

@@ -64,6 +64,7 @@ PINNED: dict[str, list[str]] = {
         "BUNDLED_DIR", "DATA_ENV", "LIFETIME_FILES", "PUBLIC_SOURCES", "is_bundled", "lifetime_files",
         "public_data_dir",
     ],
+    "cmdare.storage": ["MissingObjectError", "Storage", "as_storage", "run_storage", "storage_options", "storage_root"],
     "cmdare.train": ["OptimizerConfig", "TrainCallback", "TrainSpec", "Trainer", "train"],
     "cmdare.train.callbacks": [
         "CheckpointReport", "EVENT_KINDS", "EvalReport", "EventReport", "RunInfo", "RunSummary", "ShardReport",

@@ -6,6 +6,7 @@
     │   └── DataFormatError          a file has wrong columns, bad values or cannot be parsed
     ├── DataNotFoundError            a file or directory the user named does not exist (final)
     ├── CheckpointError              a checkpoint is missing or fails its checksum (final)
+    ├── StorageError                 durable storage cannot be reached, read or written (final)
     ├── StoreError                   the measurement store cannot be reached or written (final)
     ├── ClusterError                 Ray cannot be started or joined (final)
     └── TransientError               retryable: a server was revoked or is unreachable
@@ -27,6 +28,7 @@ __all__ = [
     "DataFormatError",
     "DataNotFoundError",
     "ShardLostError",
+    "StorageError",
     "StoreError",
     "TransientError",
     "UnknownNameError",
@@ -64,6 +66,10 @@ class DataNotFoundError(CmdareError, FileNotFoundError):
 
 class CheckpointError(CmdareError):
     """Raised when a checkpoint is missing, truncated or fails its checksum."""
+
+
+class StorageError(CmdareError):
+    """Raised when checkpoint storage (a directory or an fsspec URL) cannot be reached, read or written."""
 
 
 class StoreError(CmdareError):

@@ -90,7 +90,11 @@ class EvalReport:
 
 @dataclass(frozen=True)
 class CheckpointReport:
-    """One checkpoint written by the chief."""
+    """One checkpoint, reported once durable in the run's storage.
+
+    ``duration_s`` runs from the chief's snapshot to the stored manifest; ``stall_s`` is the part
+    training waited for (the snapshot; the upload runs in the background).
+    """
 
     run_id: str
     time: float
@@ -100,6 +104,7 @@ class CheckpointReport:
     size_bytes: int
     duration_s: float
     num_tensors: int = 0
+    stall_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,8 @@ EVENT_KINDS = (
     "replacement_joined",
     "chief_change",
     "checkpoint",
+    "checkpoint_failed",
+    "storage_warning",
     "resume",
     "shard_lost",
     "shard_restored",

@@ -2,19 +2,16 @@
 
 Each source turns shard measurements into decision lists (:mod:`cmdare.ps.psld.decisions`); the
 coordinator quiesces the workers, carries them out (:mod:`cmdare.ps.migration`) and reports back.
-``cmdare ps add|remove RUN`` drops a command file into the run's control directory; the
-coordinator reads it at its next tick.
+``cmdare ps add|remove RUN`` drops a request into the run's storage
+(:mod:`cmdare.train.run_control`); the coordinator turns it into decisions with
+:func:`decisions_for_request`.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-from cmdare.errors import DataNotFoundError, UserInputError
 from cmdare.ps.placement import Placement
 from cmdare.ps.psld.decisions import AddShard, Decision, Move, NoChange, RemoveShard
 
@@ -113,54 +110,6 @@ def drain_moves(placement: Placement, shard: int) -> list[Decision]:
         moves.append(Move(b.block_id, shard, dst))
         loads[dst] += b.nbytes
     return moves
-
-
-# -- live-run control files (``cmdare ps add|remove RUN``) -------------------------------------
-def control_dir(run_dir: Path) -> Path:
-    return run_dir / "control"
-
-
-def write_status(run_dir: Path, status: str, num_shards: int, global_step: int) -> None:
-    """The coordinator's view of the run, for the ``cmdare ps`` commands."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / ".status.json.tmp"
-    tmp.write_text(json.dumps({"status": status, "num_shards": num_shards, "global_step": global_step,
-                               "time": time.time()}))
-    tmp.replace(run_dir / "status.json")
-
-
-def request_change(run_dir: Path, action: str, shard: int | None = None) -> Path:
-    """Queue ``add`` or ``remove`` for a running run; refuses finished runs and the last shard."""
-    status_path = run_dir / "status.json"
-    if not status_path.exists():
-        raise DataNotFoundError(f"no running training run at {run_dir} (no status file)")
-    status = json.loads(status_path.read_text())
-    if status["status"] != "running":
-        raise UserInputError(f"run {run_dir.name} is {status['status']}: cannot change its shards")
-    if action == "remove":
-        if status["num_shards"] <= 1:
-            raise UserInputError(f"run {run_dir.name} has one parameter shard: cannot remove the last shard")
-        if shard is not None and not 0 <= shard < status["num_shards"]:
-            raise UserInputError(f"shard {shard} out of range: run {run_dir.name} has {status['num_shards']}")
-    cdir = control_dir(run_dir)
-    cdir.mkdir(parents=True, exist_ok=True)
-    path = cdir / f"{time.time_ns()}-{action}.json"
-    path.write_text(json.dumps({"action": action, "shard": shard}))
-    return path
-
-
-def read_requests(run_dir: Path) -> list[dict[str, Any]]:
-    """Pop the queued control requests, oldest first."""
-    cdir = control_dir(run_dir)
-    if not cdir.is_dir():
-        return []
-    out = []
-    for path in sorted(cdir.glob("*.json")):
-        try:
-            out.append(json.loads(path.read_text()))
-        finally:
-            path.unlink(missing_ok=True)
-    return out
 
 
 def decisions_for_request(req: dict[str, Any], placement: Placement) -> list[Decision]:

@@ -2,18 +2,21 @@
 
 A duty is a call on the chief; while it runs the loop goes on (so a revocation is noticed meanwhile).
 A chief lost during a duty is handled like any loss, and the duty is retried by the next chief.
+A checkpoint duty is the chief's snapshot of the shards; the coordinator then stores the snapshot in
+the run's storage in the background (:class:`~cmdare.train.checkpoint_uploads.CheckpointUploads`)
+and reports the checkpoint once it is durable (:meth:`ChiefDuties.collect`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from cmdare.errors import ShardLostError
 from cmdare.events import CheckpointReport, EvalReport
 from cmdare.ps.blocks import ParamInfo
+from cmdare.train.checkpoint_uploads import CheckpointUploads, Upload
 from cmdare.train.emitter import RunEmitter
 from cmdare.train.faults import classify
 
@@ -24,7 +27,7 @@ class ChiefDuties:
     """Starts and records the chief's checkpoints and evaluations.
 
     Args:
-        checkpoint_dir: where checkpoints go.
+        uploads: stores the chief's snapshots (in the background) in the run's storage.
         meta: what every checkpoint records besides the parameters (run id, spec).
         infos: the model's parameter layout.
         emitter: reports ``on_eval`` and ``on_checkpoint``.
@@ -32,23 +35,28 @@ class ChiefDuties:
         on_shard_lost: called when a shard died under the duty.
     """
 
-    def __init__(self, checkpoint_dir: Path, meta: dict[str, Any], infos: list[ParamInfo], emitter: RunEmitter,
+    def __init__(self, uploads: CheckpointUploads, meta: dict[str, Any], infos: list[ParamInfo], emitter: RunEmitter,
                  on_lost: Callable[[Any, Exception], None], on_shard_lost: Callable[[], None]):
-        self.checkpoint_dir, self.meta, self.infos, self.emitter = checkpoint_dir, meta, infos, emitter
+        self.uploads, self.meta, self.infos, self.emitter = uploads, meta, infos, emitter
         self.on_lost, self.on_shard_lost = on_lost, on_shard_lost
         self.last_accuracy: float | None = None
         self.last_loss: float | None = None
+        self.failed_uploads = 0
+        self._started: dict[Any, tuple[float, float]] = {}  # duty reference -> (perf counter, wall clock)
 
     def start(self, kind: str, chief: Any) -> Any:
         """Start duty ``kind`` (``"checkpoint"`` or ``"eval"``) on ``chief``; returns its reference."""
         if kind == "eval":
             return chief.actor.evaluate.remote()
-        return chief.actor.checkpoint.remote(str(self.checkpoint_dir), self.infos, self.meta)
+        ref = chief.actor.snapshot_checkpoint.remote(self.infos, self.meta)
+        self._started[ref] = (time.perf_counter(), time.time())
+        return ref
 
     def finish(self, kind: str, chief: Any, ref: Any) -> bool:
         """Record a finished duty. Returns False when it failed (the chief or a shard died meanwhile)."""
         import ray
 
+        started = self._started.pop(ref, None)
         try:
             res = ray.get(ref)
         except ray.exceptions.RayActorError as err:
@@ -64,10 +72,26 @@ class ChiefDuties:
             self.last_accuracy, self.last_loss = acc, loss
             self.emitter.emit("on_eval", EvalReport(run_id, now, step, chief.worker_id, acc, loss))
         else:
-            self.emitter.emit("on_checkpoint", CheckpointReport(run_id, now, res["step"], chief.worker_id, res["path"],
-                                                                res["size_bytes"], res["duration_s"],
-                                                                res["num_tensors"]))
+            t0, wall = started or (time.perf_counter(), now)
+            upload = Upload(res.step, chief.worker_id, len(self.infos), time.perf_counter() - t0, wall)
+            self.uploads.submit(res, upload)
+            self.collect()
         return True
+
+    def collect(self, wait: bool = False, timeout_s: float | None = None) -> int:
+        """Report the checkpoints stored since the last call (``wait``: first wait for the uploads in
+        flight, at most ``timeout_s``); a failed upload is a ``checkpoint_failed`` event, and the
+        previous checkpoint stays the latest. Returns how many are still in flight."""
+        for up in self.uploads.finished(wait=wait, timeout_s=timeout_s):
+            if up.saved is None:
+                self.failed_uploads += 1
+                self.emitter.event("checkpoint_failed", worker_id=up.worker_id,
+                                   details={"step": up.step, "error": str(up.error), "upload_s": up.upload_s})
+                continue
+            self.emitter.emit("on_checkpoint", CheckpointReport(
+                self.emitter.run_id, up.started_at + up.duration_s, up.step, up.worker_id, up.saved.url,
+                up.saved.size_bytes, up.duration_s, up.num_tensors, stall_s=up.stall_s))
+        return self.uploads.in_flight
 
     def run_now(self, kind: str, chief: Any) -> bool:
         """Start and await duty ``kind`` on ``chief``."""

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from cmdare.errors import UserInputError
+from cmdare.events import EventReport, TrainCallback
 
 console = Console(soft_wrap=True)
 
@@ -24,6 +25,7 @@ def default_revocations(revocations: str | None, address: str | None) -> str:
 
 
 def train_command(
+    ctx: typer.Context,
     model: str = typer.Option("resnet15", help="Workload name (see `cmdare workloads`)."),
     dataset: str = typer.Option("digits", help="digits | synthetic | cifar10"),
     data_dir: Path = typer.Option(None, "--data-dir", help="Directory of the CIFAR-10 python batches."),
@@ -39,7 +41,12 @@ def train_command(
     checkpoint_every: int = typer.Option(200, help="Checkpoint every N steps (0: never)."),
     eval_every: int = typer.Option(100, help="Evaluate every N steps (0: only at the end)."),
     seed: int = typer.Option(0, help="Random seed."),
-    resume: str = typer.Option(None, help="Resume run RUN from its latest checkpoint."),
+    resume: str = typer.Option(None, help="Resume run RUN from its latest checkpoint, with the options it ran "
+                               "with (options given here override them)."),
+    storage: str = typer.Option(None, envvar="CMDARE_STORAGE",
+                                help="Where checkpoints and the run's control files go: a directory or a URL "
+                                "(s3://bucket/prefix, gs://bucket/prefix, any fsspec URL). Default: the data "
+                                "directory. On a cluster, use storage every machine reaches."),
     address: str = typer.Option(None, help="Join this Ray cluster ('auto' on a cluster node)."),
     gpus_per_worker: float = typer.Option(0.0, help="GPUs per worker (Ray num_gpus)."),
     transient: bool = typer.Option(True, "--transient/--on-demand",
@@ -84,8 +91,16 @@ def train_command(
                      revocations=default_revocations(revocations, address) if transient else None, replace=replace,
                      startup=startup,
                      lr_policy=lr_policy, elastic_ps=elastic_ps, balance_every=balance_every, straggler=straggler,
-                     auto_mitigate=auto_mitigate, ps_bandwidth=ps_bandwidth)
-    callbacks = [ProgressCallback(steps)]
+                     auto_mitigate=auto_mitigate, ps_bandwidth=ps_bandwidth, storage=storage)
+    if resume:
+        from cmdare.storage import run_storage
+        from cmdare.train.resume import resumed_spec
+
+        # by name: Typer may bring its own copy of click, whose ParameterSource is another enum
+        explicit = {name for name in ctx.params
+                    if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
+        spec = resumed_spec(run_storage(resume, storage), spec, explicit, joined=address is not None)
+    callbacks = [ProgressCallback(spec.steps), RunNotices()]
     where = "not recorded (--no-record)"
     if record:
         from sqlalchemy.engine import make_url
@@ -117,29 +132,48 @@ def train_command(
                   f"{summary.details.get('time_lost_s', 0.0):.1f} s of cluster time lost; "
                   f"cost so far ${summary.cost_usd:.4f}{emulated}")
     console.print(f"measurements: {where}; checkpoints: {summary.details.get('checkpoint_dir')}")
+    if summary.details.get("failed_checkpoints"):
+        console.print(f"[bold yellow]warning:[/] {summary.details['failed_checkpoints']} checkpoint upload(s) "
+                      "failed (see the checkpoint_failed events); the previous checkpoints stayed valid")
+
+
+class RunNotices(TrainCallback):
+    """Prints ``resumed RUN from step N`` when a resumed run starts, and storage warnings (on stderr)."""
+
+    def on_event(self, report: EventReport) -> None:
+        if report.kind == "resume":
+            console.print(f"resumed {report.run_id} from step {report.details.get('step')}")
+        elif report.kind == "storage_warning":
+            Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {report.details['warning']}",
+                                                       highlight=False)
 
 
 ps_app = typer.Typer(help="Change the parameter shards of a running training run.", no_args_is_help=True)
 
 
-@ps_app.command("add")
-def ps_add(run: str = typer.Argument(..., help="Run id (see the train summary).")) -> None:
-    """Add one parameter shard to a running run; the coordinator fills it by migrating blocks."""
-    from cmdare.paths import checkpoint_root
-    from cmdare.train.balancing import request_change
+_STORAGE_OPTION = typer.Option(None, envvar="CMDARE_STORAGE", help="The run's storage (as given to train).")
 
-    request_change(checkpoint_root() / run, "add")
+
+@ps_app.command("add")
+def ps_add(run: str = typer.Argument(..., help="Run id (see the train summary)."),
+           storage: str = _STORAGE_OPTION) -> None:
+    """Add one parameter shard to a running run; the coordinator fills it by migrating blocks."""
+    from cmdare.storage import run_storage
+    from cmdare.train.run_control import request_change
+
+    request_change(run_storage(run, storage), "add")
     console.print(f"requested: add a shard to {run}")
 
 
 @ps_app.command("remove")
 def ps_remove(run: str = typer.Argument(..., help="Run id."),
-              shard: int = typer.Option(None, help="Shard index to remove (default: the last).")) -> None:
+              shard: int = typer.Option(None, help="Shard index to remove (default: the last)."),
+              storage: str = _STORAGE_OPTION) -> None:
     """Drain one parameter shard of a running run onto the others and stop it."""
-    from cmdare.paths import checkpoint_root
-    from cmdare.train.balancing import request_change
+    from cmdare.storage import run_storage
+    from cmdare.train.run_control import request_change
 
-    request_change(checkpoint_root() / run, "remove", shard)
+    request_change(run_storage(run, storage), "remove", shard)
     console.print(f"requested: remove shard {'last' if shard is None else shard} of {run}")
 
 

@@ -3,25 +3,31 @@ carried out on quiesced shards and reported as ``ps_move`` / ``ps_add`` / ``ps_r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from cmdare.ps.psld.decisions import Decision
-from cmdare.train.balancing import DecisionSource, decisions_for_request, read_requests, write_status
+from cmdare.storage import Storage
+from cmdare.train.balancing import DecisionSource, decisions_for_request
 from cmdare.train.emitter import RunEmitter
+from cmdare.train.run_control import read_requests, write_status
 from cmdare.train.shard_group import ShardGroup
 
 __all__ = ["PlacementChanges"]
+
+REMOTE_REQUEST_POLL_S = 2.0  # an object store is asked for ``cmdare ps`` requests at most this often
 
 
 class PlacementChanges:
     """Who changes the placement (``decisions``) and the executor of their changes."""
 
     def __init__(self, shards: ShardGroup, decisions: DecisionSource | None, emitter: RunEmitter,
-                 checkpoint_dir: Path):
-        self.shards, self.decisions, self.emitter, self.checkpoint_dir = shards, decisions, emitter, checkpoint_dir
+                 storage: Storage):
+        self.shards, self.decisions, self.emitter, self.storage = shards, decisions, emitter, storage
         self.migrations = 0
+        self._poll_every_s = 0.0 if storage.is_local else REMOTE_REQUEST_POLL_S
+        self._next_poll = 0.0
 
     def collect_stats(self, global_step: int) -> list[Any] | None:
         """The shards' load since the last collection, shown to the balancers; None when a shard died."""
@@ -35,8 +41,10 @@ class PlacementChanges:
         placement = self.shards.placement
         assert placement is not None
         planned: list[Decision] = []
-        for req in read_requests(self.checkpoint_dir):
-            planned.extend(decisions_for_request(req, placement))
+        if time.monotonic() >= self._next_poll:
+            self._next_poll = time.monotonic() + self._poll_every_s
+            for req in read_requests(self.storage):
+                planned.extend(decisions_for_request(req, placement))
         if not planned and self.decisions is not None and (balance_due or self.decisions.every_tick):
             if balance_due:
                 self.collect_stats(global_step)  # closes the current load window (the balancer observes it)
@@ -62,4 +70,4 @@ class PlacementChanges:
         self.emitter.event(kind, details={"moves": len(moves), "moved_bytes": result.moved_bytes, "pause_s": pause_s,
                                           "num_shards": n, "rolled_back": result.rolled_back, "error": result.error,
                                           "placement_version": placement.version})
-        write_status(self.checkpoint_dir, "running", n, global_step)
+        write_status(self.storage, "running", n, global_step)

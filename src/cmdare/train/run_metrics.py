@@ -75,7 +75,7 @@ class RunMetrics(TrainCallback):
 
     def summary(self, run_id: str, status: str, t_start: float, global_step: int, servers: Sequence[Server],
                 accuracy: float | None, loss: float | None, *, planned_workers: int, emulated: bool,
-                checkpoint_dir: str) -> RunSummary:
+                checkpoint_dir: str, failed_checkpoints: int = 0) -> RunSummary:
         """The run's :class:`RunSummary`: speed, losses, time lost per planned worker, and the servers' cost
         (per-second billing of every server that joined or ended)."""
         now = time.time()
@@ -84,4 +84,4 @@ class RunMetrics(TrainCallback):
                           self.revocations, self.replacements, cost,
                           details={"checkpoint_dir": checkpoint_dir, "startup_s": (self.first_step_at or now) - t_start,
                                    "time_lost_s": self.lost_worker_s / max(1, planned_workers), "emulated": emulated,
-                                   "servers": len(servers)})
+                                   "servers": len(servers), "failed_checkpoints": failed_checkpoints})

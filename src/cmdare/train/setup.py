@@ -1,7 +1,8 @@
-"""What a run starts from: the server specs it rents and its initial (or resumed) parameters."""
+"""What a run starts from: its storage, the server specs it rents and its initial (or resumed) parameters."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,15 +11,34 @@ from cmdare.cloud.servers import ServerSpec
 from cmdare.errors import CheckpointError, UserInputError
 from cmdare.ps.blocks import ParamInfo, param_infos
 from cmdare.ps.placement import get_placement
+from cmdare.storage import Storage, run_storage
 from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
 from cmdare.train.spec import TrainSpec
 
-__all__ = ["InitialState", "initial_state", "server_specs"]
+__all__ = ["InitialState", "initial_state", "joined_storage_warning", "server_specs", "training_storage"]
 
 InitialState = tuple[list[ParamInfo], np.ndarray, np.ndarray, dict[str, np.ndarray], int]
 
 
-def initial_state(spec: TrainSpec, run_id: str, checkpoint_dir: Path, resume_from: Path | None,
+def training_storage(spec: TrainSpec, run_id: str, checkpoint_dir: str | os.PathLike[str] | Storage | None) -> Storage:
+    """Where the run keeps checkpoints and control files: ``checkpoint_dir`` (the run's own location)
+    if given, else ``RUN`` under ``spec.storage``, ``CMDARE_STORAGE`` or the data directory."""
+    if isinstance(checkpoint_dir, Storage):
+        return checkpoint_dir
+    if checkpoint_dir is not None:
+        return Storage(checkpoint_dir)
+    return run_storage(run_id, spec.storage)
+
+
+def joined_storage_warning(address: str | None, spec: TrainSpec, checkpoint_dir: object) -> str | None:
+    """The warning a run joined to a cluster gets when its checkpoints would stay on the head only."""
+    if not address or spec.storage or os.environ.get("CMDARE_STORAGE") or checkpoint_dir is not None:
+        return None
+    return ("checkpoints live on the head node only (its data directory): a lost head loses them; pass "
+            "--storage URI (a shared directory, s3://bucket/prefix, gs://bucket/prefix) or set CMDARE_STORAGE")
+
+
+def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: Path | None,
                   resuming: bool) -> InitialState:
     """Validate names and data on the driver; the parameter layout, parameters, momentum, batch-norm
     buffers and step to start from (fresh, or from the latest checkpoint when ``resuming``).
@@ -43,9 +63,9 @@ def initial_state(spec: TrainSpec, run_id: str, checkpoint_dir: Path, resume_fro
     buffers: dict[str, np.ndarray] = {}
     step = 0
     if resuming:
-        path = resume_from or latest_checkpoint(checkpoint_dir)
+        path = resume_from or latest_checkpoint(storage)
         if path is None:
-            raise CheckpointError(f"no checkpoint to resume run {run_id} in {checkpoint_dir}")
+            raise CheckpointError(f"no checkpoint to resume run {run_id} in {storage.uri}")
         ckpt = load_checkpoint(path)
         if ckpt.params.size != params.size:
             raise CheckpointError(f"checkpoint {path} holds {ckpt.params.size} parameters; model "

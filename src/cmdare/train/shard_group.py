@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +25,7 @@ from cmdare.ps.placement import Placement, get_placement
 from cmdare.ps.psld.decisions import Decision
 from cmdare.ps.psld.load import ShardLoad, block_loads
 from cmdare.ps.shard import AsyncShardActor, BlockData, SyncShardActor
+from cmdare.storage import Storage
 from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
 from cmdare.train.detached import DetachedCalls
 from cmdare.train.emitter import RunEmitter
@@ -110,7 +110,7 @@ class ShardGroup:
                 self.detached.add(s.set_num_workers.remote(self.num_workers))
 
     # -- shard loss -------------------------------------------------------------------------------
-    def restore(self, checkpoint_dir: Path, initial: tuple[np.ndarray, np.ndarray, int], global_step: int,
+    def restore(self, storage: Storage, initial: tuple[np.ndarray, np.ndarray, int], global_step: int,
                 workers: Sequence[Any]) -> tuple[int, dict[str, Any]]:
         """Replace dead shards and roll every shard back to the latest checkpoint (consistent state).
 
@@ -129,7 +129,7 @@ class ShardGroup:
             except ray.exceptions.GetTimeoutError:
                 self.detached.add(ref)
                 alive.append(False)
-        path = latest_checkpoint(checkpoint_dir)
+        path = latest_checkpoint(storage)
         if path is not None:
             ckpt = load_checkpoint(path)
             params, momentum, step = ckpt.params, ckpt.momentum, ckpt.step

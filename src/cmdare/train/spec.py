@@ -59,6 +59,9 @@ class TrainSpec:
     image_size: int | None = None
     channels: int | None = None
     keep_checkpoints: int = 3
+    # Where checkpoints and the run's control files go: a directory or an fsspec URL (s3://, gs://, ...);
+    # None: CMDARE_STORAGE, else the data directory (see cmdare.storage).
+    storage: str | None = None
     # Servers (CM-DARE: workers on GPU servers, each shard on an on-demand CPU server). Locally they are
     # emulated: prices come from the catalog, revocations from ``revocations`` (see cmdare.control.revocation).
     transient: bool = False
@@ -87,6 +90,8 @@ class TrainSpec:
                 raise UserInputError(f"--{name.replace('_', '-')} must not be negative")
         if self.gpus_per_worker < 0 or self.cpus_per_worker < 0 or self.cpus_per_shard < 0:
             raise UserInputError("resource requests must not be negative")
+        if self.storage is not None and not self.storage.strip():
+            raise UserInputError("--storage must name a directory or a URL such as s3://bucket/prefix")
         if self.chunk_s <= 0:
             raise UserInputError("chunk_s must be positive")
         if self.balance_every < 1:

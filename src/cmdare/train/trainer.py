@@ -31,12 +31,14 @@ import numpy as np
 from cmdare import __version__
 from cmdare.cloud.local import LocalProcessProvider, RayClusterProvider, ServerProvider, StartupDelay
 from cmdare.control import MembershipKernel, NoRevocations, RevocationPlan, WallClock, build_revocation_source
-from cmdare.errors import ShardLostError, TransientError, UserInputError
+from cmdare.errors import ShardLostError, StorageError, TransientError, UserInputError
 from cmdare.events import RunInfo, RunSummary, StepReport, TrainCallback
-from cmdare.paths import checkpoint_root
 from cmdare.ps.blocks import ParamInfo
 from cmdare.ps.psld.decisions import Decision
-from cmdare.train.balancing import DecisionSource, PsldSource, write_status
+from cmdare.storage import Storage
+from cmdare.train.balancing import DecisionSource, PsldSource
+from cmdare.train.checkpoint import CheckpointStore
+from cmdare.train.checkpoint_uploads import CheckpointUploads
 from cmdare.train.chief_duties import ChiefDuties
 from cmdare.train.cluster import ensure_ray
 from cmdare.train.detached import DetachedCalls
@@ -45,8 +47,9 @@ from cmdare.train.faults import classify
 from cmdare.train.membership import MembershipExecutor, WorkerHandle, catalog_offers
 from cmdare.train.mitigation import BottleneckWatch, CompositeSource
 from cmdare.train.placement_changes import PlacementChanges
+from cmdare.train.run_control import write_run_spec, write_status
 from cmdare.train.run_metrics import RunMetrics
-from cmdare.train.setup import initial_state, server_specs
+from cmdare.train.setup import initial_state, joined_storage_warning, server_specs, training_storage
 from cmdare.train.shard_group import ShardGroup
 from cmdare.train.spec import TrainSpec
 from cmdare.train.states import RunState, RunStateMachine
@@ -55,6 +58,7 @@ from cmdare.train.worker import ChunkResult
 SHARD_STATS_EVERY_S = 2.0
 LOOP_TICK_S = 0.05  # how often the loop looks at revocation deadlines and arriving replacements
 DETACHED_DRAIN_S = 5.0  # at shutdown: how long to wait for calls on killed actors to fail
+UPLOAD_DRAIN_S = 120.0  # at the end: how long to wait for checkpoint uploads still in flight
 
 
 def new_run_id() -> str:
@@ -71,7 +75,9 @@ class Trainer:
         address: join this Ray cluster (``"auto"`` on a cluster node) instead of starting one.
         run_id: the run's id (default: a new one).
         resume: continue run ``run_id`` from its latest checkpoint (or from ``resume_from``).
-        checkpoint_dir: where checkpoints go (default: the data directory's ``checkpoints/RUN``).
+        checkpoint_dir: the run's own storage location (a directory, URL or :class:`~cmdare.storage.Storage`;
+            default: ``RUN`` under ``spec.storage``, ``CMDARE_STORAGE`` or the data directory's ``checkpoints``).
+        background_uploads: store checkpoints on a background thread (False: the loop waits for each).
         provider: where servers come from (default: one local Ray node, or the joined cluster).
         decisions: who changes the placement while training (default: the PSLD balancer when
             ``spec.placement == "psld"``; ``cmdare ps add|remove`` requests are always honoured).
@@ -79,15 +85,18 @@ class Trainer:
 
     def __init__(self, spec: TrainSpec, callbacks: Sequence[TrainCallback] = (), *,
                  address: str | None = None, run_id: str | None = None, resume: bool = False,
-                 resume_from: str | Path | None = None, checkpoint_dir: str | Path | None = None,
-                 provider: ServerProvider | None = None, decisions: DecisionSource | None = None):
+                 resume_from: str | Path | None = None, checkpoint_dir: str | Path | Storage | None = None,
+                 provider: ServerProvider | None = None, decisions: DecisionSource | None = None,
+                 background_uploads: bool = True):
         if resume and run_id is None and resume_from is None:
             raise UserInputError("resume needs the run id or a checkpoint path")
         self.spec = spec
         self.address = address
         self.resuming = resume or resume_from is not None
         self.run_id = run_id or new_run_id()
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else checkpoint_root() / self.run_id
+        self.storage = training_storage(spec, self.run_id, checkpoint_dir)
+        self.storage_warning = joined_storage_warning(address, spec, checkpoint_dir)
+        self.background_uploads = background_uploads
         self.resume_from = Path(resume_from) if resume_from else None
         self.plan = RevocationPlan.parse(spec.revocations, seed=spec.seed)
         self.kernel = MembershipKernel(spec.workers, replacement=spec.replace, lr_policy=spec.lr_policy,
@@ -141,8 +150,10 @@ class Trainer:
     # -- set-up --------------------------------------------------------------------------------
     def _prepare(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], int]:
         """The starting parameters (fresh or resumed); the revocation source (fails fast on a bad model)."""
+        self.storage.check_writable()  # a bad --storage fails here, before Ray starts
         self.infos, params, momentum, buffers, step = initial_state(
-            self.spec, self.run_id, self.checkpoint_dir, self.resume_from, self.resuming)
+            self.spec, self.run_id, self.storage, self.resume_from, self.resuming)
+        write_run_spec(self.storage, self.run_id, self.spec.to_dict())
         source = build_revocation_source(self.plan)  # the same seeded draws as before the kernel
         self.kernel.revocations = source if self.spec.transient else NoRevocations()
         return params, momentum, buffers, step
@@ -153,7 +164,8 @@ class Trainer:
         self.members = MembershipExecutor(spec, self.kernel, self.provider, self.shard_group, self.emitter,
                                           self.detached, self.metrics.window_speed, lambda: self.global_step)
         meta = {"run_id": self.run_id, "spec": spec.to_dict()}
-        self.duties = ChiefDuties(self.checkpoint_dir, meta, self.infos, self.emitter,
+        uploads = CheckpointUploads(CheckpointStore(self.storage, spec.keep_checkpoints), self.background_uploads)
+        self.duties = ChiefDuties(uploads, meta, self.infos, self.emitter,
                                   on_lost=lambda w, err: self.members.lost(w, err), on_shard_lost=self._shard_lost)
         self._initial = (params, momentum, step)
         self.shard_group.start(params, momentum, step)
@@ -165,7 +177,7 @@ class Trainer:
             sources.append(BottleneckWatch(lambda kind, details: self.emitter.event(kind, details=details),
                                            auto=spec.auto_mitigate))
             self.decisions = CompositeSource(sources)
-        self.placement_changes = PlacementChanges(self.shard_group, self.decisions, self.emitter, self.checkpoint_dir)
+        self.placement_changes = PlacementChanges(self.shard_group, self.decisions, self.emitter, self.storage)
         self.global_step = step
 
     # -- the run -------------------------------------------------------------------------------
@@ -178,11 +190,14 @@ class Trainer:
         need_cpus = spec.workers * spec.cpus_per_worker + spec.ps * spec.cpus_per_shard
         self._started_ray = ensure_ray(self.address, num_cpus=max(os.cpu_count() or 1, int(np.ceil(need_cpus)) + 2))
         t_start = time.time()
-        config = dict(spec.to_dict(), checkpoint_dir=str(self.checkpoint_dir), provider=self.provider.kind)
+        config = dict(spec.to_dict(), checkpoint_dir=self.storage.uri, provider=self.provider.kind)
         # emulated: a local stand-in for cloud servers, or real servers revoked by injection (asked for)
         self.emulated = self.provider.kind != "ray" or not isinstance(self.kernel.revocations, NoRevocations)
         self.emitter.emit("on_run_start", RunInfo(self.run_id, config, t_start, code_version=__version__,
                                                   emulated=self.emulated, resumed_from_step=step))
+        if self.storage_warning:
+            self.emitter.event("storage_warning", details={"warning": self.storage_warning,
+                                                           "storage": self.storage.uri})
         status = RunState.FAILED
         try:
             self._setup(params, momentum, step)
@@ -201,9 +216,12 @@ class Trainer:
             raise
         finally:
             self._to(status)
+            if self.duties is not None:  # nothing lost on failure: the uploads in flight finish first
+                self.duties.collect(wait=True, timeout_s=UPLOAD_DRAIN_S)
+                self.duties.uploads.close()
             summary = self._summary(str(status), t_start)
-            with contextlib.suppress(OSError):
-                write_status(self.checkpoint_dir, str(status), self._num_shards(), self.global_step)
+            with contextlib.suppress(OSError, StorageError):
+                write_status(self.storage, str(status), self._num_shards(), self.global_step)
             self.emitter.emit("on_run_end", summary)
             self._shutdown()
         return summary
@@ -232,7 +250,7 @@ class Trainer:
         for w in self.workers.values():
             inflight[self._submit(w)] = w
         finished = False
-        write_status(self.checkpoint_dir, "running", self._num_shards(), self.global_step)
+        write_status(self.storage, "running", self._num_shards(), self.global_step)
         while inflight or duties or self._planned or self._shard_failed or (not finished and self.members.pending):
             ready, _ = ray.wait(list(inflight) + list(duties), num_returns=1, timeout=LOOP_TICK_S)
             for ref in ready:
@@ -278,6 +296,7 @@ class Trainer:
                                          f"(resume from the checkpoint with --resume {self.run_id})")
                 self._settle_state()
             self.detached.reap()
+            self.duties.collect()  # checkpoints stored in the background meanwhile
             if now >= next_stats:
                 self._collect_shard_stats()
                 next_stats = now + SHARD_STATS_EVERY_S
@@ -338,7 +357,8 @@ class Trainer:
     def _restore_shards(self) -> None:
         """Replace dead shards and roll every shard back to the latest checkpoint."""
         assert self._initial is not None
-        step, details = self.shard_group.restore(self.checkpoint_dir, self._initial, self.global_step,
+        self.duties.collect(wait=True, timeout_s=UPLOAD_DRAIN_S)  # roll back to the newest stored checkpoint
+        step, details = self.shard_group.restore(self.storage, self._initial, self.global_step,
                                             [w.actor for w in self.workers.values()])
         self.global_step = step
         self._shard_failed = False
@@ -355,6 +375,7 @@ class Trainer:
             while self.members.chief is not None:
                 if self.duties.run_now(kind, self.members.chief):
                     break
+        self.duties.collect(wait=True, timeout_s=UPLOAD_DRAIN_S)
 
     # -- the end ---------------------------------------------------------------------------------
     def _summary(self, status: str, t_start: float) -> RunSummary:
@@ -362,7 +383,8 @@ class Trainer:
         return self.metrics.summary(self.run_id, status, t_start, self.global_step, self.provider.servers,
                                     duties.last_accuracy if duties else None, duties.last_loss if duties else None,
                                     planned_workers=self.spec.workers, emulated=self.emulated,
-                                    checkpoint_dir=str(self.checkpoint_dir))
+                                    checkpoint_dir=self.storage.uri,
+                                    failed_checkpoints=duties.failed_uploads if duties else 0)
 
     def _shutdown(self) -> None:
         import ray

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,7 @@ import torch.nn.functional as F
 
 from cmdare.ps.layout import FlatLayout, model_flat_from_shard_arrays
 from cmdare.ps.placement import Placement
-from cmdare.train.checkpoint import Checkpoint, save_checkpoint
+from cmdare.train.checkpoint import Checkpoint
 from cmdare.train.spec import TrainSpec
 
 
@@ -219,20 +218,17 @@ class Worker:
                 if k in own:
                     own[k].copy_(torch.from_numpy(np.asarray(v)))
 
-    def checkpoint(self, directory: str, infos: Sequence[Any], meta: dict[str, Any]) -> dict[str, Any]:
-        """Snapshot every shard, write a checkpoint; returns its step, path, size and duration."""
+    def snapshot_checkpoint(self, infos: Sequence[Any], meta: dict[str, Any]) -> Checkpoint:
+        """Snapshot every shard into a checkpoint (model order). The coordinator stores it: nothing is
+        written to this server's disk, which a revocation takes with it."""
         import ray
 
-        t0 = time.perf_counter()
         snaps = ray.get([s.snapshot.remote() for s in self.shards])
         blocks = [list(s.blocks) for s in snaps]
         params = model_flat_from_shard_arrays(blocks, [s.params for s in snaps], infos)
         momentum = model_flat_from_shard_arrays(blocks, [s.momentum for s in snaps], infos)
         step = min(s.step for s in snaps if s.blocks)
-        ckpt = Checkpoint(step, params, momentum, self.buffers(), dict(meta, chief=self.worker_id))
-        path, size = save_checkpoint(Path(directory), ckpt, keep=self.spec.keep_checkpoints)
-        return {"step": step, "path": str(path), "size_bytes": size, "duration_s": time.perf_counter() - t0,
-                "num_tensors": len(infos)}
+        return Checkpoint(step, params, momentum, self.buffers(), dict(meta, chief=self.worker_id))
 
     def ping(self) -> int:
         return self.step

@@ -1,0 +1,94 @@
+"""Checkpoint uploads off the training path: the chief's snapshot is stored on a background thread.
+
+The chief worker only snapshots the shards (its stall); the coordinator, which runs on the
+on-demand head, hands the snapshot to :class:`CheckpointUploads`, which encodes it and writes it to
+the run's storage on one background thread, in order. Training goes on meanwhile; the coordinator
+collects finished uploads at its next tick (:meth:`CheckpointUploads.finished`) and reports each
+checkpoint once it is durable. Nothing here depends on a transient server's disk.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+
+from cmdare.train.checkpoint import Checkpoint, CheckpointStore, SavedCheckpoint
+
+__all__ = ["CheckpointUploads", "Upload"]
+
+
+@dataclass
+class Upload:
+    """One checkpoint on its way to storage.
+
+    ``stall_s`` is the time training waited for it (the chief's snapshot, plus the upload when it is
+    not in the background); ``upload_s`` the time to encode and write it; ``error`` why it failed.
+    """
+
+    step: int
+    worker_id: int
+    num_tensors: int
+    stall_s: float
+    started_at: float  # wall clock: when the chief's snapshot began
+    saved: SavedCheckpoint | None = None
+    upload_s: float = 0.0
+    error: Exception | None = None
+
+    @property
+    def duration_s(self) -> float:
+        """Snapshot to durable: what a checkpoint costs end to end."""
+        return self.stall_s + self.upload_s
+
+
+class CheckpointUploads:
+    """Stores snapshots in ``store`` on a background thread (``background=False``: in the caller)."""
+
+    def __init__(self, store: CheckpointStore, background: bool = True):
+        self.store, self.background = store, background
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cmdare-checkpoint-upload")
+        self._pending: list[tuple[Future[Upload], Upload]] = []
+        self._done: list[Upload] = []
+
+    def submit(self, ckpt: Checkpoint, upload: Upload) -> None:
+        """Queue ``ckpt`` for storage (or store it now when not in the background)."""
+        if self.background:
+            self._pending.append((self._pool.submit(self._store, ckpt, upload), upload))
+        else:
+            t0 = time.perf_counter()
+            self._done.append(self._store(ckpt, upload))
+            upload.stall_s += time.perf_counter() - t0
+
+    @property
+    def in_flight(self) -> int:
+        """Uploads queued or running."""
+        return sum(not f.done() for f, _ in self._pending)
+
+    def finished(self, wait: bool = False, timeout_s: float | None = None) -> list[Upload]:
+        """Uploads that ended (stored or failed) since the last call; with ``wait``, first wait for all
+        (at most ``timeout_s``)."""
+        if wait and self._pending:
+            wait_futures([f for f, _ in self._pending], timeout=timeout_s)
+        out, self._done = self._done, []
+        still = []
+        for fut, upload in self._pending:
+            if fut.done():
+                out.append(fut.result())
+            else:
+                still.append((fut, upload))
+        self._pending = still
+        return out
+
+    def close(self) -> None:
+        """Stop the background thread (after the uploads queued so far)."""
+        self._pool.shutdown(wait=True)
+
+    def _store(self, ckpt: Checkpoint, upload: Upload) -> Upload:
+        t0 = time.perf_counter()
+        try:
+            upload.saved = self.store.save(ckpt)
+        except Exception as err:  # noqa: BLE001 - reported as the upload's failure; the previous one stays valid
+            upload.error = err
+        upload.upload_s = time.perf_counter() - t0
+        return upload

@@ -1,0 +1,93 @@
+"""A run's control files in its storage: its configuration, the coordinator's status, ``cmdare ps`` requests.
+
+``run.json`` holds the configuration the run started with (what ``--resume`` continues);
+``status.json`` tells ``cmdare ps add|remove RUN`` whether the run is running and how many shards it
+has; a request is one object under ``control/``, read (and removed) by the coordinator at its next
+poll. Both live in the run's :class:`~cmdare.storage.Storage`, so they work from any machine that
+reaches it, also when the run's storage is an object store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from cmdare.errors import DataNotFoundError, UserInputError
+from cmdare.storage import MissingObjectError, Storage, as_storage
+
+__all__ = ["read_requests", "read_run_spec", "read_status", "request_change", "write_run_spec", "write_status"]
+
+_STATUS = "status.json"
+_CONTROL = "control"
+_RUN = "run.json"
+
+
+def write_run_spec(run: Storage | str | os.PathLike[str], run_id: str, spec: dict[str, Any]) -> None:
+    """The run's configuration, so that ``--resume RUN`` on another machine trains the same job."""
+    run = as_storage(run)
+    run.put(_RUN, json.dumps({"run_id": run_id, "spec": spec, "time": time.time()}).encode())
+
+
+def read_run_spec(run: Storage | str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The configuration the run last started with, or None (a run older than this file, or none)."""
+    run = as_storage(run)
+    try:
+        data = json.loads(run.get(_RUN))
+    except (MissingObjectError, ValueError):
+        return None
+    return data.get("spec") if isinstance(data, dict) else None
+
+
+def write_status(run: Storage | str | os.PathLike[str], status: str, num_shards: int, global_step: int) -> None:
+    """The coordinator's view of the run, for the ``cmdare ps`` commands."""
+    run = as_storage(run)
+    run.put(_STATUS, json.dumps({"status": status, "num_shards": num_shards, "global_step": global_step,
+                                 "time": time.time()}).encode())
+
+
+def read_status(run: Storage | str | os.PathLike[str]) -> dict[str, Any]:
+    """The run's last status. Raises DataNotFoundError when it has none (never started here)."""
+    run = as_storage(run)
+    name = run.uri.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        return json.loads(run.get(_STATUS))
+    except MissingObjectError:
+        raise DataNotFoundError(f"no running training run {name} in {run.uri} (no status file)") from None
+    except ValueError:
+        raise DataNotFoundError(f"run {name}: status file {run.url(_STATUS)} is unreadable") from None
+
+
+def request_change(run: Storage | str | os.PathLike[str], action: str, shard: int | None = None) -> str:
+    """Queue ``add`` or ``remove`` for a running run; refuses finished runs and the last shard.
+    Returns the request's location."""
+    run = as_storage(run)
+    status = read_status(run)
+    name = run.uri.rstrip("/").rsplit("/", 1)[-1]
+    if status["status"] != "running":
+        raise UserInputError(f"run {name} is {status['status']}: cannot change its shards")
+    if action == "remove":
+        if status["num_shards"] <= 1:
+            raise UserInputError(f"run {name} has one parameter shard: cannot remove the last shard")
+        if shard is not None and not 0 <= shard < status["num_shards"]:
+            raise UserInputError(f"shard {shard} out of range: run {name} has {status['num_shards']}")
+    control = run.child(_CONTROL)
+    request = f"{time.time_ns()}-{action}.json"
+    control.put(request, json.dumps({"action": action, "shard": shard}).encode())
+    return control.url(request)
+
+
+def read_requests(run: Storage | str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Pop the queued control requests, oldest first."""
+    run = as_storage(run)
+    control = run.child(_CONTROL)
+    out = []
+    for name in control.names(suffix=".json"):
+        try:
+            out.append(json.loads(control.get(name)))
+        except (MissingObjectError, ValueError):
+            pass  # removed meanwhile, or not a request: dropped
+        finally:
+            control.delete(name)
+    return out

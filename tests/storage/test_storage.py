@@ -1,0 +1,59 @@
+"""Storage locations on a local directory, a real S3-protocol server and a GCS emulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from cmdare.errors import StorageError, UserInputError
+from cmdare.storage import MissingObjectError, Storage, run_storage, storage_root
+
+
+def test_objects_round_trip(storage_url):
+    st = Storage(storage_url)
+    assert st.names() == []  # a location that does not exist yet is empty
+    st.check_writable()
+    st.put("b.json", b'{"x": 1}')
+    st.put("a.bin", bytes(range(256)) * 100)
+    assert st.names() == ["a.bin", "b.json"]
+    assert st.names(suffix=".json") == ["b.json"] and st.names(prefix="a") == ["a.bin"]
+    assert st.get("a.bin") == bytes(range(256)) * 100 and st.exists("b.json")
+    st.put("b.json", b"{}")  # overwritten whole
+    assert st.get("b.json") == b"{}"
+    st.delete("b.json")
+    st.delete("b.json")  # gone already: nothing happens
+    assert st.names() == ["a.bin"] and not st.exists("b.json")
+    with pytest.raises(MissingObjectError, match="does not exist"):
+        st.get("b.json")
+    child = st.child("control")
+    child.put("r.json", b"1")
+    assert st.names() == ["a.bin"] and child.names() == ["r.json"]  # a sub-location is not an object
+    assert child.url("r.json") == f"{st.uri}/control/r.json"
+
+
+def test_local_writes_leave_no_temporary_files(tmp_path):
+    st = Storage(f"file://{tmp_path}/d")
+    assert st.is_local and st.uri == str(tmp_path / "d")
+    st.put("x", b"1")
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["x"]
+
+
+def test_the_storage_root_follows_the_option_then_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("CMDARE_STORAGE", raising=False)
+    assert storage_root().uri.endswith("/checkpoints")  # the data directory by default
+    monkeypatch.setenv("CMDARE_STORAGE", str(tmp_path / "env"))
+    assert storage_root().uri == str(tmp_path / "env")
+    assert run_storage("run-1", str(tmp_path / "opt")).uri == str(tmp_path / "opt" / "run-1")
+
+
+def test_a_missing_bucket_fails_in_one_line(s3):
+    with pytest.raises(StorageError) as err:
+        Storage("s3://no-such-bucket/runs").check_writable()
+    assert "no-such-bucket" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_unknown_protocol_or_options_are_user_errors(monkeypatch):
+    with pytest.raises(UserInputError, match="nosuchproto"):
+        Storage("nosuchproto://x/y").put("a", b"1")
+    monkeypatch.setenv("CMDARE_STORAGE_OPTIONS", "{not json")
+    with pytest.raises(UserInputError, match="CMDARE_STORAGE_OPTIONS"):
+        Storage("s3://b/x")

@@ -1,0 +1,98 @@
+"""Training runs whose checkpoints go to an object store, resumed from another machine's data directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cmdare.errors import StorageError
+from cmdare.events import TrainCallback
+from cmdare.storage import Storage
+from cmdare.train import Trainer, TrainSpec
+from cmdare.train.checkpoint import CheckpointStore
+from cmdare.train.run_control import read_run_spec, read_status
+
+CMDARE = [str(Path(sys.executable).with_name("cmdare"))]
+
+
+class _Log(TrainCallback):
+    def __init__(self):
+        self.checkpoints, self.events = [], []
+
+    def on_checkpoint(self, r):
+        self.checkpoints.append(r)
+
+    def on_event(self, r):
+        self.events.append(r)
+
+
+def _spec(steps: int, storage: str) -> TrainSpec:
+    return TrainSpec(model="resnet8", workers=2, steps=steps, checkpoint_every=10, eval_every=0, batch_size=16,
+                     storage=storage, seed=3)
+
+
+def test_a_run_checkpoints_into_s3_and_resumes_elsewhere(local_ray, s3, tmp_path):
+    root = f"{s3.url}/runs"
+    log = _Log()
+    summary = Trainer(_spec(20, root), [log], run_id="run-s3").run()
+    assert summary.status == "finished" and summary.details["checkpoint_dir"] == f"{root}/run-s3"
+    steps = [c.global_step for c in log.checkpoints]
+    assert len(steps) >= 2 and steps == sorted(steps) and steps[-1] == 20  # periodic ones, then the final one
+    for c in log.checkpoints:  # reported once stored: their data is in the bucket
+        assert c.path.startswith(f"{root}/run-s3/ckpt-") and 0 < c.stall_s <= c.duration_s
+    run = Storage(f"{root}/run-s3")
+    assert CheckpointStore(run).load().step == 20
+    assert read_status(run)["status"] == "finished" and read_run_spec(run)["model"] == "resnet8"
+
+    # Another machine: an empty data directory, only the storage URL in common; no --model given.
+    env = dict(os.environ, CMDARE_HOME=str(tmp_path / "other-machine"), **s3.env)
+    res = subprocess.run(CMDARE + ["train", "--resume", "run-s3", "--storage", root, "--steps", "30", "--no-record",
+                                   "--tensorboard", "none"], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "resumed run-s3 from step 20" in res.stdout
+    assert "finished: step 30" in res.stdout and f"checkpoints: {root}/run-s3" in res.stdout
+    assert read_run_spec(run)["model"] == "resnet8" and read_run_spec(run)["steps"] == 30
+    assert not (tmp_path / "other-machine" / "checkpoints" / "run-s3").exists()
+
+
+def test_a_run_checkpoints_into_gcs_and_resumes(local_ray, gcs):
+    root = f"{gcs.url}/runs"
+    assert Trainer(_spec(10, root), run_id="run-gs").run().status == "finished"
+    log = _Log()
+    summary = Trainer(_spec(20, root), [log], run_id="run-gs", resume=True).run()
+    assert summary.status == "finished" and summary.global_step == 20
+    assert any(e.kind == "resume" and e.details["step"] == 10 for e in log.events)
+    assert CheckpointStore(Storage(f"{root}/run-gs")).load().step == 20
+
+
+class _CheckpointManifestsFail(Storage):
+    def put(self, name: str, data: bytes) -> None:
+        if name.startswith("ckpt-") and name.endswith(".json"):
+            raise StorageError(f"cannot write {self.url(name)}: connection reset")
+        super().put(name, data)
+
+
+def test_failed_uploads_are_reported_and_training_goes_on(local_ray, tmp_path):
+    log = _Log()
+    storage = _CheckpointManifestsFail(tmp_path / "flaky")
+    summary = Trainer(_spec(20, str(tmp_path)), [log], checkpoint_dir=storage).run()
+    assert summary.status == "finished" and summary.global_step == 20
+    failed = [e for e in log.events if e.kind == "checkpoint_failed"]
+    assert len(failed) == summary.details["failed_checkpoints"] >= 2 and not log.checkpoints
+    assert "connection reset" in failed[0].details["error"]
+
+
+@pytest.mark.parametrize("storage, message", [
+    ("s3://no-such-bucket/runs", "bucket or path does not exist"),
+    ("nosuchproto://x", "nosuchproto"),
+])
+def test_bad_storage_fails_before_training_in_one_line(s3, tmp_path, storage, message):
+    env = dict(os.environ, CMDARE_HOME=str(tmp_path), **s3.env)
+    res = subprocess.run(CMDARE + ["train", "--storage", storage, "--steps", "5", "--no-record"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], res.stderr
