@@ -2,6 +2,7 @@
 
 ``CMDARE_HOME`` overrides the data directory (default ``$XDG_DATA_HOME/cmdare`` or
 ``~/.local/share/cmdare``); ``CMDARE_DB_URL`` overrides the store with any SQLAlchemy URL.
+``CMDARE_SCRATCH`` names a server's own scratch space (on a transient server: lost with it).
 """
 
 from __future__ import annotations
@@ -37,5 +38,17 @@ def checkpoint_root() -> Path:
 def models_dir() -> Path:
     """Directory holding fitted performance models."""
     path = data_dir() / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def scratch_dir() -> Path:
+    """This server's scratch directory: ``CMDARE_SCRATCH``, else the data directory's ``scratch``.
+
+    On a transient server it lives on the server's own disk and ends with it: nothing that must
+    survive a revocation belongs here (checkpoints go to :mod:`cmdare.storage`).
+    """
+    env = os.environ.get("CMDARE_SCRATCH")
+    path = Path(env).expanduser() if env else data_dir() / "scratch"
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -5,7 +5,9 @@ A *server* hosts one worker or the parameter shards. Two local providers emulate
 * :class:`LocalProcessProvider` (one Ray node): a server is the worker process of one actor;
   revoking it kills that process (``ray.kill``).
 * :class:`LocalClusterProvider` (``ray.cluster_utils.Cluster``): a server is a Ray node with its own
-  raylet; revoking it removes the node, killing every process on it, as a cloud would.
+  raylet and a private scratch directory (its processes' ``CMDARE_HOME`` and ``CMDARE_SCRATCH``, as a
+  VM has its own disk); revoking it removes the node, killing every process on it, and deletes the
+  directory, as a cloud would.
 
 Both sample each server's start-up delay (provisioning + staging + booting, from a startup model
 the caller passes in, e.g. the one fitted on the CM-DARE data, divided by the time-compression
@@ -18,11 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import shutil
+import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -46,6 +51,7 @@ class Server:
     end_reason: str | None = None
     actor: Any = None  # the actor it hosts (set by the coordinator)
     node: Any = None  # the Ray node (cluster provider)
+    scratch_dir: Path | None = None  # the node's private disk (cluster provider); gone with the node
     speedup: float = 1.0  # time compression of the emulated phases
     emulated: bool = False  # a local stand-in for a cloud VM (phases drawn from the startup model)
 
@@ -183,6 +189,10 @@ class LocalProcessProvider(ServerProvider):
 class LocalClusterProvider(ServerProvider):
     """A multi-node local Ray cluster; each worker server is a Ray node of its own.
 
+    Each worker node sees a private scratch directory under ``scratch_root`` (default: a new temporary
+    directory) as its ``CMDARE_HOME`` and ``CMDARE_SCRATCH``; it is deleted when the node is revoked or
+    released, so whatever a worker writes there is lost with its server, as on a cloud VM.
+
     A node takes about a second to start (its raylet and agents). The first nodes start one by one
     before training (nothing trains yet); once a server has been revoked, replacement nodes start on a
     background thread: the coordinator goes on feeding the surviving workers, and Ray places the
@@ -192,10 +202,12 @@ class LocalClusterProvider(ServerProvider):
 
     kind = "node"
 
-    def __init__(self, cluster: Any, startup: StartupDelay | None = None, cpus_per_node: int = 1):
+    def __init__(self, cluster: Any, startup: StartupDelay | None = None, cpus_per_node: int = 1,
+                 scratch_root: str | Path | None = None):
         super().__init__(startup)
         self.cluster = cluster
         self.cpus_per_node = cpus_per_node
+        self.scratch_root = Path(scratch_root) if scratch_root else Path(tempfile.mkdtemp(prefix="cmdare-nodes-"))
         self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cmdare-node-start")
         self._starting: dict[str, Future] = {}
         self._background = False  # set by the first revocation: replacements then start in the background
@@ -205,9 +217,12 @@ class LocalClusterProvider(ServerProvider):
 
     def prepare(self, server: Server) -> None:
         if server.spec.role == "worker" and server.node is None and server.server_id not in self._starting:
+            server.scratch_dir = self.scratch_root / server.server_id
+            server.scratch_dir.mkdir(parents=True, exist_ok=True)
+            disk = str(server.scratch_dir)
             self._starting[server.server_id] = self._starter.submit(
                 _start_worker_node, self.cluster, num_cpus=self.cpus_per_node, node_ip_address="127.0.0.1",
-                resources={self._resource(server): 1})
+                resources={self._resource(server): 1}, env_vars={"CMDARE_HOME": disk, "CMDARE_SCRATCH": disk})
             if not self._background:
                 server.node = self._starting.pop(server.server_id).result()  # a failed start raises here
 
@@ -230,6 +245,7 @@ class LocalClusterProvider(ServerProvider):
         if node is not None:
             with contextlib.suppress(Exception):
                 self.cluster.remove_node(node, allow_graceful=False)
+        _wipe(server)
 
     def release(self, server: Server, reason: str = "released") -> None:
         super().release(server, reason)
@@ -238,6 +254,13 @@ class LocalClusterProvider(ServerProvider):
             with contextlib.suppress(Exception):
                 self.cluster.remove_node(node)
             server.node = None
+        _wipe(server)
+
+
+def _wipe(server: Server) -> None:
+    """Delete a node's private disk: what its processes wrote there ends with the server."""
+    if server.scratch_dir is not None:
+        shutil.rmtree(server.scratch_dir, ignore_errors=True)
 
 
 def _start_worker_node(cluster: Any, **node_args: Any) -> Any:

@@ -1,0 +1,64 @@
+"""A real multi-node Ray cluster (``ray start``) in a loopback-only network namespace (see netns_cluster.py)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from netns_cluster import CMDARE, FAST_NODE_DEATH, NetnsCluster
+
+
+def _alive(pid: int) -> bool:
+    """Whether host process ``pid`` runs (a zombie does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_namespace_holds_only_loopback(netns: NetnsCluster) -> None:
+    links = [line for line in netns.run(["ip", "-o", "link"], check=True).stdout.splitlines() if line.strip()]
+    assert len(links) == 1, links
+    match = re.match(r"\d+:\s*(\S+):\s*<([^>]*)>", links[0])
+    assert match and match.group(1) == "lo", links
+    assert "UP" in match.group(2).split(","), links
+    # Its PID namespace is its own: the holder is PID 1 there, and the host's processes are not to be seen.
+    pids = netns.run(["sh", "-c", "ls /proc | grep -E '^[0-9]+$'"], check=True).stdout.split()
+    assert "1" in pids and len(pids) < 10, pids
+
+
+@pytest.mark.timeout(420)
+def test_joined_run_with_default_options_injects_no_revocation(
+        netns_cluster: Callable[..., NetnsCluster]) -> None:
+    cluster = netns_cluster(workers=2, head_cpus=3)
+    proc = cluster.run(
+        [CMDARE, "train", "--address", cluster.address, "--model", "resnet8", "--steps", "40", "--workers", "2",
+         "--checkpoint-every", "20", "--eval-every", "0", "--no-record", "--tensorboard", "none"],
+        env={"CMDARE_HOME": str(cluster.tmp / "driver"), "COLUMNS": "200"}, timeout=360)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:] + "\n" + cluster.logs_tail()
+    assert re.search(r"\bfinished: step 40\b", proc.stdout), out[-4000:]
+    assert "servers: 0 revoked, 0 replaced" in proc.stdout, out[-4000:]
+    assert "warning: checkpoints live on the head node only" in proc.stderr, out[-4000:]  # no --storage given
+    # The workers really ran on the worker nodes, one each, and the parameter shard on the head.
+    actors = cluster.actor_nodes()
+    assert sorted(node for cls, _, node in actors if cls == "Worker") == ["node-0", "node-1"], actors
+    assert {node for cls, _, node in actors if cls != "Worker"} == {"head"}, actors
+
+
+@pytest.mark.timeout(300)
+def test_kill_worker_node_removes_the_node_and_its_disk(netns_cluster: Callable[..., NetnsCluster]) -> None:
+    cluster = netns_cluster(workers=2, head_cpus=1, env=FAST_NODE_DEATH)
+    (cluster.node_homes[0] / "data.txt").write_text("on node 0's disk")
+    survivors = cluster.node_pids(1)
+    assert survivors and not set(survivors) & set(cluster.node_pids(0))
+
+    killed = cluster.kill_worker_node(0, wait=True)  # waits until the cluster shows 1 worker node
+    assert killed and cluster.node_pids(0) == []
+    assert not [pid for pid in killed if _alive(pid)], killed
+    assert not cluster.node_homes[0].exists() and cluster.node_homes[1].exists()
+    assert all(_alive(pid) for pid in survivors), survivors
+    assert cluster.wait_for_workers(1, timeout=5)["cmdare_worker"] == 1

@@ -1,0 +1,76 @@
+"""Local emulation is honest about disks: each worker node of a local multi-node cluster has a private
+scratch directory that goes with the node; checkpoints live in the run's storage and survive the chief's
+node being removed."""
+
+from __future__ import annotations
+
+import pytest
+
+from cmdare.cloud.detection import LOCAL_FAILURE_DETECTION
+from cmdare.cloud.local import LocalClusterProvider, LocalProcessProvider
+from cmdare.cloud.servers import ServerSpec
+from cmdare.errors import TransientError
+from cmdare.train import Trainer, TrainSpec
+from cmdare.train.callbacks import TrainCallback
+from cmdare.train.checkpoint import CheckpointStore
+from cmdare.train.cluster import start_local_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+
+    c = start_local_cluster(num_cpus=3, resources={"cmdare_ps": 100}, _system_config=LOCAL_FAILURE_DETECTION)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def test_a_node_writes_to_its_own_disk_and_loses_it_with_the_node(cluster, tmp_path):
+    import ray
+
+    provider = LocalClusterProvider(cluster, scratch_root=tmp_path / "nodes")
+    server = provider.request(ServerSpec("K80", "gcp", "us-east1", True, 0.1))
+    provider.prepare(server)
+
+    @ray.remote(num_cpus=0)
+    def write_locally() -> tuple[str, str]:
+        from cmdare.paths import checkpoint_root, scratch_dir
+
+        (scratch_dir() / "marker").write_text("on this server only")
+        return str(scratch_dir()), str(checkpoint_root())
+
+    scratch, ckpt_root = ray.get(write_locally.options(**provider.actor_options(server)).remote())
+    assert scratch == str(server.scratch_dir) and ckpt_root.startswith(scratch)  # not the driver's data directory
+    assert (server.scratch_dir / "marker").read_text() == "on this server only"
+    provider.revoke(server)
+    assert not server.scratch_dir.exists()  # a revoked VM's disk is gone, and what was written there with it
+
+
+class _RevokeChiefAfterFirstCheckpoint(TrainCallback):
+    def __init__(self):
+        self.trainer, self.node_disk, self.step = None, None, None
+
+    def on_checkpoint(self, report):
+        if self.step is None:
+            self.step = report.global_step
+            server = self.trainer.workers[report.worker_id].server
+            self.node_disk = server.scratch_dir
+            self.trainer.provider.revoke(server)
+
+
+def test_a_run_whose_chief_node_was_removed_resumes_from_storage(cluster, tmp_path):
+    storage = tmp_path / "storage"
+    spec = TrainSpec(model="resnet8", workers=1, steps=40, checkpoint_every=10, eval_every=0, batch_size=16,
+                     chunk_steps=5, storage=str(storage), transient=True, revocations="none", replace="none",
+                     startup="0", seed=2)
+    revoke = _RevokeChiefAfterFirstCheckpoint()
+    trainer = Trainer(spec, [revoke], run_id="run-disk", provider=LocalClusterProvider(cluster,
+                                                                                      scratch_root=tmp_path / "nodes"))
+    revoke.trainer = trainer
+    with pytest.raises(TransientError, match="every worker was lost"):
+        trainer.run()
+    assert revoke.step is not None and not revoke.node_disk.exists()  # the chief's node and its disk are gone
+    assert CheckpointStore(trainer.storage).load().step >= revoke.step  # ... the checkpoints are not
+    summary = Trainer(spec, run_id="run-disk", resume=True, provider=LocalProcessProvider()).run()
+    assert summary.status == "finished" and summary.global_step == 40
