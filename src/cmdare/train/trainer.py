@@ -53,11 +53,11 @@ from cmdare.train.setup import initial_state, joined_storage_warning, server_spe
 from cmdare.train.shard_group import ShardGroup
 from cmdare.train.spec import TrainSpec
 from cmdare.train.states import RunState, RunStateMachine
+from cmdare.train.teardown import release_run
 from cmdare.train.worker import ChunkResult
 
 SHARD_STATS_EVERY_S = 2.0
 LOOP_TICK_S = 0.05  # how often the loop looks at revocation deadlines and arriving replacements
-DETACHED_DRAIN_S = 5.0  # at shutdown: how long to wait for calls on killed actors to fail
 UPLOAD_DRAIN_S = 120.0  # at the end: how long to wait for checkpoint uploads still in flight
 
 
@@ -387,28 +387,9 @@ class Trainer:
                                     failed_checkpoints=duties.failed_uploads if duties else 0)
 
     def _shutdown(self) -> None:
-        import ray
-
-        members, shards = self.members, self.shard_group
-        for group in (members, shards):
-            if group is not None:
-                group.release()
-        self.detached.add(*self._inflight, *self._duties)  # left running by a loop that ended on an error
+        left_running = [*self._inflight, *self._duties]
         self._inflight, self._duties = {}, {}
-        with contextlib.suppress(Exception):  # Ray itself is failing: nothing left to fetch
-            self.detached.reap()
-        for group in (members, shards):
-            if group is not None:
-                group.kill_all()
-        with contextlib.suppress(Exception):
-            # calls still pending on the actors just killed fail within moments: fetch (discard) them so
-            # that Ray does not print them as unhandled errors when their references are dropped
-            self.detached.reap(DETACHED_DRAIN_S)
-        self.detached.refs = []
-        for server in self.provider.servers:
-            self.provider.release(server)
-        if self._started_ray:
-            ray.shutdown()
+        release_run((self.members, self.shard_group), self.detached, left_running, self.provider, self._started_ray)
 
 
 def _next_multiple(step: int, every: int) -> int:

@@ -1,0 +1,40 @@
+"""The end of a run: workers and shards released, calls left running fetched, servers and Ray let go."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+from cmdare.cloud.local import ServerProvider
+from cmdare.train.detached import DetachedCalls
+
+__all__ = ["DETACHED_DRAIN_S", "release_run"]
+
+DETACHED_DRAIN_S = 5.0  # how long to wait for calls on killed actors to fail
+
+
+def release_run(groups: Iterable[Any], detached: DetachedCalls, left_running: Iterable[Any],
+                provider: ServerProvider, stop_ray: bool) -> None:
+    """Release the worker and shard ``groups`` (``None`` for one never set up), fetch the calls
+    ``left_running`` by a loop that ended on an error, kill the actors, release every server, and shut
+    Ray down when this run started it."""
+    import ray
+
+    groups = [g for g in groups if g is not None]
+    for group in groups:
+        group.release()
+    detached.add(*left_running)
+    with contextlib.suppress(Exception):  # Ray itself is failing: nothing left to fetch
+        detached.reap()
+    for group in groups:
+        group.kill_all()
+    with contextlib.suppress(Exception):
+        # calls still pending on the actors just killed fail within moments: fetch (discard) them so
+        # that Ray does not print them as unhandled errors when their references are dropped
+        detached.reap(DETACHED_DRAIN_S)
+    detached.refs = []
+    for server in provider.servers:
+        provider.release(server)
+    if stop_ray:
+        ray.shutdown()
