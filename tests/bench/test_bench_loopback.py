@@ -27,6 +27,7 @@ LOOPBACK = "127.0.0.1"
 # Every bench that starts Ray, with arguments that make the work it does before Ray starts small.
 BENCHES: dict[str, list[str]] = {
     "accuracy_runs": [],
+    "checkpoint_stall": [],  # starts its moto server (a child process) after Ray
     "mitigation": [],
     "ps_datapath": ["--mb", "0.1"],  # starts its 2 gloo processes before Ray
     "psld": [],

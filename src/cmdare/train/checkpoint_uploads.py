@@ -81,8 +81,9 @@ class CheckpointUploads:
         return out
 
     def close(self) -> None:
-        """Stop the background thread (after the uploads queued so far)."""
-        self._pool.shutdown(wait=True)
+        """Stop the background thread: uploads not started are dropped, a running one is not waited for
+        (call :meth:`finished` with ``wait`` first to let them end)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _store(self, ckpt: Checkpoint, upload: Upload) -> Upload:
         t0 = time.perf_counter()

@@ -120,6 +120,7 @@ class Trainer:
         self._initial: tuple[np.ndarray, np.ndarray, int] | None = None
         self._inflight: dict[Any, WorkerHandle] = {}  # the loop's chunk calls, by reference
         self._duties: dict[Any, tuple[str, WorkerHandle]] = {}  # the loop's chief duties, by reference
+        self._next_duty: dict[str, int] = {}  # duty kind -> the global step it is next due at
         self._started_ray = False
         self.emulated = self.provider.kind != "ray"
         self.shard_group: ShardGroup | None = None  # set up once Ray is
@@ -242,8 +243,8 @@ class Trainer:
         import ray
 
         spec = self.spec
-        next_ckpt = _next_multiple(self.global_step, spec.checkpoint_every)
-        next_eval = _next_multiple(self.global_step, spec.eval_every)
+        self._next_duty = {"checkpoint": _next_multiple(self.global_step, spec.checkpoint_every),
+                           "eval": _next_multiple(self.global_step, spec.eval_every)}
         next_stats = time.time() + SHARD_STATS_EVERY_S
         next_balance = self.global_step + spec.balance_every
         inflight, duties = self._inflight, self._duties  # kept on the trainer: _shutdown fetches what is left
@@ -278,6 +279,8 @@ class Trainer:
                 if res.notice is not None:
                     self.members.leave(w, res.notice, lambda c: self.duties.run_now("checkpoint", c))
                 elif not finished and not self._planned and not self._shard_failed:
+                    if w is self.members.chief and not duties:
+                        self._start_due_duty(w)  # before its next chunk: the duty does not queue behind it
                     inflight[self._submit(w)] = w
             now = time.time()
             if finished:  # a revoked worker's last chunk may take Ray's node-death timeout to fail: skip it
@@ -305,8 +308,8 @@ class Trainer:
             if self._shard_failed:
                 if not inflight and not duties:
                     self._restore_shards()
-                    next_ckpt = _next_multiple(self.global_step, spec.checkpoint_every)
-                    next_eval = _next_multiple(self.global_step, spec.eval_every)
+                    self._next_duty = {"checkpoint": _next_multiple(self.global_step, spec.checkpoint_every),
+                                       "eval": _next_multiple(self.global_step, spec.eval_every)}
                     for w in self.workers.values():
                         inflight[self._submit(w)] = w
                 continue
@@ -319,14 +322,17 @@ class Trainer:
                         inflight[self._submit(w)] = w
                 continue
             chief = self.members.chief
-            if chief is None or duties:
-                continue
-            if next_ckpt and next_ckpt <= self.global_step < spec.steps:
-                duties[self.duties.start("checkpoint", chief)] = ("checkpoint", chief)
-                next_ckpt = _next_multiple(self.global_step, spec.checkpoint_every)
-            elif next_eval and next_eval <= self.global_step < spec.steps:
-                duties[self.duties.start("eval", chief)] = ("eval", chief)
-                next_eval = _next_multiple(self.global_step, spec.eval_every)
+            if chief is not None and not duties:
+                self._start_due_duty(chief)
+
+    def _start_due_duty(self, chief: WorkerHandle) -> None:
+        """Start the checkpoint (else the evaluation) that is due on ``chief``, if any."""
+        for kind, every in (("checkpoint", self.spec.checkpoint_every), ("eval", self.spec.eval_every)):
+            due = self._next_duty[kind]
+            if due and due <= self.global_step < self.spec.steps:
+                self._duties[self.duties.start(kind, chief)] = (kind, chief)
+                self._next_duty[kind] = _next_multiple(self.global_step, every)
+                return
 
     def _submit(self, w: WorkerHandle) -> Any:
         # Synchronous workers must end chunks on the same round, so chunks end by step count only.
