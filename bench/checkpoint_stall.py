@@ -14,12 +14,10 @@ storage kind and mode:
   chunk of steps trains on meanwhile).
 
 Per checkpoint, from the :class:`cmdare.events.CheckpointReport` callbacks (the final checkpoint,
-taken after training ended, is left out): ``stall_s`` (what the coordinator waited for: the chief's
-snapshot; plus the upload inline), ``duration_s`` (snapshot to stored manifest), the upload time
-(``duration_s - stall_s`` in background mode) and the size. ``chunk_wait_s`` estimates the part of
-``stall_s`` during which the chief was still training: the snapshot is a call on the chief actor,
-queued behind its current chunk of steps (the time from the duty's start to that chunk's report);
-``stall_net_s = stall_s - chunk_wait_s`` is then the snapshot itself (plus the upload inline).
+taken after training ended, is left out): ``stall_s`` (what training waited for: the chief's snapshot
+of the shards, timed in the chief; plus the upload inline, during which the coordinator hands out no
+work), ``duration_s`` (the duty's start to the stored manifest), the upload time (``duration_s -
+stall_s`` in background mode: it also holds the snapshot's trip to the coordinator) and the size.
 Per run: steady-state cluster steps/s from the ``StepReport`` callbacks (global steps between the
 end of the first ``--skip`` chunk reports and the last one over the time between them; the
 checkpoints inside that window included, start-up and the final duties not), and the workers' idle
@@ -29,7 +27,7 @@ number of checkpoints in the window; it includes the ordinary gaps between chunk
 Modes alternate in every round (background first in even rounds, inline first in odd ones) so that
 machine drift hits both alike. Figures are medians over the checkpoints of all rounds (steps/s:
 over rounds); ratios ``stall_ratio_KIND = stall background / stall inline`` (the figure of merit:
-below 1 when the upload is off the training path), the same of ``stall_net_s``, and
+below 1 when the upload is off the training path) and
 ``steps_per_s_ratio_KIND = background / inline``.
 
 Usage: .venv/bin/python bench/checkpoint_stall.py [--rounds 2] [--steps 100] [--model t2t_resnet32]
@@ -146,11 +144,6 @@ def one_run(args: argparse.Namespace, location: str, background: bool) -> dict[s
     ckpts = [c for c in cb.checkpoints if c.global_step < spec.steps]  # the final one: after training
     if not ckpts:
         raise RuntimeError("no checkpoint during training; lower --every or raise --steps")
-    chunk_wait = []
-    for c in ckpts:  # the chief's chunk in progress when the duty started: its report ends the wait
-        started = c.time - c.duration_s
-        after = [r.time for r in reps if r.worker_id == c.worker_id and r.time >= started]
-        chunk_wait.append(min(max(0.0, min(after) - started), c.stall_s) if after else 0.0)
     window = b.time - a.time
     in_window = [c for c in ckpts if a.time <= c.time - c.duration_s <= b.time]
     idle = []
@@ -161,8 +154,6 @@ def one_run(args: argparse.Namespace, location: str, background: bool) -> dict[s
         "stall_s": [c.stall_s for c in ckpts],
         "duration_s": [c.duration_s for c in ckpts],
         "upload_s": [c.duration_s - c.stall_s for c in ckpts],
-        "chunk_wait_s": chunk_wait,
-        "stall_net_s": [c.stall_s - w for c, w in zip(ckpts, chunk_wait, strict=True)],
         "size_bytes": [c.size_bytes for c in ckpts],
         "checkpoints": len(ckpts),
         "steps_per_s": (b.global_step - a.global_step) / window,
@@ -207,7 +198,6 @@ def main() -> None:
                         runs[(kind, mode)].append(res)
                         print(kind, mode, f"round {rnd}:", json.dumps({
                             "stall_s": _med(res["stall_s"]), "duration_s": _med(res["duration_s"]),
-                            "chunk_wait_s": _med(res["chunk_wait_s"]), "stall_net_s": _med(res["stall_net_s"]),
                             "checkpoints": res["checkpoints"],
                             "steps_per_s": round(res["steps_per_s"], 2), "wall_s": round(res["wall_s"], 1)}),
                             flush=True)
@@ -221,8 +211,7 @@ def main() -> None:
     for kind in kinds:
         for mode in MODES:
             rs = runs[(kind, mode)]
-            pool = {key: [v for r in rs for v in r[key]] for key in ("stall_s", "duration_s", "upload_s",
-                                                                      "chunk_wait_s", "stall_net_s", "size_bytes")}
+            pool = {key: [v for r in rs for v in r[key]] for key in ("stall_s", "duration_s", "upload_s", "size_bytes")}
             sizes += pool["size_bytes"]
             sps = [r["steps_per_s"] for r in rs]
             idle = [r["worker_idle_s_per_ckpt"] for r in rs if r["worker_idle_s_per_ckpt"] is not None]
@@ -231,8 +220,6 @@ def main() -> None:
             result[f"duration_s_{tag}"] = _med(pool["duration_s"])
             if mode == "background":
                 result[f"upload_s_{tag}"] = _med(pool["upload_s"])
-            result[f"chunk_wait_s_{tag}"] = _med(pool["chunk_wait_s"])
-            result[f"stall_net_s_{tag}"] = _med(pool["stall_net_s"])
             result[f"stall_range_{tag}"] = [round(min(pool["stall_s"]), 4), round(max(pool["stall_s"]), 4)]
             result[f"steps_per_s_{tag}"] = round(statistics.median(sps), 2)
             result[f"steps_per_s_range_{tag}"] = [round(min(sps), 2), round(max(sps), 2)]
@@ -240,7 +227,6 @@ def main() -> None:
             result[f"checkpoints_{tag}"] = sum(r["checkpoints"] for r in rs)
         bg, il = f"{kind}_background", f"{kind}_inline"
         result[f"stall_ratio_{kind}"] = round(result[f"stall_s_{bg}"] / result[f"stall_s_{il}"], 3)
-        result[f"stall_net_ratio_{kind}"] = round(result[f"stall_net_s_{bg}"] / result[f"stall_net_s_{il}"], 3)
         result[f"steps_per_s_ratio_{kind}"] = round(result[f"steps_per_s_{bg}"] / result[f"steps_per_s_{il}"], 3)
         result[f"steps_per_s_ratio_per_round_{kind}"] = [  # the two modes of a round ran back to back
             round(x["steps_per_s"] / y["steps_per_s"], 3) for x, y in zip(runs[(kind, "background")],

@@ -92,8 +92,8 @@ class EvalReport:
 class CheckpointReport:
     """One checkpoint, reported once durable in the run's storage.
 
-    ``duration_s`` runs from the chief's snapshot to the stored manifest; ``stall_s`` is the part
-    training waited for (the snapshot; the upload runs in the background).
+    ``duration_s`` runs from the checkpoint duty's start to the stored manifest; ``stall_s`` is what
+    training waited for: the chief's snapshot of the shards (the upload runs in the background).
     """
 
     run_id: str

@@ -23,23 +23,26 @@ __all__ = ["CheckpointUploads", "Upload"]
 class Upload:
     """One checkpoint on its way to storage.
 
-    ``stall_s`` is the time training waited for it (the chief's snapshot, plus the upload when it is
-    not in the background); ``upload_s`` the time to encode and write it; ``error`` why it failed.
+    ``stall_s`` is what training waited for: the chief's snapshot (measured in the chief), plus the
+    upload when it is not in the background; ``ready_s`` the time from the duty's start until the
+    snapshot reached the coordinator (it includes the chief finishing its current chunk);
+    ``upload_s`` the time to encode and write it; ``error`` why it failed.
     """
 
     step: int
     worker_id: int
     num_tensors: int
     stall_s: float
-    started_at: float  # wall clock: when the chief's snapshot began
+    ready_s: float
+    started_at: float  # wall clock: when the checkpoint duty began
     saved: SavedCheckpoint | None = None
     upload_s: float = 0.0
     error: Exception | None = None
 
     @property
     def duration_s(self) -> float:
-        """Snapshot to durable: what a checkpoint costs end to end."""
-        return self.stall_s + self.upload_s
+        """Duty start to durable: what a checkpoint costs end to end."""
+        return self.ready_s + self.upload_s
 
 
 class CheckpointUploads:
@@ -56,9 +59,8 @@ class CheckpointUploads:
         if self.background:
             self._pending.append((self._pool.submit(self._store, ckpt, upload), upload))
         else:
-            t0 = time.perf_counter()
             self._done.append(self._store(ckpt, upload))
-            upload.stall_s += time.perf_counter() - t0
+            upload.stall_s += upload.upload_s
 
     @property
     def in_flight(self) -> int:

@@ -72,9 +72,10 @@ class ChiefDuties:
             self.last_accuracy, self.last_loss = acc, loss
             self.emitter.emit("on_eval", EvalReport(run_id, now, step, chief.worker_id, acc, loss))
         else:
+            ckpt, snapshot_s = res
             t0, wall = started or (time.perf_counter(), now)
-            upload = Upload(res.step, chief.worker_id, len(self.infos), time.perf_counter() - t0, wall)
-            self.uploads.submit(res, upload)
+            upload = Upload(ckpt.step, chief.worker_id, len(self.infos), snapshot_s, time.perf_counter() - t0, wall)
+            self.uploads.submit(ckpt, upload)
             self.collect()
         return True
 

@@ -218,17 +218,20 @@ class Worker:
                 if k in own:
                     own[k].copy_(torch.from_numpy(np.asarray(v)))
 
-    def snapshot_checkpoint(self, infos: Sequence[Any], meta: dict[str, Any]) -> Checkpoint:
-        """Snapshot every shard into a checkpoint (model order). The coordinator stores it: nothing is
-        written to this server's disk, which a revocation takes with it."""
+    def snapshot_checkpoint(self, infos: Sequence[Any], meta: dict[str, Any]) -> tuple[Checkpoint, float]:
+        """Snapshot every shard into a checkpoint (model order); returns it and the seconds it took (this
+        worker's stall). The coordinator stores it: nothing is written to this server's disk, which a
+        revocation takes with it."""
         import ray
 
+        t0 = time.perf_counter()
         snaps = ray.get([s.snapshot.remote() for s in self.shards])
         blocks = [list(s.blocks) for s in snaps]
         params = model_flat_from_shard_arrays(blocks, [s.params for s in snaps], infos)
         momentum = model_flat_from_shard_arrays(blocks, [s.momentum for s in snaps], infos)
         step = min(s.step for s in snaps if s.blocks)
-        return Checkpoint(step, params, momentum, self.buffers(), dict(meta, chief=self.worker_id))
+        ckpt = Checkpoint(step, params, momentum, self.buffers(), dict(meta, chief=self.worker_id))
+        return ckpt, time.perf_counter() - t0
 
     def ping(self) -> int:
         return self.step
