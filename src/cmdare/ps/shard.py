@@ -269,27 +269,34 @@ class AsyncShardActor(_ShardActorBase):
         self.state = ShardState(shard_id, cfg, max_step)
 
     def push_pull(self, grad: np.ndarray, pulled_step: int | None = None,
-                  sent_at: float | None = None) -> tuple[np.ndarray, int, bool]:
-        """Apply ``grad``; return (parameters, global step after it, whether it was applied)."""
+                  sent_at: float | None = None, sender: int | None = None) -> tuple[np.ndarray, int, bool]:
+        """Apply ``grad``; return (parameters, global step after it, whether it was applied).
+        ``sender`` (the worker's data slot) matters only to synchronous shards."""
         applied = self.state.serve(grad, pulled_step, sent_at)
         # Returned without a copy: Ray serialises the result before this actor runs the next call.
         return self.state.params, self.state.step, applied
 
 
 class SyncShardActor(_ShardActorBase):
-    """Synchronous training: one averaged gradient per step from ``num_workers`` pushes."""
+    """Synchronous training: one averaged gradient per step from ``num_workers`` pushes.
+
+    A round's gradients are summed in the order of their senders' data slots, not in arrival order:
+    float addition is not associative, and an arrival-order sum made runs differ by rounding that a
+    tie in a max-pool or ReLU could amplify into a different update (1e-3 after 12 steps). The
+    gradients of a round are held until it completes (one shard-sized array per worker).
+    """
 
     def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None,
                  num_workers: int = 1):
         self.state = ShardState(shard_id, cfg, max_step)
         self.num_workers = num_workers
-        self._acc: np.ndarray | None = None
+        self._grads: list[tuple[int, int, np.ndarray]] = []  # (sender, arrival, gradient) of the round
         self._count = 0
         self._round: asyncio.Event | None = None  # created in the actor's event loop, on the first push
         self._link_lock: asyncio.Lock | None = None  # the emulated link carries one transfer at a time
 
     async def push_pull(self, grad: np.ndarray, pulled_step: int | None = None,
-                        sent_at: float | None = None) -> tuple[np.ndarray, int, bool]:
+                        sent_at: float | None = None, sender: int | None = None) -> tuple[np.ndarray, int, bool]:
         if self._round is None:
             self._round, self._link_lock = asyncio.Event(), asyncio.Lock()
         self.state.note_arrival(sent_at)
@@ -298,10 +305,8 @@ class SyncShardActor(_ShardActorBase):
             self.state.count_pull()
             await self._transfer(self.state.params.nbytes)
             return self.state.params, self.state.step, False
-        if self._acc is None:
-            self._acc = np.array(grad, dtype=np.float32, copy=True)
-        else:
-            self._acc += grad
+        arrival = self._count
+        self._grads.append((arrival if sender is None else sender, arrival, grad))
         self._count += 1
         event = self._round
         if self._count >= self.num_workers:
@@ -322,11 +327,15 @@ class SyncShardActor(_ShardActorBase):
             self.state.note_link(delay)
 
     def _finish_round(self) -> None:
-        assert self._acc is not None
+        assert self._grads
+        ordered = [g for _, _, g in sorted(self._grads, key=lambda t: (t[0], t[1]))]
+        acc = np.array(ordered[0], dtype=np.float32, copy=True)
+        for g in ordered[1:]:
+            acc += g
         if self._count > 1:
-            self._acc /= np.float32(self._count)
-        self.state.apply(self._acc)
-        self._acc, self._count = None, 0
+            acc /= np.float32(self._count)
+        self.state.apply(acc)
+        self._grads, self._count = [], 0
         event, self._round = self._round, asyncio.Event()
         event.set()
 

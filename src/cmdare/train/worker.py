@@ -164,7 +164,8 @@ class Worker:
             loss.backward()
             self.layout.grads_to_host()
             t1, sent_at = time.perf_counter(), time.time()
-            refs = [self.shards[k].push_pull.remote(self.layout.shard_grad(k), self.step, sent_at) for k in live]
+            refs = [self.shards[k].push_pull.remote(self.layout.shard_grad(k), self.step, sent_at, self.slot)
+                    for k in live]
             if len(live) == 1 or steps % WAIT_SAMPLE_EVERY == 0:
                 replies = _gather_timed(refs, live, wait_s, t1)
                 sampled += 1
