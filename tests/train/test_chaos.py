@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import pytest
 from sqlalchemy import text
 
-from cmdare.cloud.detection import LOCAL_FAILURE_DETECTION
 from cmdare.cloud.local import LocalClusterProvider
 from cmdare.measure.recorder import StoreRecorder
 from cmdare.measure.store import open_store
@@ -17,20 +15,6 @@ from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    import ray
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 3, "node_ip_address": "127.0.0.1", "resources": {"cmdare_ps": 100},
-        "include_dashboard": False, "_system_config": LOCAL_FAILURE_DETECTION})
-    ray.init(address=c.address, log_to_driver=False, logging_level="ERROR")
-    yield c
-    ray.shutdown()
-    c.shutdown()
 
 
 class _Log(TrainCallback):

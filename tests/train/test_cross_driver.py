@@ -5,9 +5,7 @@ requests) in the same order, because both execute the same control-kernel polici
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from cmdare.cloud.detection import LOCAL_FAILURE_DETECTION
 from cmdare.cloud.local import LocalClusterProvider
 from cmdare.control import TraceRevocations
 from cmdare.plan.replay import FixedStartup, FlatPrices, MeasuredSpeed, ScriptedLifetimes
@@ -15,21 +13,10 @@ from cmdare.plan.simulator import Simulator
 from cmdare.plan.spec import ClusterSpec, JobSpec, PlanModels, WorkerGroup
 from cmdare.ps.optimizer import OptimizerConfig
 from cmdare.train import Trainer, TrainSpec
-from cmdare.train.cluster import start_local_cluster
 
 # slot 0 (the chief) at 2 s after the first step, slot 1 (the next chief) at 6 s; start-up fixed at 1.5 s
 SCHEDULE = ((2.0, 0), (6.0, 1))
 STARTUP_S = 1.5
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    import ray
-
-    c = start_local_cluster(num_cpus=3, resources={"cmdare_ps": 100}, _system_config=LOCAL_FAILURE_DETECTION)
-    yield c
-    ray.shutdown()
-    c.shutdown()
 
 
 def _simulated_timeline() -> list[tuple]:

@@ -6,24 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from cmdare.cloud.detection import LOCAL_FAILURE_DETECTION
 from cmdare.cloud.local import LocalClusterProvider, LocalProcessProvider
 from cmdare.cloud.servers import ServerSpec
 from cmdare.errors import TransientError
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
 from cmdare.train.checkpoint import CheckpointStore
-from cmdare.train.cluster import start_local_cluster
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    import ray
-
-    c = start_local_cluster(num_cpus=3, resources={"cmdare_ps": 100}, _system_config=LOCAL_FAILURE_DETECTION)
-    yield c
-    ray.shutdown()
-    c.shutdown()
 
 
 def test_a_node_writes_to_its_own_disk_and_loses_it_with_the_node(cluster, tmp_path):

@@ -51,36 +51,26 @@ class CheckpointUploads:
     def __init__(self, store: CheckpointStore, background: bool = True):
         self.store, self.background = store, background
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cmdare-checkpoint-upload")
-        self._pending: list[tuple[Future[Upload], Upload]] = []
+        self._pending: list[Future[Upload]] = []
         self._done: list[Upload] = []
 
     def submit(self, ckpt: Checkpoint, upload: Upload) -> None:
         """Queue ``ckpt`` for storage (or store it now when not in the background)."""
         if self.background:
-            self._pending.append((self._pool.submit(self._store, ckpt, upload), upload))
+            self._pending.append(self._pool.submit(self._store, ckpt, upload))
         else:
             self._done.append(self._store(ckpt, upload))
             upload.stall_s += upload.upload_s
-
-    @property
-    def in_flight(self) -> int:
-        """Uploads queued or running."""
-        return sum(not f.done() for f, _ in self._pending)
 
     def finished(self, wait: bool = False, timeout_s: float | None = None) -> list[Upload]:
         """Uploads that ended (stored or failed) since the last call; with ``wait``, first wait for all
         (at most ``timeout_s``)."""
         if wait and self._pending:
-            wait_futures([f for f, _ in self._pending], timeout=timeout_s)
+            wait_futures(self._pending, timeout=timeout_s)
         out, self._done = self._done, []
-        still = []
-        for fut, upload in self._pending:
-            if fut.done():
-                out.append(fut.result())
-            else:
-                still.append((fut, upload))
-        self._pending = still
-        return out
+        ended = [f for f in self._pending if f.done()]  # once: an upload may end between two looks
+        self._pending = [f for f in self._pending if f not in ended]
+        return out + [f.result() for f in ended]
 
     def close(self) -> None:
         """Stop the background thread: uploads not started are dropped, a running one is not waited for

@@ -79,10 +79,10 @@ class ChiefDuties:
             self.collect()
         return True
 
-    def collect(self, wait: bool = False, timeout_s: float | None = None) -> int:
+    def collect(self, wait: bool = False, timeout_s: float | None = None) -> None:
         """Report the checkpoints stored since the last call (``wait``: first wait for the uploads in
         flight, at most ``timeout_s``); a failed upload is a ``checkpoint_failed`` event, and the
-        previous checkpoint stays the latest. Returns how many are still in flight."""
+        previous checkpoint stays the latest."""
         for up in self.uploads.finished(wait=wait, timeout_s=timeout_s):
             if up.saved is None:
                 self.failed_uploads += 1
@@ -92,7 +92,6 @@ class ChiefDuties:
             self.emitter.emit("on_checkpoint", CheckpointReport(
                 self.emitter.run_id, up.started_at + up.duration_s, up.step, up.worker_id, up.saved.url,
                 up.saved.size_bytes, up.duration_s, up.num_tensors, stall_s=up.stall_s))
-        return self.uploads.in_flight
 
     def run_now(self, kind: str, chief: Any) -> bool:
         """Start and await duty ``kind`` on ``chief``."""

@@ -20,7 +20,7 @@ from cmdare.train.spec import TrainSpec
 
 __all__ = ["resumed_spec", "stored_spec"]
 
-_OPTIMIZER_OPTIONS = {"lr": "lr", "momentum": "momentum", "weight_decay": "weight_decay"}
+_OPTIMIZER_OPTIONS = {"lr", "momentum", "weight_decay"}  # command-line options kept in spec.optimizer
 
 
 def stored_spec(run: Storage) -> dict[str, Any] | None:
@@ -57,8 +57,6 @@ def resumed_spec(run: Storage, given: TrainSpec, explicit: Iterable[str], joined
             data["optimizer"] = dict(data.get("optimizer") or {}, **{name: new["optimizer"][name]})
         elif name == "transient":
             data["transient"], data["revocations"] = new["transient"], new["revocations"]
-        elif name == "replace":
-            data["replace"] = new["replace"]
         elif name in new:
             data[name] = new[name]
     if given.storage is not None:

@@ -24,6 +24,10 @@ _CONTROL = "control"
 _RUN = "run.json"
 
 
+def _run_name(run: Storage) -> str:
+    return run.uri.rstrip("/").rsplit("/", 1)[-1]
+
+
 def write_run_spec(run: Storage | str | os.PathLike[str], run_id: str, spec: dict[str, Any]) -> None:
     """The run's configuration, so that ``--resume RUN`` on another machine trains the same job."""
     run = as_storage(run)
@@ -50,7 +54,7 @@ def write_status(run: Storage | str | os.PathLike[str], status: str, num_shards:
 def read_status(run: Storage | str | os.PathLike[str]) -> dict[str, Any]:
     """The run's last status. Raises DataNotFoundError when it has none (never started here)."""
     run = as_storage(run)
-    name = run.uri.rstrip("/").rsplit("/", 1)[-1]
+    name = _run_name(run)
     try:
         return json.loads(run.get(_STATUS))
     except MissingObjectError:
@@ -64,7 +68,7 @@ def request_change(run: Storage | str | os.PathLike[str], action: str, shard: in
     Returns the request's location."""
     run = as_storage(run)
     status = read_status(run)
-    name = run.uri.rstrip("/").rsplit("/", 1)[-1]
+    name = _run_name(run)
     if status["status"] != "running":
         raise UserInputError(f"run {name} is {status['status']}: cannot change its shards")
     if action == "remove":

@@ -11,8 +11,8 @@ from cmdare.cloud.servers import ServerSpec
 from cmdare.errors import CheckpointError, UserInputError
 from cmdare.ps.blocks import ParamInfo, param_infos
 from cmdare.ps.placement import get_placement
-from cmdare.storage import Storage, run_storage
-from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
+from cmdare.storage import Storage, as_storage, run_storage
+from cmdare.train.checkpoint import CheckpointStore, load_checkpoint
 from cmdare.train.spec import TrainSpec
 
 __all__ = ["InitialState", "initial_state", "joined_storage_warning", "server_specs", "training_storage"]
@@ -23,11 +23,7 @@ InitialState = tuple[list[ParamInfo], np.ndarray, np.ndarray, dict[str, np.ndarr
 def training_storage(spec: TrainSpec, run_id: str, checkpoint_dir: str | os.PathLike[str] | Storage | None) -> Storage:
     """Where the run keeps checkpoints and control files: ``checkpoint_dir`` (the run's own location)
     if given, else ``RUN`` under ``spec.storage``, ``CMDARE_STORAGE`` or the data directory."""
-    if isinstance(checkpoint_dir, Storage):
-        return checkpoint_dir
-    if checkpoint_dir is not None:
-        return Storage(checkpoint_dir)
-    return run_storage(run_id, spec.storage)
+    return as_storage(checkpoint_dir) if checkpoint_dir is not None else run_storage(run_id, spec.storage)
 
 
 def joined_storage_warning(address: str | None, spec: TrainSpec, checkpoint_dir: object) -> str | None:
@@ -63,12 +59,16 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
     buffers: dict[str, np.ndarray] = {}
     step = 0
     if resuming:
-        path = resume_from or latest_checkpoint(storage)
-        if path is None:
-            raise CheckpointError(f"no checkpoint to resume run {run_id} in {storage.uri}")
-        ckpt = load_checkpoint(path)
+        if resume_from is not None:
+            where, ckpt = str(resume_from), load_checkpoint(resume_from)
+        else:
+            store = CheckpointStore(storage)
+            name = store.latest()
+            if name is None:
+                raise CheckpointError(f"no checkpoint to resume run {run_id} in {storage.uri}")
+            where, ckpt = storage.url(name), store.load(name)
         if ckpt.params.size != params.size:
-            raise CheckpointError(f"checkpoint {path} holds {ckpt.params.size} parameters; model "
+            raise CheckpointError(f"checkpoint {where} holds {ckpt.params.size} parameters; model "
                                   f"{spec.model} has {params.size}")
         params, momentum, buffers, step = ckpt.params, ckpt.momentum, ckpt.buffers, ckpt.step
         if step >= spec.steps:

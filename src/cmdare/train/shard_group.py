@@ -26,7 +26,7 @@ from cmdare.ps.psld.decisions import Decision
 from cmdare.ps.psld.load import ShardLoad, block_loads
 from cmdare.ps.shard import AsyncShardActor, BlockData, SyncShardActor
 from cmdare.storage import Storage
-from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
+from cmdare.train.checkpoint import CheckpointStore
 from cmdare.train.detached import DetachedCalls
 from cmdare.train.emitter import RunEmitter
 from cmdare.train.spec import TrainSpec
@@ -129,9 +129,10 @@ class ShardGroup:
             except ray.exceptions.GetTimeoutError:
                 self.detached.add(ref)
                 alive.append(False)
-        path = latest_checkpoint(storage)
-        if path is not None:
-            ckpt = load_checkpoint(path)
+        store = CheckpointStore(storage)
+        latest = store.latest()
+        if latest is not None:
+            ckpt = store.load(latest)
             params, momentum, step = ckpt.params, ckpt.momentum, ckpt.step
         else:
             params, momentum, step = initial
@@ -150,7 +151,7 @@ class ShardGroup:
             ray.get(self.shards[straggler[0]].set_slowdown.remote(straggler[1]))
         ray.get([w.set_layout.remote(self.placement, self.shards) for w in workers])
         return step, {"checkpoint_step": step, "steps_lost": max(0, global_step - step),
-                      "from_checkpoint": path is not None, "dead_shards": [k for k, ok in enumerate(alive) if not ok]}
+                      "from_checkpoint": latest is not None, "dead_shards": [k for k, ok in enumerate(alive) if not ok]}
 
     # -- placement changes ------------------------------------------------------------------------
     def migrate(self, decisions: list[Decision], workers: Sequence[Any]) -> tuple[MigrationResult, float]:

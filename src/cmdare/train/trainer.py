@@ -243,8 +243,7 @@ class Trainer:
         import ray
 
         spec = self.spec
-        self._next_duty = {"checkpoint": _next_multiple(self.global_step, spec.checkpoint_every),
-                           "eval": _next_multiple(self.global_step, spec.eval_every)}
+        self._schedule_duties()
         next_stats = time.time() + SHARD_STATS_EVERY_S
         next_balance = self.global_step + spec.balance_every
         inflight, duties = self._inflight, self._duties  # kept on the trainer: _shutdown fetches what is left
@@ -308,8 +307,7 @@ class Trainer:
             if self._shard_failed:
                 if not inflight and not duties:
                     self._restore_shards()
-                    self._next_duty = {"checkpoint": _next_multiple(self.global_step, spec.checkpoint_every),
-                                       "eval": _next_multiple(self.global_step, spec.eval_every)}
+                    self._schedule_duties()
                     for w in self.workers.values():
                         inflight[self._submit(w)] = w
                 continue
@@ -324,6 +322,11 @@ class Trainer:
             chief = self.members.chief
             if chief is not None and not duties:
                 self._start_due_duty(chief)
+
+    def _schedule_duties(self) -> None:
+        """The next checkpoint and evaluation fall due at the next multiples of their intervals."""
+        self._next_duty = {"checkpoint": _next_multiple(self.global_step, self.spec.checkpoint_every),
+                           "eval": _next_multiple(self.global_step, self.spec.eval_every)}
 
     def _start_due_duty(self, chief: WorkerHandle) -> None:
         """Start the checkpoint (else the evaluation) that is due on ``chief``, if any."""
