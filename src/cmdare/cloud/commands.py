@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -77,34 +78,65 @@ def _print_table(catalog, offerings) -> None:  # noqa: ANN001 - Catalog/Offering
 
 
 def cluster_config_command(
-    cloud: str = typer.Option(..., "--cloud", help="gcp or aws."),
-    gpu: str = typer.Option(..., "--gpu", help="GPU type of the workers, e.g. k80, v100, t4."),
-    workers: int = typer.Option(4, "--workers", help="Training workers (one per GPU)."),
+    cloud: str = typer.Option(..., "--cloud", help="gcp, aws, or local (Ray's fake multi-node provider here)."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU type when --workers is a number, e.g. k80, v100, t4."),
+    workers: str = typer.Option("4", "--workers",
+                                help="Training workers (one per GPU): a number of --gpu, or a mix like k80:2,v100:1."),
     ps: int = typer.Option(1, "--ps", help="Parameter-server nodes (on-demand, CPU only)."),
     transient: bool = typer.Option(False, "--transient/--on-demand",
-                                   help="Preemptible (GCP) / Spot (AWS) GPU workers."),
+                                   help="Preemptible (GCP) / Spot (AWS) GPU workers; a cloud needs --storage then."),
+    storage: str | None = typer.Option(None, "--storage",
+                                       help="Checkpoint storage of every node (CMDARE_STORAGE): s3://... or gs://... "
+                                            "(local: also a directory)."),
+    force: bool = typer.Option(False, "--force", help="Accept --transient without --storage (checkpoints at risk)."),
+    wheel: Path | None = typer.Option(None, "--wheel",
+                                      help="cmdare wheel to install on every node (default: the newest "
+                                           "dist/cmdare-VERSION-*.whl here: pip wheel --no-deps -w dist .)."),
+    cmdare_spec: str | None = typer.Option(None, "--cmdare-spec",
+                                           help="Instead of a wheel: the pip spec the nodes install cmdare from "
+                                                "(cmdare==X from your index, git+https://..., a URL)."),
     region: str | None = typer.Option(None, "--region", help="Cloud region (default us-central1 / us-east-1)."),
-    zone: str | None = typer.Option(None, "--zone", help="Zone (GCP: default the catalog's first zone for the GPU)."),
+    zone: str | None = typer.Option(None, "--zone", help="Zone (GCP: default the first zone offering every GPU type)."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the YAML here (default: stdout)."),
     project_id: str | None = typer.Option(None, "--project-id", help="GCP project id."),
     cluster_name: str | None = typer.Option(None, "--cluster-name", help="Ray cluster name."),
-    cmdare_spec: str = typer.Option("cmdare", "--cmdare-spec",
-                                    help="What each node pip-installs for cmdare (version, wheel or git URL)."),
-    image: str | None = typer.Option(None, "--image", help="GCP boot image for the GPU nodes."),
+    image: str | None = typer.Option(None, "--image",
+                                     help="Boot image of the GPU nodes (GCP image, AWS AMI id) instead of the per-GPU "
+                                          "default."),
+    cpus_per_node: int | None = typer.Option(None, "--cpus-per-node", help="local: CPUs of each node (default 1)."),
+    spare_nodes: int | None = typer.Option(None, "--spare-nodes",
+                                           help="local: nodes per type beyond its minimum, for replacements "
+                                                "(default 1)."),
+    head_port: int | None = typer.Option(None, "--head-port", help="local: the head's GCS port (default 6379)."),
     catalog_file: str | None = typer.Option(None, "--catalog", help=_CATALOG_HELP),
 ) -> None:
-    """Write a Ray cluster-launcher YAML: on-demand head and PS nodes, (transient) GPU worker nodes."""
+    """Write a Ray cluster-launcher YAML: on-demand head and PS nodes, (transient) GPU workers per GPU type."""
     from cmdare.cloud.catalog import load_catalog
     from cmdare.cloud.launcher import cluster_config, render_yaml
+    from cmdare.cloud.launcher_names import GPU_LABEL
+    from cmdare.cloud.launcher_setup import RAY_TOKEN_COMMAND, RAY_TOKEN_PATH
+
+    def warn(message: str) -> None:
+        typer.echo(f"warning: {message}", err=True)
 
     catalog = load_catalog(catalog_file)
+    config_path = str(output.expanduser().absolute()) if output is not None else None
     config = cluster_config(catalog, cloud, gpu, workers=workers, ps=ps, transient=transient, region=region,
-                            zone=zone, cluster_name=cluster_name, project_id=project_id,
-                            cmdare_spec=cmdare_spec, image=image)
+                            zone=zone, cluster_name=cluster_name, project_id=project_id, cmdare_spec=cmdare_spec,
+                            image=image, wheel=wheel, storage=storage, force=force, cpus_per_node=cpus_per_node,
+                            spare_nodes=spare_nodes, head_port=head_port, config_path=config_path, warn=warn)
     text = render_yaml(config, catalog, transient)
-    worker = catalog.offering(gpu, cloud, config["provider"]["region"], role="worker")
-    if worker.retired:
-        typer.echo(f"note: {worker.gpu} on {worker.cloud}: {worker.note or 'retired by the cloud'}", err=True)
+    provider = config["provider"]
+    local = provider["type"] == "fake_multinode"
+    for node in config["available_node_types"].values() if not local else ():
+        gpu_name = node.get("labels", {}).get(GPU_LABEL)
+        if gpu_name is not None:
+            off = catalog.offering(gpu_name, provider["type"], provider["region"], role="worker")
+            if off.retired:
+                typer.echo(f"note: {off.gpu} on {off.cloud}: {off.note or 'retired by the cloud'}", err=True)
+    if not Path(RAY_TOKEN_PATH).expanduser().is_file() and not (local and os.environ.get("RAY_AUTH_TOKEN")):
+        typer.echo(f"note: no Ray token at {RAY_TOKEN_PATH}: create one with `{RAY_TOKEN_COMMAND}` before "
+                   + ("starting the cluster" if local else "`ray up` (file_mounts copies it to every node)"), err=True)
     if output is None:
         typer.echo(text, nl=False)
         return

@@ -9,11 +9,12 @@ rule, otherwise the row is rejected.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
+from cmdare.cloud.gpu_counts import parse_gpu_counts  # re-exported: one parser for every GPU mix
 from cmdare.errors import DataFormatError, UnknownNameError
 
 __all__ = [
@@ -55,38 +56,6 @@ def gpu_tflops(name: str) -> float:
     from cmdare.cloud.catalog import gpu_tflops as catalog_tflops
 
     return float(catalog_tflops(name.strip()))
-
-
-def parse_gpu_counts(spec: str | Sequence[str] | Mapping[str, int]) -> dict[str, int]:
-    """``"k80:2,p100:1"``, ``["k80", "k80", "p100"]`` or ``{"k80": 2}`` -> ``{"k80": 2, "p100": 1}``.
-
-    Raises:
-        UserInputError: for a malformed entry, a non-positive count or an unknown GPU type.
-    """
-    counts: dict[str, int] = {}
-    if isinstance(spec, Mapping):
-        items = [(str(k), v) for k, v in spec.items()]
-    else:
-        parts = spec.split(",") if isinstance(spec, str) else list(spec)
-        items = []
-        for part in parts:
-            part = part.strip()
-            if not part:
-                continue
-            name, _, num = part.partition(":")
-            try:
-                items.append((name, int(num) if num else 1))
-            except ValueError as err:
-                raise DataFormatError(f"bad GPU count {part!r}; expected e.g. k80:2,p100:1") from err
-    for name, num in items:
-        gpu_tflops(name)
-        if int(num) < 0:
-            raise DataFormatError(f"negative GPU count {name}:{num}")
-        if int(num) > 0:
-            counts[name.strip().lower()] = counts.get(name.strip().lower(), 0) + int(num)
-    if not counts:
-        raise DataFormatError(f"no GPUs in {spec!r}; expected e.g. k80:2,p100:1")
-    return counts
 
 
 def impute_num_tensors(flops: np.ndarray, params: np.ndarray) -> np.ndarray:
