@@ -7,6 +7,7 @@ coordinator regains control often: to record progress, checkpoint, move blocks o
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,17 +101,11 @@ class Worker:
         self.shards = list(shards)
         self.layout = FlatLayout(list(self.model.parameters()), placement, self.device)
         self.step = -1  # global step of the parameters held; -1 before the first pull
-        self.watcher = None
-        if notice is None:
-            from cmdare.cloud.notices import watcher_from_env
-
-            self.watcher = watcher_from_env(None, 1.0)  # on a real cloud node: CMDARE_NOTICE_PROVIDER
-        else:
-            from cmdare.cloud.notices import NoticeWatcher
-
-            self.watcher = NoticeWatcher(url=notice[0], provider=notice[1], poll_interval_s=0.2)
-        if self.watcher is not None:
-            self.watcher.start()
+        self.started_at = time.time()  # the process is up and the model built (a server's start-up ends)
+        self.node_id: str | None = None
+        self.watchers = _notice_watchers(notice)
+        for watcher in self.watchers:
+            watcher.start()
 
     # -- parameters ------------------------------------------------------------------------
     def set_layout(self, placement: Placement, shards: Sequence[Any]) -> int:
@@ -152,8 +147,8 @@ class Worker:
         wait_s = [0.0] * len(self.shards)
         sampled = 0  # steps whose per-shard waits were timed
         while steps < max_steps and time.perf_counter() - t_start < max_s:
-            if self.watcher is not None and self.watcher.notice is not None:
-                n = self.watcher.notice
+            n = next((w.notice for w in self.watchers if w.notice is not None), None)
+            if n is not None:
                 notice = {"provider": n.provider, "detected_at": n.detected_at, "deadline": n.deadline}
                 break
             t0 = time.perf_counter()
@@ -237,7 +232,40 @@ class Worker:
     def ping(self) -> int:
         return self.step
 
+    def ready(self) -> tuple[str | None, float]:
+        """The Ray node this worker runs on and when its process was up (once the actor exists)."""
+        if self.node_id is None:
+            with contextlib.suppress(Exception):  # outside Ray
+                import ray
+
+                self.node_id = ray.get_runtime_context().get_node_id()
+        return self.node_id, self.started_at
+
     def leave(self) -> None:
         """Stop watching for notices before the coordinator releases this worker."""
-        if self.watcher is not None:
-            self.watcher.stop()
+        for watcher in self.watchers:
+            watcher.stop()
+
+
+def _notice_watchers(notice: tuple[str, str] | None) -> list[Any]:
+    """What tells this worker that its server goes away: the cloud's metadata endpoint (``notice``: the
+    emulator's URL and provider; else ``CMDARE_NOTICE_PROVIDER`` on a cloud node), and, inside Ray, a drain
+    of this node (:class:`~cmdare.cloud.drain_watcher.DrainWatcher`)."""
+    from cmdare.cloud.notices import NoticeWatcher, watcher_from_env
+
+    watchers: list[Any] = []
+    metadata = watcher_from_env(None, 1.0) if notice is None else NoticeWatcher(
+        url=notice[0], provider=notice[1], poll_interval_s=0.2)
+    if metadata is not None:
+        watchers.append(metadata)
+    try:
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except Exception:  # noqa: BLE001 - outside Ray
+        node_id = None
+    if node_id:
+        from cmdare.cloud.drain_watcher import DrainWatcher
+
+        watchers.append(DrainWatcher(node_id))
+    return watchers
