@@ -163,3 +163,37 @@ def test_the_kernel_reads_the_drivers_clock():
     k.lose(0)
     assert [(e.kind, e.time) for e in k.timeline if e.kind in ("loss", "replacement_requested")] == [
         ("loss", 110.0), ("replacement_requested", 110.0)]
+
+
+def test_a_replacement_that_never_comes_falls_back_or_gives_the_slot_up():
+    offers = [Offer(K80, 10.0), Offer(V100, 80.0), Offer(T4, 5.0)]
+    same, cheapest, none = (REPLACEMENT_POLICIES.create(n) for n in ("same", "cheapest", "none"))
+    assert isinstance(same.fallback(K80, [K80], offers), NoReplace)
+    assert isinstance(none.fallback(K80, [K80], offers), NoReplace)
+    assert cheapest.fallback(K80, [V100], offers) == Replace(K80)  # V100 did not come: the next per step
+    assert cheapest.fallback(K80, [V100, K80], offers) == Replace(T4)
+    assert isinstance(cheapest.fallback(K80, [V100, K80, T4], offers), NoReplace)
+
+    k = MembershipKernel(2, replacement="cheapest", offers=lambda lost: offers)
+    k.start([worker(0), worker(1)], 0.0)
+    assert RequestReplacement(0, V100, 0) in k.lose(0, 1.0)
+    assert k.replacement_failed(0, 61.0) == [RequestReplacement(0, K80, 0)]  # V100 never came: K80 next
+    assert [(p.slot, p.server) for p in k.state.pending] == [(0, K80)]
+    assert k.replacement_failed(0, 121.0) == [RequestReplacement(0, T4, 0)]
+    assert k.replacement_failed(0, 181.0) == []  # nothing else to try: train on with worker 1
+    assert k.state.pending == () and [w.worker_id for w in k.state.workers] == [1]
+    assert k.replacement_failed(0, 200.0) == []  # no pending replacement for the slot: nothing to do
+    assert [e.kind for e in k.timeline].count("replacement_failed") == 3
+
+    k = MembershipKernel(1, replacement="same")
+    k.start([worker(0)], 0.0)
+    k.lose(0, 1.0)
+    assert k.replacement_failed(0, 100.0) == [NoWorkersLeft()]  # the last worker's replacement never came
+    # a slot filled again forgets what was tried for it
+    k = MembershipKernel(2, replacement="cheapest", offers=lambda lost: offers)
+    k.start([worker(0), worker(1)], 0.0)
+    k.lose(0, 1.0)
+    k.replacement_failed(0, 2.0)
+    k.join(worker(2, slot=0), 3.0)
+    k.lose(2, 4.0)
+    assert k.replacement_failed(0, 5.0) == [RequestReplacement(0, K80, 2)]  # V100 tried for this loss only

@@ -159,6 +159,41 @@ class NetnsCluster:
         self.wait_for_workers(workers, timeout)
         return self
 
+    def start_autoscaling_head(self, command: str, env: dict[str, str] | None = None) -> NetnsCluster:
+        """Run ``command``: the ``RAY_FAKE_CLUSTER=1 ray start --head --autoscaling-config=...`` line a
+        ``cmdare cluster-config --cloud local`` config names (with a temp dir of ours). Ray's autoscaler, with
+        its fake multi-node provider, then launches the config's nodes as local raylets (each with
+        ``RAY_OVERRIDE_NODE_ID_FOR_TESTING`` set to its node id) and replaces them on demand.
+        """
+        if not self.holder_pid:
+            self.start_namespace()
+        self._ray_env = dict(env or {})
+        self.head_home.mkdir(parents=True, exist_ok=True)
+        line = f"{command} --temp-dir {self.ray_tmp / 'head'} --disable-usage-stats"
+        proc = self.run(["bash", "-c", line], env={**self._ray_env, "CMDARE_HOME": str(self.head_home),
+                                                   "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}, timeout=180)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{line} failed rc={proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n"
+                               f"{self.logs_tail()}")
+        return self
+
+    def fake_node_pids(self, node_id: str) -> list[int]:
+        """Host PIDs of the fake provider's node ``node_id`` (its raylet, agents and workers)."""
+        return self._marked_pids(f"RAY_OVERRIDE_NODE_ID_FOR_TESTING={node_id}".encode())
+
+    def kill_fake_node(self, node_id: str) -> list[int]:
+        """SIGKILL every process of the fake provider's node ``node_id`` (a VM revoked without notice)."""
+        killed, deadline = [], time.time() + 10
+        while pids := self.fake_node_pids(node_id):
+            if time.time() > deadline:
+                raise RuntimeError(f"node {node_id} processes survive SIGKILL: {pids}")
+            _kill(pids)
+            killed += [p for p in pids if p not in killed]
+            time.sleep(0.1)
+        if not killed:
+            raise RuntimeError(f"no processes found for node {node_id}")
+        return killed
+
     def add_worker_node(self, timeout: float = 120.0) -> int:
         """Start one more worker node (as a replacement VM would join); returns its index once it shows."""
         self.node_homes.append(self.tmp / f"node-{len(self.node_homes)}")
@@ -221,8 +256,11 @@ class NetnsCluster:
         (Descendants too: a process that sets its title, as Ray's agents and workers do, may overwrite
         its /proc/PID/environ.)
         """
-        mark, procs = f"CMDARE_HOME={self.node_homes[i]}".encode(), self._ns_procs()
-        found = set()
+        return self._marked_pids(f"CMDARE_HOME={self.node_homes[i]}".encode())
+
+    def _marked_pids(self, mark: bytes) -> list[int]:
+        """Processes whose environment holds ``mark`` (``NAME=VALUE``), and their descendants."""
+        procs, found = self._ns_procs(), set()
         for pid in procs:
             try:
                 if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):

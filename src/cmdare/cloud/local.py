@@ -12,8 +12,8 @@ A *server* hosts one worker or the parameter shards. Two local providers emulate
 Both sample each server's start-up delay (provisioning + staging + booting, from a startup model
 the caller passes in, e.g. the one fitted on the CM-DARE data, divided by the time-compression
 ``speedup``) and record phase times.
-On a real Ray cluster (``--address``), :class:`RayClusterProvider` lets Ray's autoscaler supply the
-servers: a replacement is simply an actor that waits for a node with the ``cmdare_worker`` resource.
+On a real Ray cluster (``--address``), :class:`~cmdare.cloud.ray_cluster.RayClusterProvider` lets Ray's
+autoscaler supply the servers.
 """
 
 from __future__ import annotations
@@ -281,20 +281,6 @@ def _start_worker_node(cluster: Any, **node_args: Any) -> Any:
     node = Node(params, head=False, shutdown_at_exit=False, spawn_reaper=False)
     cluster.worker_nodes.add(node)
     return node
-
-
-class RayClusterProvider(ServerProvider):
-    """A real Ray cluster: workers go to nodes with ``cmdare_worker``, shards to ``cmdare_ps`` nodes."""
-
-    kind = "ray"
-    emulated = False
-
-    def actor_options(self, server: Server) -> dict[str, Any]:
-        key = "cmdare_worker" if server.spec.role == "worker" else "cmdare_ps"
-        return {"resources": {key: 1}} if _has_resource(key) else {}
-
-    def revoke(self, server: Server) -> None:
-        LocalProcessProvider.revoke(self, server)  # type: ignore[arg-type]
 
 
 def _has_resource(name: str) -> bool:

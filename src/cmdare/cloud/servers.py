@@ -11,10 +11,21 @@ from dataclasses import dataclass
 
 from cmdare.errors import UserInputError
 
-__all__ = ["CLOUDS", "ROLES", "ServerSpec", "cost_usd"]
+__all__ = ["CLOUDS", "GPU_RESOURCE_PREFIX", "PS_RESOURCE", "ROLES", "ServerSpec", "WORKER_RESOURCE", "cost_usd",
+           "gpu_resource"]
 
 CLOUDS: tuple[str, ...] = ("gcp", "aws", "local")
 ROLES: tuple[str, ...] = ("worker", "ps", "head")
+# Custom Ray resources of a cluster's nodes (what `cmdare cluster-config` gives each node type): a worker
+# node has WORKER_RESOURCE and gpu_resource(its GPU type), one per GPU; a PS node has PS_RESOURCE.
+WORKER_RESOURCE = "cmdare_worker"
+PS_RESOURCE = "cmdare_ps"
+GPU_RESOURCE_PREFIX = "cmdare_gpu_"
+
+
+def gpu_resource(gpu_type: str) -> str:
+    """The Ray resource that marks worker nodes of ``gpu_type``, e.g. ``'cmdare_gpu_k80'``."""
+    return GPU_RESOURCE_PREFIX + str(gpu_type).strip().lower()
 
 
 @dataclass(frozen=True)

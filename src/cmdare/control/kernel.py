@@ -83,6 +83,7 @@ class MembershipKernel:
         self.timeline: list[MembershipEvent] = []
         self.deadlines: dict[int, float] = {}
         self._revoking: set[int] = set()  # revoked by the driver, loss not yet detected
+        self._tried: dict[int, list[ServerSpec]] = {}  # slot -> specs requested for it that did not come
 
     # -- what happened ---------------------------------------------------------------------------
     def start(self, workers: Sequence[WorkerInfo], now: float | None = None) -> list[Decision]:
@@ -141,6 +142,29 @@ class MembershipKernel:
             decisions.append(NoWorkersLeft())
         return decisions
 
+    def replacement_failed(self, slot: int, now: float | None = None) -> list[Decision]:
+        """The server requested for ``slot`` did not come (no node in time, or its worker failed to start):
+        the replacement policy falls back to another spec or gives the slot up."""
+        now = self.clock.now() if now is None else now
+        pending = next((p for p in self.state.pending if p.slot == slot), None)
+        if pending is None:
+            return []
+        self.state = self.state.replace(pending=tuple(p for p in self.state.pending if p.slot != slot))
+        tried = self._tried.setdefault(slot, [])
+        tried.append(pending.server)
+        self._record("replacement_failed", now, pending.replaces, slot, gpu=pending.server.gpu_type)
+        choice = self.replacement.fallback(pending.server, tuple(tried), self.offers(pending.server))
+        decisions: list[Decision] = []
+        if isinstance(choice, Replace):
+            again = PendingReplacement(slot, choice.spec, now, pending.replaces)
+            self.state = self.state.replace(pending=(*self.state.pending, again))
+            self._record("replacement_requested", now, pending.replaces, slot, gpu=choice.spec.gpu_type)
+            decisions.append(RequestReplacement(slot, choice.spec, pending.replaces))
+        elif not self.state.workers and not self.state.pending:
+            self._record("no_workers_left", now)
+            decisions.append(NoWorkersLeft())
+        return decisions
+
     def due(self, now: float | None, started_at: float) -> list[int]:
         """Workers the revocation source revokes at ``now``: expired lifetimes, then scheduled picks."""
         now = self.clock.now() if now is None else now
@@ -152,6 +176,7 @@ class MembershipKernel:
         return out
 
     def _add(self, worker: WorkerInfo, now: float) -> None:
+        self._tried.pop(worker.slot, None)
         self.state = self.state.with_worker(worker)
         self._record("join", now, worker.worker_id, worker.slot, gpu=worker.server.gpu_type)
         deadline = self.revocations.deadline(worker)  # drawn once per server, when it is ready

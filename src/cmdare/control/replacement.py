@@ -1,6 +1,9 @@
 """Replacement policies: what replaces a lost worker server.
 
-A policy returns :class:`Replace` (start a server of this spec) or :class:`NoReplace`. Prices and
+A policy returns :class:`Replace` (start a server of this spec) or :class:`NoReplace`. When a requested
+server does not come (no node arrives within the run's time limit), :meth:`ReplacementPolicy.fallback`
+chooses again, knowing which specs were tried: ``cheapest`` falls back to the next offering, ``same``
+gives up (the run trains on with the survivors). Prices and
 speeds are passed in as :class:`Offer` values, so ``cheapest`` means one thing in the Ray trainer
 and in the simulator: the offering with the lowest price per training step.
 """
@@ -55,6 +58,11 @@ class ReplacementPolicy(Protocol):
         """The decision for a lost server of spec ``lost``, given the offerings the driver can start."""
         ...
 
+    def fallback(self, lost: ServerSpec, tried: Sequence[ServerSpec],
+                 offers: Sequence[Offer] = ()) -> Replace | NoReplace:
+        """The decision when the servers in ``tried`` were requested for ``lost``'s slot and none came."""
+        ...
+
 
 REPLACEMENT_POLICIES: Registry[ReplacementPolicy] = Registry("replacement policy")
 
@@ -68,6 +76,10 @@ class ReplaceSame:
     def decide(self, lost: ServerSpec, offers: Sequence[Offer] = ()) -> Replace | NoReplace:
         return Replace(lost)
 
+    def fallback(self, lost: ServerSpec, tried: Sequence[ServerSpec],
+                 offers: Sequence[Offer] = ()) -> Replace | NoReplace:
+        return NoReplace(f"no {lost.gpu_type or 'CPU'} server came in time")
+
 
 @REPLACEMENT_POLICIES.register("cheapest", "cost-efficient")
 class ReplaceCheapest:
@@ -77,12 +89,25 @@ class ReplaceCheapest:
     name = "cheapest"
 
     def decide(self, lost: ServerSpec, offers: Sequence[Offer] = ()) -> Replace | NoReplace:
-        usable = [o for o in offers if o.spec.transient and o.steps_per_s > 0]
-        if not usable:
-            return Replace(lost)
-        best = min(usable, key=lambda o: (o.usd_per_step, o.spec.price_per_hour_usd, o.spec.gpu_type or "",
-                                          o.spec.region))
+        best = _cheapest([o for o in offers if o.spec.transient and o.steps_per_s > 0])
+        return Replace(best.spec if best is not None else lost)
+
+    def fallback(self, lost: ServerSpec, tried: Sequence[ServerSpec],
+                 offers: Sequence[Offer] = ()) -> Replace | NoReplace:
+        """The cheapest transient offering of a GPU type not tried yet (a type whose node did not come is
+        not asked for again in another region)."""
+        failed = {s.gpu_type for s in tried}
+        best = _cheapest([o for o in offers if o.spec.transient and o.steps_per_s > 0
+                          and o.spec.gpu_type not in failed])
+        if best is None:
+            return NoReplace(f"no server of another type to fall back to (tried {', '.join(sorted(map(str, failed)))})")
         return Replace(best.spec)
+
+
+def _cheapest(offers: Sequence[Offer]) -> Offer | None:
+    """Lowest price per step (ties: lower price, then GPU name and region)."""
+    return min(offers, key=lambda o: (o.usd_per_step, o.spec.price_per_hour_usd, o.spec.gpu_type or "",
+                                      o.spec.region), default=None)
 
 
 @REPLACEMENT_POLICIES.register("none", "no")
@@ -92,4 +117,8 @@ class NoReplacement:
     name = "none"
 
     def decide(self, lost: ServerSpec, offers: Sequence[Offer] = ()) -> Replace | NoReplace:
+        return NoReplace()
+
+    def fallback(self, lost: ServerSpec, tried: Sequence[ServerSpec],
+                 offers: Sequence[Offer] = ()) -> Replace | NoReplace:
         return NoReplace()

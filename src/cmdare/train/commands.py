@@ -60,7 +60,12 @@ def train_command(
         "(--address: real servers are revoked by their cloud, never by emulation unless asked)."),
     replace: str = typer.Option("same", "--replacement", "--replace",
                                 help="Replacement policy for a lost worker: same | cheapest | none."),
-    startup: str = typer.Option("model", help="Replacement start-up delay: 'model' (CM-DARE data) or seconds."),
+    startup: str = typer.Option("model", help="Emulated replacement start-up (local runs): 'model' (CM-DARE "
+                                "data) or seconds. A joined cluster's start-up is measured, never emulated."),
+    replacement_timeout: float = typer.Option(600.0, "--replacement-timeout",
+                                              help="Joined cluster: seconds a replacement may wait for the "
+                                              "autoscaler's node before the policy falls back (cheapest: "
+                                              "another GPU type) or the run trains on without it."),
     lr_policy: str = typer.Option("unchanged", help="LR on membership change: unchanged | linear | sqrt | staleness."),
     elastic_ps: bool = typer.Option(False, "--elastic-ps", help="Let the PSLD balancer add and remove shards."),
     balance_every: int = typer.Option(50, help="Steps between load-balancing decisions."),
@@ -89,7 +94,7 @@ def train_command(
                      checkpoint_every=checkpoint_every, eval_every=eval_every, seed=seed,
                      gpus_per_worker=gpus_per_worker, transient=transient, gpu=gpu, cloud=cloud, region=region,
                      revocations=default_revocations(revocations, address) if transient else None, replace=replace,
-                     startup=startup,
+                     startup=startup, replacement_timeout_s=replacement_timeout,
                      lr_policy=lr_policy, elastic_ps=elastic_ps, balance_every=balance_every, straggler=straggler,
                      auto_mitigate=auto_mitigate, ps_bandwidth=ps_bandwidth, storage=storage)
     if resume:

@@ -76,12 +76,15 @@ class MembershipExecutor:
         self.workers: dict[int, WorkerHandle] = {}
         self.chief: WorkerHandle | None = None
         self.pending: list[tuple[Server, int, dict[str, Any]]] = []  # replacements on their way
+        # On a real cluster: replacement workers waiting for the node the autoscaler launches, by their
+        # ready() reference; they join the run (and a synchronous round) once their process is up.
+        self.starting: dict[Any, WorkerHandle] = {}
         self.no_workers_left = False
         self.started_at: float | None = None  # the first step's start (injected revocations count from it)
         self._next_id = 0
 
     # -- starting workers ------------------------------------------------------------------------
-    def _start_worker(self, server: Server, slot: int, start_step: int) -> WorkerHandle:
+    def _start_worker(self, server: Server, slot: int, start_step: int, member: bool = True) -> WorkerHandle:
         import ray
 
         spec = self.spec
@@ -95,7 +98,8 @@ class MembershipExecutor:
             server.notice)
         server.actor = actor
         handle = WorkerHandle(worker_id, slot, actor, server)
-        self.workers[worker_id] = handle
+        if member:
+            self.workers[worker_id] = handle
         return handle
 
     @staticmethod
@@ -114,24 +118,95 @@ class MembershipExecutor:
         self._execute(self.kernel.start([self._info(w) for w in handles], time.time()), announce_chief=False)
 
     def arrive(self, now: float) -> list[WorkerHandle]:
-        """Start workers on replacement servers that are ready by ``now``."""
+        """Start workers on replacement servers that are ready by ``now``; returns those that joined.
+
+        On a real cluster a replacement's server is the node the autoscaler launches for its actor: the
+        actor is created at once and joins when :meth:`started` sees its process up.
+        """
         arrived = [p for p in self.pending if p[0].ready_at <= now]
         self.pending = [p for p in self.pending if p[0].ready_at > now]
         out = []
         for server, slot, lost in arrived:
-            w = self._start_worker(server, slot, self._step())
+            w = self._start_worker(server, slot, self._step(), member=self.provider.emulated)
             w.replaces = lost
-            source = self._buffer_source(w)
-            if source is not None:
-                # Batch-norm running statistics live in the workers, not on the shards: a newcomer starts
-                # from the chief's (passed as a reference: the coordinator does not wait), so it evaluates
-                # and checkpoints well if it becomes chief soon after joining.
-                buffers = source.actor.buffers.remote()
-                self.detached.add(buffers, w.actor.load_buffers.remote(buffers))
-            self.shards.set_num_workers(len(self.workers))
-            self._execute(self.kernel.join(self._info(w), now))
-            out.append(w)
+            if self.provider.emulated:
+                out.append(self._admit(w, now))
+            else:
+                self.starting[w.actor.ready.remote()] = w
         return out
+
+    def started(self, ref: Any, now: float) -> WorkerHandle | None:
+        """A waiting replacement's ``ready()`` returned: its node registered and its process is up, so it
+        joins (phases measured: request -> node registered -> worker up). None if it failed to start."""
+        import ray
+
+        from cmdare.cloud.ray_cluster import node_started_at
+
+        w = self.starting.pop(ref)
+        try:
+            node_id, up_at = ray.get(ref)
+        except Exception as err:  # noqa: BLE001 - its node or process died before it ran: try again
+            self._replacement_failed(w, now, f"its worker failed to start ({type(err).__name__})")
+            return None
+        server = w.server
+        registered = node_started_at(node_id)
+        # a node that was already there (an idle one) took no provisioning time for this request
+        node_at = min(max(server.requested_at, registered or server.requested_at), up_at)
+        server.phases_s = {"Provisioning": node_at - server.requested_at, "Booting": max(0.0, up_at - node_at)}
+        server.ready_at = up_at
+        self.emitter.server_event("replacement_started", server, worker_id=w.worker_id,
+                                  extra={"node_id": node_id, "startup_s": up_at - server.requested_at})
+        self.workers[w.worker_id] = w
+        # the placement may have changed while it waited: adopt today's (queued before its first chunk)
+        self.detached.add(w.actor.set_layout.remote(self.shards.placement, self.shards.shards))
+        return self._admit(w, now)
+
+    def expire(self, now: float) -> None:
+        """Give up replacements whose node has not come within ``spec.replacement_timeout_s``."""
+        for ref, w in list(self.starting.items()):
+            if now - w.server.requested_at >= self.spec.replacement_timeout_s:
+                del self.starting[ref]
+                self.detached.add(ref)
+                self._replacement_failed(w, now, f"no node within {self.spec.replacement_timeout_s:g} s")
+
+    def cancel_starting(self) -> None:
+        """The run is over: withdraw replacements still waiting for a node (the autoscaler's demand goes)."""
+        for ref, w in list(self.starting.items()):
+            del self.starting[ref]
+            self.detached.add(ref)
+            self._end_unstarted(w, "cancelled")
+            self.emitter.server_event("replacement_cancelled", w.server, worker_id=w.worker_id,
+                                      extra={"waited_s": time.time() - w.server.requested_at})
+
+    def _replacement_failed(self, w: WorkerHandle, now: float, why: str) -> None:
+        self._end_unstarted(w, "not_started")
+        self.emitter.server_event("replacement_timeout", w.server, worker_id=w.worker_id,
+                                  extra={"reason": why, "waited_s": now - w.server.requested_at,
+                                         "replaces_worker": (w.replaces or {}).get("worker_id")})
+        self._execute(self.kernel.replacement_failed(w.slot, now), w.replaces)
+
+    def _end_unstarted(self, w: WorkerHandle, reason: str) -> None:
+        """Kill a replacement that never ran; its server never started, so it bills nothing."""
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.kill(w.actor)
+        server = w.server
+        server.ended_at, server.end_reason = server.requested_at, reason  # zero uptime: nothing billed
+        self.emitter.end_server(server, reason)
+
+    def _admit(self, w: WorkerHandle, now: float) -> WorkerHandle:
+        """A started replacement becomes a member: batch-norm statistics, round size, the kernel's join."""
+        source = self._buffer_source(w)
+        if source is not None:
+            # Batch-norm running statistics live in the workers, not on the shards: a newcomer starts
+            # from the chief's (passed as a reference: the coordinator does not wait), so it evaluates
+            # and checkpoints well if it becomes chief soon after joining.
+            buffers = source.actor.buffers.remote()
+            self.detached.add(buffers, w.actor.load_buffers.remote(buffers))
+        self.shards.set_num_workers(len(self.workers))
+        self._execute(self.kernel.join(self._info(w), now))
+        return w
 
     def _buffer_source(self, newcomer: WorkerHandle) -> WorkerHandle | None:
         """The worker a newcomer copies batch-norm statistics from: the chief, else another worker, that
@@ -161,6 +236,7 @@ class MembershipExecutor:
         self.emitter.server_event("replacement_joined", server, worker_id=w.worker_id,
                                   extra={"recovery_s": recovery_s, "replaces_worker": lost["worker_id"],
                                          "startup_s": server.ready_at - server.requested_at,
+                                         "joining_s": max(0.0, at - server.ready_at),
                                          "steps_per_s_before": lost["speed_before"], "steps_lost": steps_lost})
 
     # -- losing workers --------------------------------------------------------------------------
@@ -247,9 +323,10 @@ class MembershipExecutor:
             elif isinstance(d, RequestReplacement):
                 server = self.provider.request(d.spec)
                 self.pending.append((server, d.slot, lost or {}))
-                self.emitter.server_event("replacement_requested", server, worker_id=d.replaces,
-                                          extra={"replaces": (lost or {}).get("server_id"),
-                                                 "startup_s": server.ready_at - server.requested_at})
+                extra = {"replaces": (lost or {}).get("server_id")}
+                if self.provider.emulated:  # a real cluster's start-up is known once the node is there
+                    extra["startup_s"] = server.ready_at - server.requested_at
+                self.emitter.server_event("replacement_requested", server, worker_id=d.replaces, extra=extra)
             elif isinstance(d, NoWorkersLeft):
                 self.no_workers_left = True
 
@@ -263,6 +340,6 @@ class MembershipExecutor:
         """Kill every worker actor (at shutdown)."""
         import ray
 
-        for w in self.workers.values():
+        for w in [*self.workers.values(), *self.starting.values()]:
             with contextlib.suppress(Exception):  # already gone
                 ray.kill(w.actor)

@@ -1,5 +1,9 @@
 """Run metrics as a callback: speed (window and mean), revocations, replacements, time lost.
 
+Time lost counts worker-seconds: a replaced worker's slot from its revocation to its replacement's first
+step; a slot whose replacement never came, to the end of the run; a loss not replaced by policy
+(``--replace none``), its detection delay.
+
 The coordinator reports steps and events; this callback turns them into the figures of the run's
 summary and the speed before a loss that loss events carry.
 """
@@ -31,6 +35,8 @@ class RunMetrics(TrainCallback):
         self.revocations = 0
         self.replacements = 0
         self.lost_worker_s = 0.0  # worker-seconds lost: recovery of each replacement, detection of the rest
+        self._open_losses: dict[int, float] = {}  # lost worker -> revoked at, while its replacement is awaited
+        self._revoked_at: dict[int, float] = {}
 
     def start_chunk(self, started_at: float, global_step: int) -> None:
         """The first chunk of the run started at ``started_at`` at ``global_step`` (start-up excluded)."""
@@ -50,8 +56,13 @@ class RunMetrics(TrainCallback):
         elif report.kind == "replacement_joined":
             self.replacements += 1
             self.lost_worker_s += float(details.get("recovery_s", 0.0))
+            self._open_losses.pop(details.get("replaces_worker"), None)  # type: ignore[arg-type]
         elif report.kind == "worker_lost" and not details.get("replaced", True):
             self.lost_worker_s += float(details.get("detection_delay_s", 0.0))
+        elif report.kind == "worker_lost" and report.worker_id is not None:
+            self._revoked_at[report.worker_id] = report.time - float(details.get("detection_delay_s", 0.0))
+        elif report.kind == "replacement_requested" and report.worker_id is not None:
+            self._open_losses.setdefault(report.worker_id, self._revoked_at.get(report.worker_id, report.time))
         elif report.kind == "shard_restored":
             self._speed.clear()  # the step went back to the checkpoint's
 
@@ -79,9 +90,11 @@ class RunMetrics(TrainCallback):
         """The run's :class:`RunSummary`: speed, losses, time lost per planned worker, and the servers' cost
         (per-second billing of every server that joined or ended)."""
         now = time.time()
+        # a replacement asked for and never joined: its slot was empty from the revocation to the end
+        lost_worker_s = self.lost_worker_s + sum(now - t for t in self._open_losses.values())
         cost = sum(cost_usd(s.spec, s.uptime_s(now)) for s in servers if s.joined_at is not None or not s.alive)
         return RunSummary(run_id, now, status, global_step, now - t_start, self.mean_speed(), accuracy, loss,
                           self.revocations, self.replacements, cost,
                           details={"checkpoint_dir": checkpoint_dir, "startup_s": (self.first_step_at or now) - t_start,
-                                   "time_lost_s": self.lost_worker_s / max(1, planned_workers), "emulated": emulated,
+                                   "time_lost_s": lost_worker_s / max(1, planned_workers), "emulated": emulated,
                                    "servers": len(servers), "failed_checkpoints": failed_checkpoints})

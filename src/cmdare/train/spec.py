@@ -70,7 +70,10 @@ class TrainSpec:
     region: str | None = None
     revocations: str | None = None  # e.g. "lifetime=bathtub,speedup=7200", "every=5", "none"
     replace: str = "same"  # same | cheapest | none
-    startup: str = "model"  # replacement start-up delay: "model" (CM-DARE data, compressed) or seconds
+    startup: str = "model"  # emulated replacement start-up: "model" (CM-DARE data, compressed) or seconds
+    # On a joined cluster: how long a replacement may wait for the autoscaler's node before the replacement
+    # policy falls back (cheapest: another GPU type) or gives the slot up; the survivors train meanwhile.
+    replacement_timeout_s: float = 600.0
     lr_policy: str = "unchanged"  # on membership change: unchanged | linear | sqrt | staleness
     # Parameter-server load distribution (PSLD): live block moves, elastic shards, straggler injection.
     elastic_ps: bool = False  # let the balancer add and remove shards
@@ -94,6 +97,8 @@ class TrainSpec:
             raise UserInputError("--storage must name a directory or a URL such as s3://bucket/prefix")
         if self.chunk_s <= 0:
             raise UserInputError("chunk_s must be positive")
+        if not self.replacement_timeout_s > 0:
+            raise UserInputError(f"--replacement-timeout must be positive seconds, got {self.replacement_timeout_s}")
         if self.balance_every < 1:
             raise UserInputError("--balance-every must be at least 1")
         if self.straggler is not None:

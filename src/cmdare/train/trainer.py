@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from cmdare import __version__
-from cmdare.cloud.local import LocalProcessProvider, RayClusterProvider, ServerProvider, StartupDelay
+from cmdare.cloud.local import LocalProcessProvider, ServerProvider, StartupDelay
+from cmdare.cloud.ray_cluster import RayClusterProvider
 from cmdare.control import MembershipKernel, NoRevocations, RevocationPlan, WallClock, build_revocation_source
 from cmdare.errors import ShardLostError, StorageError, TransientError, UserInputError
 from cmdare.events import RunInfo, RunSummary, StepReport, TrainCallback
@@ -209,6 +210,7 @@ class Trainer:
                 self.emitter.event("resume", details={"step": step})
             self._to(RunState.RUNNING)
             self._loop()
+            self.members.cancel_starting()  # replacements still waiting for a node are not needed now
             self._to(RunState.FINISHING)
             self._final_duties()
             status = RunState.FINISHED
@@ -251,9 +253,16 @@ class Trainer:
             inflight[self._submit(w)] = w
         finished = False
         write_status(self.storage, "running", self._num_shards(), self.global_step)
-        while inflight or duties or self._planned or self._shard_failed or (not finished and self.members.pending):
-            ready, _ = ray.wait(list(inflight) + list(duties), num_returns=1, timeout=LOOP_TICK_S)
+        members = self.members
+        while (inflight or duties or self._planned or self._shard_failed
+               or (not finished and (members.pending or members.starting))):
+            ready, _ = ray.wait([*inflight, *duties, *members.starting], num_returns=1, timeout=LOOP_TICK_S)
             for ref in ready:
+                if ref in members.starting:  # a replacement's node came and its worker is up
+                    w = members.started(ref, time.time())
+                    if w is not None and not finished and not self._planned and not self._shard_failed:
+                        inflight[self._submit(w)] = w  # else: submitted with the others after the change
+                    continue
                 if ref in duties:
                     kind, w = duties.pop(ref)
                     self.duties.finish(kind, w, ref)
@@ -290,10 +299,11 @@ class Trainer:
                     self.members.lost(w, None, replace=False)
             else:
                 self.members.inject_revocations(now)
+                members.expire(now)
                 if not self._planned:
                     for w in self.members.arrive(now):
                         inflight[self._submit(w)] = w
-                if not self.workers and not self.members.pending:
+                if not self.workers and not self.members.pending and not self.members.starting:
                     raise TransientError("every worker was lost and --replace none: no worker left to train "
                                          f"(resume from the checkpoint with --resume {self.run_id})")
                 self._settle_state()

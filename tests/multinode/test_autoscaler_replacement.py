@@ -1,0 +1,148 @@
+"""Replacement through Ray's autoscaler: a run joined to a cluster whose worker nodes Ray's autoscaler
+launches (its fake multi-node provider: real raylets on this machine), inside a loopback-only namespace.
+
+Killing a worker's node (every process of it, as a revocation without notice does) makes the run request
+a replacement: a worker actor whose resources only a worker node has, which the autoscaler satisfies by
+launching one. When no node can come (the node type is at its maximum), the run gives the replacement up
+after ``--replacement-timeout`` and finishes with the survivor.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from netns_cluster import CMDARE, FAST_NODE_DEATH, PYTHON, RAY, NetnsCluster
+from sqlalchemy import create_engine, text
+
+# The autoscaler gives up on a node that stopped reporting after this many seconds (a cloud reports a
+# preempted VM gone by itself; the fake provider keeps listing a killed node until the autoscaler ends it).
+_HEAD_ENV = {**FAST_NODE_DEATH, "AUTOSCALER_HEARTBEAT_TIMEOUT_S": "5"}
+# Prints [class, state, node id] of every actor (the fake provider's nodes share the head's temp dir).
+_ACTORS = """
+import json, sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+print(json.dumps([[a["ActorClassName"], a["State"], a["Address"]["NodeID"]]
+                  for a in ray._private.state.actors().values()]))
+"""
+
+
+def _cluster(ns: NetnsCluster, spare: int, storage: Path, env: dict[str, str]) -> None:
+    """``cmdare cluster-config --cloud local`` for two K80 workers (``spare`` more nodes allowed per type), its
+    head started with the command the config names, and its worker nodes launched by the autoscaler."""
+    config = ns.tmp / "cluster.yaml"
+    made = subprocess.run([CMDARE, "cluster-config", "--cloud", "local", "--workers", "k80:2", "--transient",
+                           "--spare-nodes", str(spare), "--storage", str(storage), "-o", str(config)],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    doc = yaml.safe_load(config.read_text())
+    assert doc["provider"]["type"] == "fake_multinode"
+    ns.start_autoscaling_head(doc["head_start_ray_commands"][0], env=env)
+    ns.wait_for_workers(2, timeout=180)
+
+
+def _actors(ns: NetnsCluster) -> list[list[str]]:
+    proc = ns.run([PYTHON, "-c", _ACTORS, ns.address], env={"CMDARE_HOME": str(ns.tmp / "probe")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _train(ns: NetnsCluster, storage: Path, *extra: str) -> subprocess.Popen:
+    home = ns.tmp / "driver"
+    home.mkdir(exist_ok=True)
+    return ns.popen([CMDARE, "train", "--address", ns.address, "--model", "resnet8",
+                     "--workers", "2", "--transient", "--replace", "same", "--revocations", "none",
+                     "--checkpoint-every", "100", "--eval-every", "0", "--tensorboard", "none", *extra],
+                    env={"CMDARE_HOME": str(home), "CMDARE_STORAGE": str(storage), "COLUMNS": "200"},
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _kill_a_worker_node_after_first_checkpoint(ns: NetnsCluster, storage: Path,
+                                               proc: subprocess.Popen) -> tuple[str, str]:
+    """Kill one worker's node once a checkpoint is stored; returns (its node, the other worker's node)."""
+    deadline = time.time() + 240
+    while not list(storage.glob("*/ckpt-*.json")):
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise AssertionError(f"run ended or stalled before its first checkpoint:\n{proc.communicate()[0][-3000:]}")
+        time.sleep(0.3)
+    nodes = sorted(n for cls, state, n in _actors(ns) if cls == "Worker" and state == "ALIVE")
+    assert len(nodes) == 2, nodes
+    ns.kill_fake_node(nodes[0])
+    return nodes[0], nodes[1]
+
+
+def _servers(ns: NetnsCluster) -> list[dict]:
+    engine = create_engine(f"sqlite:///{ns.tmp / 'driver' / 'cmdare.db'}")
+    with engine.connect() as c:
+        rows = c.execute(text("SELECT server_id, role, end_reason, emulated, provisioning_s, booting_s, joined_at "
+                              "FROM servers WHERE role = 'worker' ORDER BY requested_at")).mappings().all()
+    return [dict(r) for r in rows]
+
+
+def _wait_for(what: str, check, proc: subprocess.Popen, timeout: float = 180.0):
+    deadline = time.time() + timeout
+    while not (found := check()):
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise AssertionError(f"run ended or timed out waiting for {what}:\n{proc.communicate()[0][-3000:]}")
+        time.sleep(0.5)
+    return found
+
+
+def _alive_workers(ns: NetnsCluster) -> set[str]:
+    return {n for cls, state, n in _actors(ns) if cls == "Worker" and state == "ALIVE"}
+
+
+@pytest.mark.timeout(600)
+def test_lost_and_drained_worker_nodes_are_replaced_by_the_autoscaler_and_the_run_finishes(
+        netns: NetnsCluster) -> None:
+    storage = netns.tmp / "storage"
+    _cluster(netns, 2, storage, _HEAD_ENV)
+    proc = _train(netns, storage, "--steps", "2500")
+    killed, drained = _kill_a_worker_node_after_first_checkpoint(netns, storage, proc)
+    _wait_for("the replacement", lambda: len(_alive_workers(netns) - {killed}) == 2, proc)
+    # Ray's preemption drain of the other worker's node, 30 s before the cloud takes it
+    res = netns.run([RAY, "drain-node", "--address", netns.address, "--node-id", drained, "--reason",
+                     "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot preemption (test)",
+                     "--deadline-remaining-seconds", "30"], env={"CMDARE_HOME": str(netns.tmp / "probe")},
+                    timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    _wait_for("the drained worker to leave", lambda: drained not in _alive_workers(netns), proc, timeout=30)
+    if netns.fake_node_pids(drained):  # a drained node exits once idle; else the deadline: the cloud takes it
+        netns.kill_fake_node(drained)
+    out, _ = proc.communicate(timeout=420)
+    assert proc.returncode == 0, out[-4000:] + netns.logs_tail()
+    summary = re.search(r"servers: (\d+) revoked, (\d+) replaced, ([\d.]+) s of cluster time lost", out)
+    assert summary and summary.groups()[:2] == ("2", "2"), out[-3000:]
+    assert float(summary.group(3)) > 0
+    assert "finished: step 2500" in out and "emulated" not in out.split("servers:")[1].splitlines()[0]
+    assert not {killed, drained} & _alive_workers(netns)
+    servers = _servers(netns)
+    assert sorted(s["end_reason"] for s in servers if s["end_reason"] in ("revoked", "notice")) == ["notice", "revoked"]
+    for replacement in servers[-2:]:  # start-up measured on the cluster: node registered, worker up, joined
+        assert replacement["emulated"] == 0 and replacement["joined_at"] is not None
+        assert replacement["provisioning_s"] is not None and replacement["provisioning_s"] > 0
+        assert replacement["booting_s"] is not None and replacement["booting_s"] > 0
+
+
+@pytest.mark.timeout(600)
+def test_when_no_node_can_come_the_run_gives_the_replacement_up_and_finishes(netns: NetnsCluster) -> None:
+    env = {**_HEAD_ENV, "AUTOSCALER_HEARTBEAT_TIMEOUT_S": "600"}  # the dead node keeps its slot: no room
+    storage = netns.tmp / "storage"
+    _cluster(netns, 0, storage, env)
+    proc = _train(netns, storage, "--steps", "1200", "--replacement-timeout", "5")
+    _kill_a_worker_node_after_first_checkpoint(netns, storage, proc)
+    out, _ = proc.communicate(timeout=420)
+    assert proc.returncode == 0, out[-4000:] + netns.logs_tail()
+    assert "finished: step 1200" in out
+    summary = re.search(r"servers: (\d+) revoked, (\d+) replaced, ([\d.]+) s of cluster time lost", out)
+    assert summary and summary.groups()[:2] == ("1", "0"), out[-3000:]
+    assert float(summary.group(3)) > 2.5  # the slot stayed empty from the kill to the end
+    reasons = [s["end_reason"] for s in _servers(netns)]
+    assert reasons.count("revoked") == 1 and reasons.count("not_started") == 1, reasons
