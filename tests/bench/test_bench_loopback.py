@@ -38,6 +38,9 @@ BENCHES: dict[str, list[str]] = {
     "store_recording": ["--rows", "10", "--pairs", "1", "--train-steps", "1"],  # rows recorded before Ray
     "train_overhead": [],
 }
+# Benches that start Ray only on a CUDA machine (without one they print `skipped` first: nothing to probe);
+# they still start it through cmdare.train.cluster (the RAW_START check below covers them).
+CUDA_ONLY = {"gpu_smoke"}
 STARTS_RAY = re.compile(r"\bray\.init\(|\bCluster\(|\bstart_local_ray\(|\bstart_local_cluster\(")
 RAW_START = re.compile(r"\bray\.init\(|\bCluster\(")
 TIMEOUT_S = 120
@@ -80,7 +83,7 @@ def probes(request) -> dict[str, dict]:
 def test_every_bench_that_starts_ray_is_probed_and_uses_the_loopback_helpers():
     """New benches that start Ray are added to BENCHES; they start it through cmdare.train.cluster."""
     starting = {p.stem for p in BENCH_DIR.glob("*.py") if STARTS_RAY.search(p.read_text())}
-    assert starting == set(BENCHES)
+    assert starting == set(BENCHES) | CUDA_ONLY
     raw = {p.stem for p in BENCH_DIR.glob("*.py") if RAW_START.search(p.read_text())}
     assert not raw, f"start Ray with cmdare.train.cluster.start_local_ray / start_local_cluster: {sorted(raw)}"
 
@@ -103,3 +106,15 @@ def test_bench_ray_runs_on_loopback(bench, probes):
     assert addresses, report
     assert all(a == LOOPBACK for a in addresses), f"{bench}: Ray nodes on {addresses}: {report}"
     assert report["gcs_address"] is None or report["gcs_address"].startswith(LOOPBACK + ":"), report
+
+
+def test_gpu_smoke_skips_cleanly_without_cuda():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: bench/gpu_smoke.py runs for real")
+    proc = subprocess.run([sys.executable, str(BENCH_DIR / "gpu_smoke.py")], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"bench": "gpu_smoke", "skipped": True,
+                                                                 "reason": "no CUDA device"}

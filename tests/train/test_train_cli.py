@@ -40,6 +40,12 @@ def _run(args, home):
     ["--ps-bandwidth", "fast"],
     ["--ps-bandwidth", "0MB/s"],
     ["--elastic-ps"],
+    ["--workers", "k80:x"],
+    ["--workers", "many"],
+    ["--workers", "k80:2,nosuchgpu:1"],
+    ["--gpus-per-worker", "lots"],
+    ["--gpus-per-worker", "-1"],
+    ["--replacement-timeout", "0"],
 ])
 def test_bad_input_is_one_line(tmp_path, args):
     res = _run([*args, "--steps", "5"], tmp_path)

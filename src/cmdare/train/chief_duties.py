@@ -20,7 +20,7 @@ from cmdare.train.checkpoint_uploads import CheckpointUploads, Upload
 from cmdare.train.emitter import RunEmitter
 from cmdare.train.faults import classify
 
-__all__ = ["ChiefDuties"]
+__all__ = ["ChiefDuties", "DutySchedule"]
 
 
 class ChiefDuties:
@@ -96,3 +96,30 @@ class ChiefDuties:
     def run_now(self, kind: str, chief: Any) -> bool:
         """Start and await duty ``kind`` on ``chief``."""
         return self.finish(kind, chief, self.start(kind, chief))
+
+
+class DutySchedule:
+    """When the chief's periodic duties fall due: the next multiples of the checkpoint and evaluation
+    intervals (0: never), counted from the step the schedule was (re)started at."""
+
+    def __init__(self, checkpoint_every: int, eval_every: int, steps: int):
+        self.every = {"checkpoint": checkpoint_every, "eval": eval_every}
+        self.steps = steps
+        self.next: dict[str, int] = {}
+
+    def restart(self, global_step: int) -> None:
+        """Due next at the multiples after ``global_step`` (at the start, and after the shards rolled back)."""
+        self.next = {kind: _next_multiple(global_step, every) for kind, every in self.every.items()}
+
+    def take(self, global_step: int) -> str | None:
+        """The duty due at ``global_step`` (checkpoint before evaluation), now scheduled to its next time."""
+        for kind, every in self.every.items():
+            due = self.next.get(kind, 0)
+            if due and due <= global_step < self.steps:
+                self.next[kind] = _next_multiple(global_step, every)
+                return kind
+        return None
+
+
+def _next_multiple(step: int, every: int) -> int:
+    return (step // every + 1) * every if every else 0

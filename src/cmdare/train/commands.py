@@ -29,7 +29,8 @@ def train_command(
     model: str = typer.Option("resnet15", help="Workload name (see `cmdare workloads`)."),
     dataset: str = typer.Option("digits", help="digits | synthetic | cifar10"),
     data_dir: Path = typer.Option(None, "--data-dir", help="Directory of the CIFAR-10 python batches."),
-    workers: int = typer.Option(2, help="Number of workers."),
+    workers: str = typer.Option("2", help="Workers: a number (that many of --gpu) or a GPU mix, e.g. "
+                                "k80:2,v100:1 (each worker on a server of its type and price)."),
     ps: int = typer.Option(1, "--ps", help="Number of parameter shards."),
     steps: int = typer.Option(500, help="Target global step."),
     batch_size: int = typer.Option(32, help="Per-worker batch size."),
@@ -48,7 +49,8 @@ def train_command(
                                 "(s3://bucket/prefix, gs://bucket/prefix, any fsspec URL). Default: the data "
                                 "directory. On a cluster, use storage every machine reaches."),
     address: str = typer.Option(None, help="Join this Ray cluster ('auto' on a cluster node)."),
-    gpus_per_worker: float = typer.Option(0.0, help="GPUs per worker (Ray num_gpus)."),
+    gpus_per_worker: str = typer.Option("auto", help="GPUs per worker (Ray num_gpus); auto: one when the "
+                                        "cluster has GPUs, else none."),
     transient: bool = typer.Option(True, "--transient/--on-demand",
                                    help="Workers on transient (spot/preemptible) servers, or on-demand ones."),
     gpu: str = typer.Option("k80", help="GPU type of the worker servers (priced from the catalog)."),
@@ -88,11 +90,19 @@ def train_command(
         raise UserInputError("--elastic-ps needs --placement psld (the PSLD balancer adds and removes shards)")
     if dataset == "cifar10" and data_dir is None:
         raise UserInputError("--dataset cifar10 needs --data-dir DIR (the CIFAR-10 python batches)")
-    spec = TrainSpec(model=model, dataset=dataset, data_dir=str(data_dir) if data_dir else None, workers=workers,
+    num_workers, worker_gpus = TrainSpec.parse_workers(workers)
+    gpus: float | str = gpus_per_worker.strip().lower()
+    if gpus != "auto":
+        try:
+            gpus = float(gpus)
+        except ValueError:
+            raise UserInputError(f"--gpus-per-worker must be 'auto' or a number, got {gpus_per_worker!r}") from None
+    spec = TrainSpec(model=model, dataset=dataset, data_dir=str(data_dir) if data_dir else None, workers=num_workers,
+                     worker_gpus=worker_gpus,
                      ps=ps, steps=steps, batch_size=batch_size, sync=sync, placement=placement,
                      optimizer=OptimizerConfig(lr=lr, momentum=momentum, weight_decay=weight_decay),
                      checkpoint_every=checkpoint_every, eval_every=eval_every, seed=seed,
-                     gpus_per_worker=gpus_per_worker, transient=transient, gpu=gpu, cloud=cloud, region=region,
+                     gpus_per_worker=gpus, transient=transient, gpu=gpu, cloud=cloud, region=region,
                      revocations=default_revocations(revocations, address) if transient else None, replace=replace,
                      startup=startup, replacement_timeout_s=replacement_timeout,
                      lr_policy=lr_policy, elastic_ps=elastic_ps, balance_every=balance_every, straggler=straggler,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,20 +48,24 @@ class WorkerHandle:
     replaces: dict[str, Any] | None = None  # the loss this worker replaces (for recovery times)
 
 
-def catalog_offers(lost: ServerSpec) -> list[Offer]:
-    """Transient offerings of the lost server's GPU type in the catalog (any region of its cloud).
-
-    A run trains on one GPU type, so every offer trains at the same speed and ``cheapest`` picks the
-    lowest price per step, which is the lowest price.
-    """
+def catalog_offers(lost: ServerSpec, model: str | None = None) -> list[Offer]:
+    """Transient worker offerings in the catalog (any region of the lost server's cloud) that could replace
+    ``lost``, each with the speed ``model`` trains at on its GPU type (the step-time model); without a
+    model, only offerings of the lost server's type, all at the same speed (``cheapest`` then picks the
+    lowest price)."""
     from cmdare.cloud.catalog import default_catalog
+    from cmdare.train.gpu_speeds import step_time_s
 
     cloud = lost.cloud if lost.cloud != "local" else None
     out = []
-    for o in default_catalog().find(gpu=lost.gpu_type, cloud=cloud, role="worker", include_retired=True):
+    for o in default_catalog().find(gpu=None if model else lost.gpu_type, cloud=cloud, role="worker",
+                                    include_retired=True):
         price = o.slot_price_per_hour_usd(True)
-        if price is not None:
-            out.append(Offer(ServerSpec(o.gpu, o.cloud, o.region, True, price, o.role), 1.0))
+        if price is None or o.gpu is None:
+            continue
+        t = step_time_s(model, o.gpu) if model else 1.0
+        if t is not None:
+            out.append(Offer(ServerSpec(o.gpu, o.cloud, o.region, True, price, o.role), 1.0 / t))
     return out
 
 
@@ -81,6 +85,9 @@ class MembershipExecutor:
         self.starting: dict[Any, WorkerHandle] = {}
         self.no_workers_left = False
         self.started_at: float | None = None  # the first step's start (injected revocations count from it)
+        self.num_gpus = 0.0 if spec.gpus_per_worker == "auto" else float(spec.gpus_per_worker)  # set at start
+        self.stretch: dict[str, float] = {}  # GPU type -> emulated step stretch (local mixed runs)
+        self._reference_step_s: float | None = None  # recent step time of the fastest type's workers
         self._next_id = 0
 
     # -- starting workers ------------------------------------------------------------------------
@@ -90,12 +97,13 @@ class MembershipExecutor:
         spec = self.spec
         self.provider.prepare(server)
         threads = max(1, int(spec.cpus_per_worker)) if spec.cpus_per_worker else None
-        opts = {"num_cpus": spec.cpus_per_worker, "num_gpus": spec.gpus_per_worker, "max_restarts": 0,
+        opts = {"num_cpus": spec.cpus_per_worker, "num_gpus": self.num_gpus, "max_restarts": 0,
                 **self.provider.actor_options(server)}
+        stretch = self.stretch.get((server.spec.gpu_type or "").lower(), 1.0)
         worker_id, self._next_id = self._next_id, self._next_id + 1
         actor = ray.remote(Worker).options(**opts).remote(
             worker_id, slot, spec.workers, spec, self.shards.shards, self.shards.placement, threads, start_step,
-            server.notice)
+            server.notice, stretch)
         server.actor = actor
         handle = WorkerHandle(worker_id, slot, actor, server)
         if member:
@@ -106,10 +114,11 @@ class MembershipExecutor:
     def _info(w: WorkerHandle) -> WorkerInfo:
         return WorkerInfo(w.worker_id, w.slot, w.server.spec, w.server.ready_at)
 
-    def start(self, worker_spec: ServerSpec, step: int) -> None:
-        """The first wave: one server and worker per data slot (its start-up is not part of the run)."""
+    def start(self, worker_specs: Sequence[ServerSpec], step: int) -> None:
+        """The first wave: one server (of its slot's spec) and worker per data slot (its start-up is not part
+        of the run)."""
         handles = []
-        for slot in range(self.spec.workers):
+        for slot, worker_spec in enumerate(worker_specs):
             server = self.provider.request(worker_spec)
             server.ready_at = server.requested_at
             self.emitter.server_event("server_requested", server)
@@ -238,6 +247,27 @@ class MembershipExecutor:
                                          "startup_s": server.ready_at - server.requested_at,
                                          "joining_s": max(0.0, at - server.ready_at),
                                          "steps_per_s_before": lost["speed_before"], "steps_lost": steps_lost})
+
+    # -- emulated GPU types ---------------------------------------------------------------------
+    def _stretch_of(self, w: WorkerHandle) -> float:
+        return self.stretch.get((w.server.spec.gpu_type or "").lower(), 1.0)
+
+    def observe_step_time(self, w: WorkerHandle, steps: int, duration_s: float) -> None:
+        """A chunk of a worker of the fastest type present: its step time is the emulation's reference."""
+        if self.stretch and steps and self._stretch_of(w) == 1.0:
+            t = duration_s / steps
+            ref = self._reference_step_s
+            self._reference_step_s = t if ref is None else 0.7 * ref + 0.3 * t
+
+    def step_target_s(self, w: WorkerHandle) -> float:
+        """How long each step of ``w`` must last to train at its type's speed: its stretch times the fastest
+        type's recent step time, on this machine (0: no emulation, or no reference yet, when the worker
+        stretches its own step time instead). A reference shared by all workers keeps the ratio when the
+        workers slow each other down on this machine's cores."""
+        stretch = self._stretch_of(w)
+        if stretch <= 1.0 or self._reference_step_s is None:
+            return 0.0
+        return stretch * self._reference_step_s
 
     # -- losing workers --------------------------------------------------------------------------
     def inject_revocations(self, now: float) -> None:

@@ -57,6 +57,8 @@ def resumed_spec(run: Storage, given: TrainSpec, explicit: Iterable[str], joined
             data["optimizer"] = dict(data.get("optimizer") or {}, **{name: new["optimizer"][name]})
         elif name == "transient":
             data["transient"], data["revocations"] = new["transient"], new["revocations"]
+        elif name == "workers":  # a count or a GPU mix: both fields
+            data["workers"], data["worker_gpus"] = new["workers"], new["worker_gpus"]
         elif name in new:
             data[name] = new[name]
     if given.storage is not None:

@@ -15,7 +15,8 @@ from cmdare.storage import Storage, as_storage, run_storage
 from cmdare.train.checkpoint import CheckpointStore, load_checkpoint
 from cmdare.train.spec import TrainSpec
 
-__all__ = ["InitialState", "initial_state", "joined_storage_warning", "server_specs", "training_storage"]
+__all__ = ["InitialState", "gpus_per_worker", "initial_state", "joined_storage_warning", "server_specs",
+           "training_storage"]
 
 InitialState = tuple[list[ParamInfo], np.ndarray, np.ndarray, dict[str, np.ndarray], int]
 
@@ -76,17 +77,37 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
     return infos, params, momentum, buffers, step
 
 
-def server_specs(spec: TrainSpec) -> tuple[ServerSpec, ServerSpec]:
-    """Worker and PS server specs priced from the catalog (a local run emulates them)."""
+def server_specs(spec: TrainSpec) -> tuple[list[ServerSpec], ServerSpec]:
+    """Each data slot's worker server spec and the PS server spec, priced from the catalog (a local run
+    emulates them). A mixed run (``worker_gpus``) rents each slot a server of its GPU type, in the given
+    region or the first region that offers the type."""
     from cmdare.cloud.catalog import default_catalog
 
     catalog = default_catalog()
-    region = spec.region
-    if region is None:
-        offers = catalog.find(gpu=spec.gpu, cloud=spec.cloud)
-        if not offers:
-            catalog.offering(spec.gpu, spec.cloud, catalog.regions(spec.cloud)[0])  # raises a clear error
-        region = sorted(o.region for o in offers)[0]
-    worker = catalog.server_spec(spec.gpu, spec.cloud, region, spec.transient, role="worker")
-    ps = catalog.server_spec(None, spec.cloud, region, False, role="ps")
-    return worker, ps
+    specs: dict[str, ServerSpec] = {}
+    for gpu in dict.fromkeys(spec.slot_gpus()):
+        region = spec.region
+        if region is None:
+            offers = catalog.find(gpu=gpu, cloud=spec.cloud)
+            if not offers:
+                catalog.offering(gpu, spec.cloud, catalog.regions(spec.cloud)[0])  # raises a clear error
+            region = sorted(o.region for o in offers)[0]
+        specs[gpu] = catalog.server_spec(gpu, spec.cloud, region, spec.transient, role="worker")
+    first = next(iter(specs.values()))
+    ps = catalog.server_spec(None, spec.cloud, first.region, False, role="ps")
+    return [specs[gpu] for gpu in spec.slot_gpus()], ps
+
+
+def gpus_per_worker(spec: TrainSpec, joined: bool) -> float:
+    """Ray ``num_gpus`` of each worker: as given, or for ``"auto"`` one GPU when the cluster has GPUs, else
+    none (the worker trains on the GPU Ray assigns, see :func:`cmdare.train.worker.pick_device`). On this
+    machine's own Ray (not ``joined``) with fewer GPUs than workers, the workers share them evenly, since no
+    autoscaler adds GPUs."""
+    if spec.gpus_per_worker != "auto":
+        return float(spec.gpus_per_worker)
+    import ray
+
+    total = float(ray.cluster_resources().get("GPU", 0))
+    if total <= 0:
+        return 0.0
+    return 1.0 if joined else min(1.0, total / spec.workers)

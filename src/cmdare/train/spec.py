@@ -53,7 +53,7 @@ class TrainSpec:
     seed: int = 0
     chunk_steps: int = 10  # steps a worker runs per call before reporting back
     chunk_s: float = 0.5  # ... or this many seconds, whichever comes first
-    gpus_per_worker: float = 0.0
+    gpus_per_worker: float | str = "auto"  # Ray num_gpus per worker; "auto": 1 when the cluster has GPUs, else 0
     cpus_per_worker: float = 1.0
     cpus_per_shard: float = 1.0
     image_size: int | None = None
@@ -66,6 +66,9 @@ class TrainSpec:
     # emulated: prices come from the catalog, revocations from ``revocations`` (see cmdare.control.revocation).
     transient: bool = False
     gpu: str = "k80"
+    # Mixed GPU types, the plan's syntax ("k80:2,v100:1": slots 0-1 K80, slot 2 V100; counts sum to workers);
+    # None: every worker is a `gpu`.
+    worker_gpus: str | None = None
     cloud: str = "gcp"
     region: str | None = None
     revocations: str | None = None  # e.g. "lifetime=bathtub,speedup=7200", "every=5", "none"
@@ -91,8 +94,14 @@ class TrainSpec:
         for name in ("checkpoint_every", "eval_every", "seed"):
             if getattr(self, name) < 0:
                 raise UserInputError(f"--{name.replace('_', '-')} must not be negative")
-        if self.gpus_per_worker < 0 or self.cpus_per_worker < 0 or self.cpus_per_shard < 0:
+        if self.gpus_per_worker != "auto" and (isinstance(self.gpus_per_worker, str | bool)
+                                              or not self.gpus_per_worker >= 0):
+            raise UserInputError(f"--gpus-per-worker must be 'auto' or a number >= 0, got {self.gpus_per_worker!r}")
+        if self.cpus_per_worker < 0 or self.cpus_per_shard < 0:
             raise UserInputError("resource requests must not be negative")
+        if self.worker_gpus is not None and sum(self._gpu_counts().values()) != self.workers:
+            raise UserInputError(f"--workers {self.worker_gpus} names {sum(self._gpu_counts().values())} workers, "
+                                 f"not {self.workers}")
         if self.storage is not None and not self.storage.strip():
             raise UserInputError("--storage must name a directory or a URL such as s3://bucket/prefix")
         if self.chunk_s <= 0:
@@ -105,6 +114,30 @@ class TrainSpec:
             self.straggler_factor()  # validates
         if self.ps_bandwidth is not None:
             parse_rate_bytes_per_s(self.ps_bandwidth)  # validates
+
+    def _gpu_counts(self) -> dict[str, int]:
+        from cmdare.cloud.gpu_counts import parse_gpu_counts
+
+        return parse_gpu_counts(self.worker_gpus or f"{self.gpu}:{self.workers}")
+
+    def slot_gpus(self) -> list[str]:
+        """The GPU type of each data slot, in slot order (``k80:2,v100:1`` -> ``[k80, k80, v100]``)."""
+        return [gpu for gpu, n in self._gpu_counts().items() for _ in range(n)]
+
+    @classmethod
+    def parse_workers(cls, text: str | int) -> tuple[int, str | None]:
+        """``--workers``: a count, or a mix like ``k80:2,v100:1`` -> ``(total, normalized mix or None)``.
+
+        Raises:
+            UserInputError: neither a whole number nor a GPU mix.
+        """
+        raw = str(text).strip()
+        if raw.isdigit():
+            return int(raw), None
+        from cmdare.cloud.gpu_counts import parse_gpu_counts
+
+        counts = parse_gpu_counts(raw)
+        return sum(counts.values()), ",".join(f"{gpu}:{n}" for gpu, n in counts.items())
 
     def straggler_factor(self) -> tuple[int, float] | None:
         """``(shard, factor)`` from ``straggler`` ("0:3"), or None."""

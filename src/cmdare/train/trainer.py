@@ -40,17 +40,24 @@ from cmdare.storage import Storage
 from cmdare.train.balancing import DecisionSource, PsldSource
 from cmdare.train.checkpoint import CheckpointStore
 from cmdare.train.checkpoint_uploads import CheckpointUploads
-from cmdare.train.chief_duties import ChiefDuties
+from cmdare.train.chief_duties import ChiefDuties, DutySchedule
 from cmdare.train.cluster import ensure_ray
 from cmdare.train.detached import DetachedCalls
 from cmdare.train.emitter import RunEmitter
 from cmdare.train.faults import classify
+from cmdare.train.gpu_speeds import emulated_step_stretch
 from cmdare.train.membership import MembershipExecutor, WorkerHandle, catalog_offers
 from cmdare.train.mitigation import BottleneckWatch, CompositeSource
 from cmdare.train.placement_changes import PlacementChanges
 from cmdare.train.run_control import write_run_spec, write_status
 from cmdare.train.run_metrics import RunMetrics
-from cmdare.train.setup import initial_state, joined_storage_warning, server_specs, training_storage
+from cmdare.train.setup import (
+    gpus_per_worker,
+    initial_state,
+    joined_storage_warning,
+    server_specs,
+    training_storage,
+)
 from cmdare.train.shard_group import ShardGroup
 from cmdare.train.spec import TrainSpec
 from cmdare.train.states import RunState, RunStateMachine
@@ -100,9 +107,11 @@ class Trainer:
         self.background_uploads = background_uploads
         self.resume_from = Path(resume_from) if resume_from else None
         self.plan = RevocationPlan.parse(spec.revocations, seed=spec.seed)
+        priced = spec.model if spec.replace in ("cheapest", "cost-efficient") else None  # speeds cost a model fit
         self.kernel = MembershipKernel(spec.workers, replacement=spec.replace, lr_policy=spec.lr_policy,
-                                       offers=catalog_offers, clock=WallClock())  # unknown names fail here
-        self.worker_spec, self.ps_spec = server_specs(spec)
+                                       offers=lambda lost: catalog_offers(lost, priced),
+                                       clock=WallClock())  # unknown names fail here
+        self.worker_specs, self.ps_spec = server_specs(spec)
         from cmdare.predict import startup_model  # loaded when a phase is first sampled
 
         startup = StartupDelay(spec.startup, self.plan.speedup, spec.seed, model=startup_model)
@@ -121,7 +130,7 @@ class Trainer:
         self._initial: tuple[np.ndarray, np.ndarray, int] | None = None
         self._inflight: dict[Any, WorkerHandle] = {}  # the loop's chunk calls, by reference
         self._duties: dict[Any, tuple[str, WorkerHandle]] = {}  # the loop's chief duties, by reference
-        self._next_duty: dict[str, int] = {}  # duty kind -> the global step it is next due at
+        self.schedule = DutySchedule(spec.checkpoint_every, spec.eval_every, spec.steps)
         self._started_ray = False
         self.emulated = self.provider.kind != "ray"
         self.shard_group: ShardGroup | None = None  # set up once Ray is
@@ -165,6 +174,9 @@ class Trainer:
         self.shard_group = ShardGroup(spec, self.provider, self.ps_spec, self.infos, self.emitter, self.detached)
         self.members = MembershipExecutor(spec, self.kernel, self.provider, self.shard_group, self.emitter,
                                           self.detached, self.metrics.window_speed, lambda: self.global_step)
+        self.members.num_gpus = gpus_per_worker(spec, joined=not self.provider.emulated)
+        if self.provider.emulated and spec.worker_gpus:  # one machine stands in for several GPU types
+            self.members.stretch = emulated_step_stretch(spec, self.emitter)
         meta = {"run_id": self.run_id, "spec": spec.to_dict()}
         uploads = CheckpointUploads(CheckpointStore(self.storage, spec.keep_checkpoints), self.background_uploads)
         self.duties = ChiefDuties(uploads, meta, self.infos, self.emitter,
@@ -203,7 +215,7 @@ class Trainer:
         status = RunState.FAILED
         try:
             self._setup(params, momentum, step)
-            self.members.start(self.worker_spec, step)
+            self.members.start(self.worker_specs, step)
             if buffers:
                 ray.get([w.actor.load_buffers.remote(buffers) for w in self.workers.values()])
             if self.resuming:
@@ -245,7 +257,7 @@ class Trainer:
         import ray
 
         spec = self.spec
-        self._schedule_duties()
+        self.schedule.restart(self.global_step)
         next_stats = time.time() + SHARD_STATS_EVERY_S
         next_balance = self.global_step + spec.balance_every
         inflight, duties = self._inflight, self._duties  # kept on the trainer: _shutdown fetches what is left
@@ -317,7 +329,7 @@ class Trainer:
             if self._shard_failed:
                 if not inflight and not duties:
                     self._restore_shards()
-                    self._schedule_duties()
+                    self.schedule.restart(self.global_step)
                     for w in self.workers.values():
                         inflight[self._submit(w)] = w
                 continue
@@ -333,24 +345,16 @@ class Trainer:
             if chief is not None and not duties:
                 self._start_due_duty(chief)
 
-    def _schedule_duties(self) -> None:
-        """The next checkpoint and evaluation fall due at the next multiples of their intervals."""
-        self._next_duty = {"checkpoint": _next_multiple(self.global_step, self.spec.checkpoint_every),
-                           "eval": _next_multiple(self.global_step, self.spec.eval_every)}
-
     def _start_due_duty(self, chief: WorkerHandle) -> None:
         """Start the checkpoint (else the evaluation) that is due on ``chief``, if any."""
-        for kind, every in (("checkpoint", self.spec.checkpoint_every), ("eval", self.spec.eval_every)):
-            due = self._next_duty[kind]
-            if due and due <= self.global_step < self.spec.steps:
-                self._duties[self.duties.start(kind, chief)] = (kind, chief)
-                self._next_duty[kind] = _next_multiple(self.global_step, every)
-                return
+        kind = self.schedule.take(self.global_step)
+        if kind is not None:
+            self._duties[self.duties.start(kind, chief)] = (kind, chief)
 
     def _submit(self, w: WorkerHandle) -> Any:
         # Synchronous workers must end chunks on the same round, so chunks end by step count only.
         max_s = float("inf") if self.spec.sync else self.spec.chunk_s
-        return w.actor.run_steps.remote(self.spec.chunk_steps, max_s)
+        return w.actor.run_steps.remote(self.spec.chunk_steps, max_s, self.members.step_target_s(w))
 
     def _record_chunk(self, w: WorkerHandle, res: ChunkResult) -> None:
         now = time.time()
@@ -360,6 +364,7 @@ class Trainer:
         self.global_step = max(self.global_step, res.global_step)
         self.shard_group.add_waits(res.shard_wait_s)
         self.placement_changes.observe_chunk(res.worker_id, res.steps, res.duration_s, res.compute_s)
+        self.members.observe_step_time(w, res.steps, res.duration_s)
         if res.steps:
             speed = self.metrics.window_speed(including=(now, self.global_step))
             self.emitter.emit("on_step", StepReport(self.run_id, now, self.global_step, res.worker_id, res.steps,
@@ -409,10 +414,6 @@ class Trainer:
         left_running = [*self._inflight, *self._duties]
         self._inflight, self._duties = {}, {}
         release_run((self.members, self.shard_group), self.detached, left_running, self.provider, self._started_ray)
-
-
-def _next_multiple(step: int, every: int) -> int:
-    return (step // every + 1) * every if every else 0
 
 
 def train(spec: TrainSpec | None = None, callbacks: Sequence[TrainCallback] = (), **kwargs: Any) -> RunSummary:

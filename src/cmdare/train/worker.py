@@ -81,7 +81,7 @@ class Worker:
 
     def __init__(self, worker_id: int, slot: int, num_slots: int, spec: TrainSpec,
                  shards: Sequence[Any], placement: Placement, threads: int | None = None,
-                 start_step: int = 0, notice: tuple[str, str] | None = None):
+                 start_step: int = 0, notice: tuple[str, str] | None = None, stretch: float = 1.0):
         from cmdare.datasets import BatchStream, load_dataset
         from cmdare.workloads import build_model
 
@@ -101,6 +101,8 @@ class Worker:
         self.shards = list(shards)
         self.layout = FlatLayout(list(self.model.parameters()), placement, self.device)
         self.step = -1  # global step of the parameters held; -1 before the first pull
+        # emulating a slower GPU type on this machine: every step takes `stretch` times as long (>= 1)
+        self.stretch = max(1.0, float(stretch))
         self.started_at = time.time()  # the process is up and the model built (a server's start-up ends)
         self.node_id: str | None = None
         self.watchers = _notice_watchers(notice)
@@ -132,8 +134,12 @@ class Worker:
         return [k for k, (a, b) in enumerate(self.layout.shard_ranges) if b > a]
 
     # -- training --------------------------------------------------------------------------
-    def run_steps(self, max_steps: int, max_s: float) -> ChunkResult:
-        """Train up to ``max_steps`` steps or ``max_s`` seconds; stop early at the target step."""
+    def run_steps(self, max_steps: int, max_s: float, step_s: float = 0.0) -> ChunkResult:
+        """Train up to ``max_steps`` steps or ``max_s`` seconds; stop early at the target step.
+
+        ``step_s`` > 0 (emulating a slower GPU type): every step lasts at least that long; else, with a
+        ``stretch`` above 1, each step lasts ``stretch`` times its own time.
+        """
         import ray
 
         if self.step < 0:
@@ -181,6 +187,10 @@ class Worker:
             self.step = step_after
             loss_sum += float(loss.detach())
             steps += 1
+            if step_s > 0:
+                time.sleep(max(0.0, step_s - (time.perf_counter() - t0)))
+            elif self.stretch > 1.0:
+                time.sleep((self.stretch - 1.0) * (time.perf_counter() - t0))
         scale = (steps + done) / sampled if sampled else 0.0  # estimate over every push from the sample
         return ChunkResult(self.worker_id, steps, time.perf_counter() - t_start,
                            loss_sum / steps if steps else float("nan"), compute_s, comm_s, self.step,
@@ -240,6 +250,12 @@ class Worker:
 
                 self.node_id = ray.get_runtime_context().get_node_id()
         return self.node_id, self.started_at
+
+    def device_info(self) -> dict[str, Any]:
+        """Where this worker trains: its torch device and the GPU ids Ray assigned it."""
+        import ray
+
+        return {"device": str(self.device), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
     def leave(self) -> None:
         """Stop watching for notices before the coordinator releases this worker."""

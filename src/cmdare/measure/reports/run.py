@@ -1,5 +1,6 @@
-"""``cmdare report run RUN_ID``: one run's throughput over time, events, cost so far, push staleness and
-parameter-shard load (service, queueing and worker-observed wait per push)."""
+"""``cmdare report run RUN_ID``: one run's throughput over time, events, cost so far, each worker's server
+(GPU type, price), speed and staleness, push staleness and parameter-shard load (service, queueing and
+worker-observed wait per push)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from cmdare.errors import DataNotFoundError, UserInputError
 from cmdare.measure.reports.base import Report
+from cmdare.measure.reports.run_workers import workers_table
 from cmdare.measure.store import Store
 from cmdare.measure.store.schema import Run
 
@@ -197,8 +199,8 @@ def build(store: Store, run_id: str | None = None) -> Report:
     return Report(
         "run",
         f"Run {run_id}",
-        {"summary": summary_df, "timeline": timeline, "events": event_df, "staleness": stale_df,
-         "shards": shard_df},
+        {"summary": summary_df, "timeline": timeline, "events": event_df,
+         "workers": workers_table(steps, events, servers, stale_df), "staleness": stale_df, "shards": shard_df},
         notes,
         plot,
         figsize=(15, 4.5) if len(stale_hist) else (11, 4.5),

@@ -1,0 +1,72 @@
+"""How fast a run's model trains on each GPU type, by the step-time model: the speeds that price a
+replacement (``cheapest``) and the compute stretch that emulates a mixed cluster on one machine.
+
+Locally every worker computes on this machine's CPU, so a run of ``k80:2,v100:1`` emulates the types: each
+worker's steps are stretched to the step-time model's ratio between its type and the fastest type present
+(that one trains at this machine's speed; a stretch is never below 1). The model's features are the
+published CNN's when the run's model is one of them, else the profiled model's (FLOPs per training sample
+times :data:`T2T_FLOPS_PER_PROFILED`, the ratio of the CM-DARE tables' count to cmdare's profiler on
+resnet32, since the step-time model was fitted on the tables' count).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from cmdare.errors import CmdareError
+
+if TYPE_CHECKING:
+    from cmdare.train.emitter import RunEmitter
+    from cmdare.train.spec import TrainSpec
+
+__all__ = ["T2T_FLOPS_PER_PROFILED", "compute_stretch", "emulated_step_stretch", "step_time_s"]
+
+T2T_FLOPS_PER_PROFILED = 4.0  # Res32: 1.659e9 "Model FLOPs" in the tables / 4.150e8 profiled per sample
+
+
+@functools.cache
+def _features(model: str):  # noqa: ANN202 - WorkloadFeatures, imported lazily
+    from cmdare.predict.workloads import WorkloadFeatures, published_workload
+
+    try:
+        return published_workload(model)
+    except CmdareError:
+        from cmdare.workloads import profile_model
+
+        p = profile_model(model)
+        return WorkloadFeatures(model, model, float(p.flops_per_sample_train * T2T_FLOPS_PER_PROFILED),
+                                p.num_params, p.num_tensors, p.checkpoint_bytes / 1e6)
+
+
+@functools.cache
+def step_time_s(model: str, gpu: str) -> float | None:
+    """Predicted seconds per step of ``model`` on ``gpu`` (None: the model cannot say for this GPU)."""
+    from cmdare.predict import predict_step_time_s
+
+    try:
+        t = predict_step_time_s(_features(model), gpu)
+    except CmdareError:
+        return None
+    return t if t > 0 else None
+
+
+def compute_stretch(model: str, gpus: Iterable[str]) -> dict[str, float]:
+    """GPU type -> the factor its workers' steps are stretched by (1 for the fastest type present; 1 for
+    every type when the model cannot rank them)."""
+    types = list(dict.fromkeys(g.lower() for g in gpus))
+    times = {g: step_time_s(model, g) for g in types}
+    known = [t for t in times.values() if t is not None]
+    if len(types) < 2 or not known:
+        return dict.fromkeys(types, 1.0)
+    fastest = min(known)
+    return {g: max(1.0, t / fastest) if t is not None else 1.0 for g, t in times.items()}
+
+
+def emulated_step_stretch(spec: TrainSpec, emitter: RunEmitter) -> dict[str, float]:
+    """The stretch of each GPU type of ``spec``'s mix, reported as an ``emulated_gpu_speeds`` event (so the
+    store says the types' speeds were emulated, and by which factors)."""
+    stretch = compute_stretch(spec.model, spec.slot_gpus())
+    emitter.event("emulated_gpu_speeds", details={"step_stretch": stretch, "source": "step-time model"})
+    return stretch
