@@ -22,7 +22,7 @@ MIX = "k80:2,v100:1"
 
 def _spec(**kw) -> TrainSpec:
     workers, mix = TrainSpec.parse_workers(MIX)
-    return TrainSpec(**{"model": "resnet8", "workers": workers, "worker_gpus": mix, "steps": 240, "chunk_steps": 5,
+    return TrainSpec(**{"model": "resnet8", "workers": workers, "worker_gpus": mix, "steps": 360, "chunk_steps": 5,
                         "checkpoint_every": 0, "eval_every": 0, "transient": True, "revocations": "none",
                         "startup": "0", **kw})
 
@@ -33,8 +33,11 @@ def test_a_local_mixed_run_trains_each_type_at_the_step_time_models_speed(tmp_pa
     assert spec.slot_gpus() == ["k80", "k80", "v100"]
     url = f"sqlite:///{tmp_path / 'store.db'}"
     summary = Trainer(spec, [StoreRecorder(url)], checkpoint_dir=tmp_path / "ckpt").run()
-    assert summary.status == "finished" and summary.global_step >= 240
+    assert summary.status == "finished" and summary.global_step >= 360
 
+    servers = open_store(url).frame("servers", where=lambda c: c.run_id == summary.run_id)
+    assert len(servers) == 4 and set(servers.end_reason) == {"released"}  # recorded before the run's end
+    assert servers.ended_at.notna().all()
     workers = run_report(open_store(url), summary.run_id).tables["workers"]
     assert sorted(workers.gpu_type) == ["K80", "K80", "V100"]
     prices = dict(zip(workers.gpu_type, workers.price_per_hour_usd, strict=True))

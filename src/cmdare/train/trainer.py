@@ -234,6 +234,9 @@ class Trainer:
             if self.duties is not None:  # nothing lost on failure: the uploads in flight finish first
                 self.duties.collect(wait=True, timeout_s=UPLOAD_DRAIN_S)
                 self.duties.uploads.close()
+            for group in (self.members, self.shard_group):  # servers end before the run's end is reported,
+                if group is not None:  # so the store records them (it is flushed at on_run_end)
+                    group.release()
             summary = self._summary(str(status), t_start)
             with contextlib.suppress(OSError, StorageError):
                 write_status(self.storage, str(status), self._num_shards(), self.global_step)
