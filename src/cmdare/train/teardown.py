@@ -1,4 +1,4 @@
-"""The end of a run: workers and shards released, calls left running fetched, servers and Ray let go."""
+"""The end of a run: calls left running fetched, actors killed, servers and Ray let go."""
 
 from __future__ import annotations
 
@@ -16,14 +16,13 @@ DETACHED_DRAIN_S = 5.0  # how long to wait for calls on killed actors to fail
 
 def release_run(groups: Iterable[Any], detached: DetachedCalls, left_running: Iterable[Any],
                 provider: ServerProvider, stop_ray: bool) -> None:
-    """Release the worker and shard ``groups`` (``None`` for one never set up), fetch the calls
-    ``left_running`` by a loop that ended on an error, kill the actors, release every server, and shut
-    Ray down when this run started it."""
+    """After the run's end was reported (the worker and shard ``groups``, ``None`` for one never set up,
+    released their servers before it, so the store recorded their ends): fetch the calls ``left_running``
+    by a loop that ended on an error, kill the actors, release every server at the provider, and shut Ray
+    down when this run started it."""
     import ray
 
     groups = [g for g in groups if g is not None]
-    for group in groups:
-        group.release()
     detached.add(*left_running)
     with contextlib.suppress(Exception):  # Ray itself is failing: nothing left to fetch
         detached.reap()

@@ -7,7 +7,6 @@ coordinator regains control often: to record progress, checkpoint, move blocks o
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -104,8 +103,8 @@ class Worker:
         # emulating a slower GPU type on this machine: every step takes `stretch` times as long (>= 1)
         self.stretch = max(1.0, float(stretch))
         self.started_at = time.time()  # the process is up and the model built (a server's start-up ends)
-        self.node_id: str | None = None
-        self.watchers = _notice_watchers(notice)
+        self.node_id = _ray_node_id()  # None outside Ray (a plain object in tests)
+        self.watchers = _notice_watchers(notice, self.node_id)
         for watcher in self.watchers:
             watcher.start()
 
@@ -244,11 +243,6 @@ class Worker:
 
     def ready(self) -> tuple[str | None, float]:
         """The Ray node this worker runs on and when its process was up (once the actor exists)."""
-        if self.node_id is None:
-            with contextlib.suppress(Exception):  # outside Ray
-                import ray
-
-                self.node_id = ray.get_runtime_context().get_node_id()
         return self.node_id, self.started_at
 
     def device_info(self) -> dict[str, Any]:
@@ -263,10 +257,20 @@ class Worker:
             watcher.stop()
 
 
-def _notice_watchers(notice: tuple[str, str] | None) -> list[Any]:
+def _ray_node_id() -> str | None:
+    """The Ray node this process runs on (hex), or None outside Ray."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except Exception:  # noqa: BLE001 - outside Ray
+        return None
+
+
+def _notice_watchers(notice: tuple[str, str] | None, node_id: str | None) -> list[Any]:
     """What tells this worker that its server goes away: the cloud's metadata endpoint (``notice``: the
-    emulator's URL and provider; else ``CMDARE_NOTICE_PROVIDER`` on a cloud node), and, inside Ray, a drain
-    of this node (:class:`~cmdare.cloud.drain_watcher.DrainWatcher`)."""
+    emulator's URL and provider; else ``CMDARE_NOTICE_PROVIDER`` on a cloud node), and, on Ray node
+    ``node_id``, a drain of that node (:class:`~cmdare.cloud.drain_watcher.DrainWatcher`)."""
     from cmdare.cloud.notices import NoticeWatcher, watcher_from_env
 
     watchers: list[Any] = []
@@ -274,12 +278,6 @@ def _notice_watchers(notice: tuple[str, str] | None) -> list[Any]:
         url=notice[0], provider=notice[1], poll_interval_s=0.2)
     if metadata is not None:
         watchers.append(metadata)
-    try:
-        import ray
-
-        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-    except Exception:  # noqa: BLE001 - outside Ray
-        node_id = None
     if node_id:
         from cmdare.cloud.drain_watcher import DrainWatcher
 
