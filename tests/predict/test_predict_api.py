@@ -263,7 +263,8 @@ def test_fit_from_store_adds_own_checkpoints_and_servers(tmp_path):
     before = P.predict_checkpoint_s(500e6, 300, remote=True)
     staging_before = P.startup_model().mean_s("t4", True, "us-central1")["Staging"]
     used = P.fit_from_store(url)
-    assert used == {"checkpoints": 5, "servers": 6}
+    assert {k: used[k] for k in ("checkpoints", "servers", "runs")} == {"checkpoints": 5, "servers": 6, "runs": 0}
+    assert used["speed"]["gpus"] == {}  # no training runs in this store: no speed correction
     after = P.predict_checkpoint_s(500e6, 300, remote=True)
     assert after > before + 5
     assert P.predict_checkpoint_s(6.27e6, 50, remote=True) < 5  # the public-import row was skipped

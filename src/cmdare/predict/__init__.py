@@ -157,9 +157,11 @@ def startup_model():
     return _cached("startup", ".json", fit, "startup_time/")
 
 
-def fit_from_store(db_url: str | None = None) -> dict[str, int]:
+def fit_from_store(db_url: str | None = None) -> dict:
     """Refit the checkpoint and startup models on the public data plus cmdare's own measurements
-    in the store (see :mod:`cmdare.predict.store_data`) and cache them; returns own rows used.
+    in the store (see :mod:`cmdare.predict.store_data`), fit the speed corrections of
+    :mod:`cmdare.predict.refine` on the store's runs, and cache them; returns the own rows used
+    (``checkpoints``, ``servers``, ``runs``) and ``speed``: the refinement with its held-out errors.
 
     Raises:
         StoreError: if the store cannot be opened.
@@ -174,15 +176,16 @@ def fit_from_store(db_url: str | None = None) -> dict[str, int]:
     from cmdare.predict.evaluate import task_data
     from cmdare.predict.features import CHECKPOINT_COLUMNS
     from cmdare.predict.persist import save_model
+    from cmdare.predict.refine import fit_speed_refinement, own_speed_rows, save_refinement
     from cmdare.predict.startup import StartupModel
     from cmdare.predict.store_data import own_checkpoint_rows, own_startup_rows
 
     store = open_store(db_url)
     try:
-        ckpt, servers = own_checkpoint_rows(store), own_startup_rows(store)
+        ckpt, servers, runs = own_checkpoint_rows(store), own_startup_rows(store), own_speed_rows(store)
     finally:
         store.close()
-    used = {"checkpoints": len(ckpt), "servers": len(servers)}
+    used: dict = {"checkpoints": len(ckpt), "servers": len(servers), "runs": len(runs)}
     digest = hashlib.sha256(
         pd.util.hash_pandas_object(ckpt).values.tobytes() + pd.util.hash_pandas_object(servers).values.tobytes()
     ).hexdigest()[:12]
@@ -213,6 +216,8 @@ def fit_from_store(db_url: str | None = None) -> dict[str, int]:
     )
     checkpoint_model.cache_clear()
     startup_model.cache_clear()
+    used["speed"] = fit_speed_refinement(runs, speed_with_scales)
+    save_refinement(used["speed"], db_url)
     return used
 
 
@@ -220,8 +225,11 @@ def _workload(workload: str | WorkloadFeatures) -> WorkloadFeatures:
     return workload if isinstance(workload, WorkloadFeatures) else published_workload(workload)
 
 
-def predict_step_time_s(workload: str | WorkloadFeatures, gpu: str | float, latency_ms: float = 0.3) -> float:
-    """Seconds per step of ``workload`` on one GPU (a type name like ``k80`` or its TFLOPS)."""
+def predict_step_time_s(
+    workload: str | WorkloadFeatures, gpu: str | float, latency_ms: float = 0.3, refined: bool = True
+) -> float:
+    """Seconds per step of ``workload`` on one GPU (a type name like ``k80`` or its TFLOPS);
+    ``refined``: apply the correction fitted on the user's own runs of that GPU type, if any."""
     w = _workload(workload)
     tf = float(gpu) if isinstance(gpu, int | float) else gpu_tflops(gpu)
     if not (np.isfinite(tf) and tf > 0) or not latency_ms >= 0:
@@ -229,7 +237,12 @@ def predict_step_time_s(workload: str | WorkloadFeatures, gpu: str | float, late
 
         raise UserInputError(f"need GPU TFLOPS > 0 and latency >= 0 ms, got {gpu!r} and {latency_ms!r}")
     X = np.array([[tf, w.model_flops, w.num_params, w.num_tensors, latency_ms]])
-    return float(step_time_model().predict(X)[0])
+    t = float(step_time_model().predict(X)[0])
+    if refined and isinstance(gpu, str):
+        from cmdare.predict.refine import step_scale
+
+        t *= step_scale(gpu)
+    return t
 
 
 def predict_cluster_steps_per_s(
@@ -237,17 +250,43 @@ def predict_cluster_steps_per_s(
     gpus: Sequence[str] | Mapping[str, int] | str,
     ps: int = 1,
     latency_ms: float = 0.3,
+    placement: str = "round-robin",
+    refined: bool = True,
 ) -> float:
     """Global steps/s of asynchronous PS training with the given workers (e.g. ``{"k80": 4, "p100": 2}``,
-    ``["k80", "k80"]`` or ``"k80:2,p100:1"``) and ``ps`` parameter servers."""
+    ``["k80", "k80"]`` or ``"k80:2,p100:1"``) and ``ps`` parameter servers, tensors placed on them by
+    ``placement`` (``round-robin``, ``greedy``, ``mxnet``, ``byteps``, or ``psld`` = balanced load);
+    ``refined``: apply the corrections fitted on the user's own runs (:mod:`cmdare.predict.refine`)."""
     from cmdare.errors import UserInputError
 
     if int(ps) < 1:
         raise UserInputError(f"need at least one parameter server, got {ps}")
     w = _workload(workload)
     counts = parse_gpu_counts(gpus)
-    times = [predict_step_time_s(w, g, latency_ms) for g in counts]
-    return cluster_speed_model().predict_mixed(times, list(counts.values()), w.num_params, w.num_tensors, int(ps))
+    if not refined:
+        return speed_with_scales(w, counts, int(ps), placement, latency_ms)
+    from cmdare.predict.refine import demand_scale, step_scale
+
+    return speed_with_scales(
+        w, counts, int(ps), placement, latency_ms, {g: step_scale(g) for g in counts}, demand_scale(counts)
+    )
+
+
+def speed_with_scales(
+    w: WorkloadFeatures,
+    counts: Mapping[str, int],
+    ps: int,
+    placement: str = "round-robin",
+    latency_ms: float = 0.3,
+    step_scales: Mapping[str, float] | None = None,
+    demand_scale: float = 1.0,
+) -> float:
+    """Cluster steps/s of the public-data models with each GPU type's step time times
+    ``step_scales[gpu]`` and the PS service time times ``demand_scale`` (what a refinement fits)."""
+    times = [predict_step_time_s(w, g, latency_ms, refined=False) * (step_scales or {}).get(g, 1.0) for g in counts]
+    return cluster_speed_model().predict_mixed(
+        times, list(counts.values()), w.num_params, w.num_tensors, ps, placement, demand_scale=demand_scale
+    )
 
 
 def predict_checkpoint_s(size_bytes: float, num_tensors: int | None = None, remote: bool = False) -> float:

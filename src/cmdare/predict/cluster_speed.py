@@ -8,10 +8,15 @@ number of workers and the number of parameter servers.
 ``Z`` seconds on its own (forward/backward, its share of the network) and then needs the PS for
 ``S = s0 + s1 * params + s2 * tensors`` seconds (apply the gradient, serve the parameters), queueing
 behind other workers. Exact mean-value analysis (MVA) gives the throughput: linear in workers while
-the PS is idle, flattening at ``P / S`` when it saturates (P100 with 1 PS flattens at 4-5
-workers). With ``P`` PS each holds ``1/P`` of the bytes and tensors but pays ``s0`` per update,
-and a worker talks to all of them in parallel. ``Z = t_single - S`` comes from each worker's single-GPU step
-time, so mixed GPU types are classes of one multi-class MVA (:meth:`PSQueueModel.predict_mixed`).
+the PS is idle, flattening at ``1 / S`` when it saturates (P100 with 1 PS flattens at 4-5
+workers). With ``p`` PS the load of each comes from the placement (:mod:`cmdare.predict.ps_load`:
+``round-robin`` over whole tensors by default, as TensorFlow placed them in CM-DARE's runs):
+PS ``j`` holding ``params_j`` parameters in ``blocks_j`` blocks needs
+``S_j = s0 + s1 * params_j + s2 * blocks_j`` per update, a worker talks to all of them in parallel,
+and the busiest one (``max_j S_j``) limits the cluster. The three costs are fitted on the 1-PS data
+only; ``psld`` (balanced load) gives ``s0 + (s1 * params + s2 * tensors) / p``.
+``Z = t_single - S`` comes from each worker's single-GPU step time, so mixed GPU types are classes
+of one multi-class MVA (:meth:`PSQueueModel.predict_mixed`).
 
 Baselines: ``SumOfWorkers`` (w / t_single) and ``OptimusModel``, the Optimus (EuroSys'18) form
 ``f(p, w) = w / (t0 + t1 w / p + t2 w + t3 p)`` fitted per workload (needs measurements of the
@@ -99,16 +104,28 @@ class PSQueueModel(RegressorMixin, BaseEstimator):
     Args:
         loss: robust loss of ``scipy.optimize.least_squares`` on log speed.
         f_scale: scale of that loss (log units; 0.05 ~ 5%).
+        placement: how tensors are placed on several PS (:data:`~cmdare.predict.ps_load.PLACEMENT_NAMES`).
     """
 
-    def __init__(self, loss: str = "soft_l1", f_scale: float = 0.05):
+    def __init__(self, loss: str = "soft_l1", f_scale: float = 0.05, placement: str = "round-robin"):
         self.loss = loss
         self.f_scale = f_scale
+        self.placement = placement
 
-    @staticmethod
-    def _demand(theta: np.ndarray, params: np.ndarray, tensors: np.ndarray, ps: np.ndarray) -> np.ndarray:
+    def _demand(
+        self, theta: np.ndarray, params: np.ndarray, tensors: np.ndarray, ps: np.ndarray, placement: str | None = None
+    ) -> np.ndarray:
+        """Service time of one update at the busiest PS, per row."""
+        from cmdare.predict.ps_load import BALANCED, ps_loads
+
         s0, s1, s2 = theta
-        return s0 + (s1 * params / 1e6 + s2 * tensors / 100.0) / ps
+        placement = placement or self.placement
+        out = s0 + (s1 * params / 1e6 + s2 * tensors / 100.0) / ps  # balanced load (and any 1-PS cluster)
+        if placement != BALANCED:
+            for i in np.flatnonzero(np.asarray(ps) > 1):
+                loads = ps_loads(float(params[i]), float(tensors[i]), int(ps[i]), placement)
+                out[i] = max(s0 + s1 * pj / 1e6 + s2 * bj / 100.0 for pj, bj in loads)
+        return out
 
     def _predict_rows(self, theta: np.ndarray, X: np.ndarray) -> np.ndarray:
         ps = np.maximum(np.round(np.abs(X[:, 4])), 1)
@@ -150,10 +167,14 @@ class PSQueueModel(RegressorMixin, BaseEstimator):
         X = fixed_width(validate_data(self, X, reset=False), 5)
         return self._predict_rows(self.ps_cost_s_, X)
 
-    def ps_update_s(self, num_params: float, num_tensors: float, ps: int = 1) -> float:
-        """Seconds one PS spends on one update (1 / capacity in steps/s of that PS)."""
+    def ps_update_s(self, num_params: float, num_tensors: float, ps: int = 1, placement: str | None = None) -> float:
+        """Seconds the busiest PS spends on one update (1 / the cluster's capacity in steps/s)."""
         check_is_fitted(self, "ps_cost_s_")
-        return float(self._demand(self.ps_cost_s_, np.array([num_params]), np.array([num_tensors]), np.array([ps]))[0])
+        return float(
+            self._demand(
+                self.ps_cost_s_, np.array([num_params]), np.array([num_tensors]), np.array([ps]), placement
+            )[0]
+        )
 
     def predict_mixed(
         self,
@@ -162,12 +183,16 @@ class PSQueueModel(RegressorMixin, BaseEstimator):
         num_params: float,
         num_tensors: float,
         ps: int = 1,
+        placement: str | None = None,
+        demand_scale: float = 1.0,
     ) -> float:
         """Steps/s of a cluster with ``counts[k]`` workers whose single-GPU step time is
-        ``single_step_s[k]`` (one entry per GPU type), sharing ``ps`` parameter servers."""
+        ``single_step_s[k]`` (one entry per GPU type), sharing ``ps`` parameter servers placed by
+        ``placement`` (default: the model's); ``demand_scale`` multiplies the PS service time (a
+        machine's own PS / host capacity, :mod:`cmdare.predict.refine`)."""
         check_is_fitted(self, "ps_cost_s_")
-        d1 = self.ps_update_s(num_params, num_tensors, 1)
-        dp = self.ps_update_s(num_params, num_tensors, ps)
+        d1 = self.ps_update_s(num_params, num_tensors, 1) * demand_scale
+        dp = self.ps_update_s(num_params, num_tensors, ps, placement) * demand_scale
         think = [max(t - d1, 1e-6) for t in single_step_s]
         return mva_throughput(think, counts, dp)
 

@@ -13,6 +13,9 @@ predict_app = typer.Typer(help="Predict step time, cluster speed, checkpoint and
 
 _INPUT = typer.Option(None, "--input", help="CSV with CM-DARE column names; one question per row.")
 _OUTPUT = typer.Option(None, "--output", help="Where to write the rows plus a 'Predicted ...' column.")
+_INTERVAL = typer.Option(
+    None, "--interval", min=0.01, max=0.99, help="Also print a prediction interval at this level, e.g. 0.9."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -117,7 +120,7 @@ def fit_cmd(
     from_store: bool = typer.Option(
         False,
         "--from-store",
-        help="Also use cmdare's own checkpoints and server startups recorded in the measurement store.",
+        help="Also use cmdare's own checkpoints, server startups and training runs recorded in the store.",
     ),
     db: str = typer.Option(None, "--db", help="Store URL (default: CMDARE_DB_URL or the local SQLite file)."),
 ) -> None:
@@ -127,7 +130,11 @@ def fit_cmd(
     import cmdare.predict as P
 
     shutil.rmtree(P._cache_dir(), ignore_errors=True)
-    for fn in (P.step_time_model, P.cluster_speed_model, P.checkpoint_model, P.startup_model):
+    from cmdare.predict.intervals import calibration_pools
+    from cmdare.predict.refine import load_refinement
+
+    for fn in (P.step_time_model, P.cluster_speed_model, P.checkpoint_model, P.startup_model, load_refinement,
+               calibration_pools):
         fn.cache_clear()
     P.step_time_model()
     P.cluster_speed_model()
@@ -136,7 +143,17 @@ def fit_cmd(
     P.startup_model()
     if from_store:
         used = P.fit_from_store(db)
-        typer.echo(f"added {used['checkpoints']} checkpoints and {used['servers']} servers from the store")
+        typer.echo(
+            f"added {used['checkpoints']} checkpoints, {used['servers']} servers and {used['runs']} runs from the store"
+        )
+        for gpu, e in used["speed"]["gpus"].items():
+            if e["heldout_mape_refined"] is None:
+                typer.echo(f"speed {gpu}: {e['runs']} run, correction fitted (held-out error needs 2 runs)")
+            else:
+                typer.echo(
+                    f"speed {gpu}: {e['runs']} runs, held-out MAPE {e['heldout_mape_prior']:.1f}% (public-data prior)"
+                    f" -> {e['heldout_mape_refined']:.1f}% (refined)"
+                )
     typer.echo(f"fitted models cached in {P._cache_dir()}")
 
 
@@ -168,16 +185,24 @@ def step_time_cmd(
     latency_ms: float = typer.Option(0.3, "--latency-ms", min=0.0, help="Worker-PS network latency."),
     input_path: Path = _INPUT,
     output_path: Path = _OUTPUT,
+    level: float = _INTERVAL,
 ) -> None:
     """Seconds per training step on one GPU."""
     if input_path is not None:
         return _table("step-time", input_path, output_path)
-    from cmdare.predict import predict_step_time_s
+    from cmdare.predict import gpu_tflops, predict_step_time_s
 
     g = _need(gpu, "--gpu")
     with contextlib.suppress(ValueError):
         g = float(g)
-    typer.echo(f"{predict_step_time_s(_need(model, '--model'), g, latency_ms):.4f} s/step")
+    t = predict_step_time_s(_need(model, "--model"), g, latency_ms)
+    if level is None:
+        typer.echo(f"{t:.4f} s/step")
+        return
+    from cmdare.predict.intervals import format_interval, interval, step_pool
+
+    pool = step_pool(float(g) if isinstance(g, float) else gpu_tflops(g))
+    typer.echo(format_interval(t, *interval(t, pool, level), "s/step", level) + f", calibrated on {pool}")
 
 
 @predict_app.command("cluster-speed")
@@ -185,16 +210,25 @@ def cluster_speed_cmd(
     model: str = typer.Option(None, "--model", help="Published workload, e.g. resnet15."),
     workers: str = typer.Option(None, "--workers", help="GPU workers, e.g. k80:4 or k80:2,p100:1."),
     ps: int = typer.Option(1, "--ps", min=1, help="Number of parameter servers."),
+    placement: str = typer.Option(
+        "round-robin", "--placement", help="Tensor placement on the PS: round-robin, greedy, mxnet, byteps, psld."
+    ),
     input_path: Path = _INPUT,
     output_path: Path = _OUTPUT,
+    level: float = _INTERVAL,
 ) -> None:
     """Global steps per second of asynchronous PS training."""
     if input_path is not None:
         return _table("cluster-speed", input_path, output_path)
     from cmdare.predict import predict_cluster_steps_per_s
 
-    speed = predict_cluster_steps_per_s(_need(model, "--model"), _need(workers, "--workers"), ps)
-    typer.echo(f"{speed:.3f} steps/s")
+    speed = predict_cluster_steps_per_s(_need(model, "--model"), _need(workers, "--workers"), ps, placement=placement)
+    if level is None:
+        typer.echo(f"{speed:.3f} steps/s")
+        return
+    from cmdare.predict.intervals import format_interval, interval
+
+    typer.echo(format_interval(speed, *interval(speed, "cluster", level), "steps/s", level))
 
 
 @predict_app.command("checkpoint")
@@ -204,13 +238,21 @@ def checkpoint_cmd(
     remote: bool = typer.Option(False, "--remote/--local", help="Save and upload to a bucket, or save locally."),
     input_path: Path = _INPUT,
     output_path: Path = _OUTPUT,
+    level: float = _INTERVAL,
 ) -> None:
     """Seconds to write a checkpoint (and upload it with --remote)."""
     if input_path is not None:
         return _table("checkpoint", input_path, output_path, remote=remote)
     from cmdare.predict import predict_checkpoint_s
 
-    typer.echo(f"{predict_checkpoint_s(_need(size_mb, '--size-mb') * 1e6, tensors, remote):.3f} s")
+    secs = predict_checkpoint_s(_need(size_mb, "--size-mb") * 1e6, tensors, remote)
+    if level is None:
+        typer.echo(f"{secs:.3f} s")
+        return
+    from cmdare.predict.intervals import format_interval, interval
+
+    pool = "checkpoint_remote" if remote else "checkpoint_local"
+    typer.echo(format_interval(secs, *interval(secs, pool, level), "s", level))
 
 
 @predict_app.command("startup")

@@ -10,15 +10,27 @@ non-negative least squares on relative error:
     t = a_g + b_g * FLOPs + c_g * tensors  +  dL * (l0 + l1 * params)
 
 per GPU type g seen in training (fixed per-step overhead, compute time, per-tensor kernel and
-update overhead), and for an unseen GPU the pooled form that scales with its TFLOPS,
-``a + (a' + b * FLOPs + c * tensors) / TFLOPS + d * params``, plus the same latency term
-(dL = latency above the 0.3 ms of the same-zone measurements; round trips and the
-bandwidth-delay-limited transfer of the parameters). Splitting "a seen GPU" from "an unseen
-GPU" lets each GPU keep its own efficiency (a K80 does not reach its TFLOPS the way a P100 does)
-while still answering for a V100 from its TFLOPS.
+update overhead), plus the latency term (dL = latency above the 0.3 ms of the same-zone
+measurements; round trips and the bandwidth-delay-limited transfer of the parameters).
+
+An unseen GPU is answered from its spec sheet (``unseen="roofline"``, default) by the pooled
+roofline form, fitted on every training row::
+
+    t = k0 / B + k1 * tensors / P + d * params + e_c * F_c / P + e_m * M_m / B + latency term
+
+``F_c`` are the FLOPs of the step's compute-bound operators and ``M_m`` the DRAM bytes of its
+memory-bound ones at this GPU's ridge ``P / B`` (:mod:`cmdare.predict.op_profile`); ``P`` is the
+FP32 peak (the catalog's figure), ``B`` the memory bandwidth (``cmdare.cloud.gpu_specs``). The
+per-step GPU overhead (small elementwise kernels: input, loss, bookkeeping) scales with the
+bandwidth, the per-tensor work (a chain of small kernels per variable) with the FP32 rate, and the
+parameter transfer to and from the PS with neither. ``unseen="tflops"`` keeps the form before the
+spec sheet, ``a + (a' + b * FLOPs + c * tensors) / TFLOPS + d * params``. Splitting "a seen GPU"
+from "an unseen GPU" lets each GPU keep its own efficiency.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 from scipy.optimize import nnls
@@ -35,6 +47,50 @@ _G = 1e9  # FLOPs unit in the design matrices (keeps NNLS well conditioned)
 _M = 1e6  # parameter unit
 _H = 100.0  # tensor unit
 _REF_LATENCY_MS = 0.3  # worker-PS latency of the 0-latency table
+
+
+_P_UNIT = 1e13  # FLOP/s (10 TFLOPS) of the roofline overhead columns
+_B_UNIT = 700e9  # bytes/s of the same
+_UNSEEN_FORMS = ("roofline", "tflops")
+
+
+def gpu_bandwidth_for_tflops(tflops: float) -> float:
+    """Memory bandwidth (bytes/s) of the catalog GPU whose FP32 TFLOPS is ``tflops``; for a TFLOPS
+    value no catalog GPU has, the spec sheet's median bytes per FLOP times ``tflops``."""
+    return _bandwidth_table().get(round(float(tflops), 3), float(tflops) * 1e12 * _median_bytes_per_flop())
+
+
+@lru_cache(maxsize=1)
+def _bandwidth_table() -> dict[float, float]:
+    from cmdare.cloud.catalog import gpu_tflops
+    from cmdare.cloud.gpu_specs import gpu_specs
+
+    return {round(gpu_tflops(name), 3): spec.memory_bw_gbs * 1e9 for name, spec in gpu_specs().items()}
+
+
+@lru_cache(maxsize=1)
+def _median_bytes_per_flop() -> float:
+    from cmdare.cloud.gpu_specs import gpu_specs
+
+    return float(np.median([s.memory_bw_gbs * 1e9 / (s.fp32_tflops * 1e12) for s in gpu_specs().values()]))
+
+
+def roofline_features(X: np.ndarray) -> np.ndarray:
+    """Columns ``1/B, tensors/P, params, F_c/P, M_m/B`` (units: see module) for rows of ``STEP_COLUMNS``."""
+    from cmdare.predict.op_profile import op_profile_for, roofline_split
+
+    out = np.empty((len(X), 5))
+    cache: dict[tuple, tuple[float, float]] = {}
+    for i, (tf, flops, params, tensors, _lat) in enumerate(X[:, :5]):
+        peak = max(abs(tf), 1e-6) * 1e12
+        bw = max(gpu_bandwidth_for_tflops(abs(tf)), 1.0)
+        flops, params, tensors = (max(abs(float(v)), 1.0) for v in (flops, params, tensors))
+        key = (round(flops), round(params), round(tensors), peak, bw)
+        if key not in cache:
+            cache[key] = roofline_split(op_profile_for(flops, params, tensors), peak, bw)
+        fc, mm = cache[key]
+        out[i] = (_B_UNIT / bw, tensors / _H * _P_UNIT / peak, params / _M, fc / peak, mm / bw)
+    return out
 
 
 def _weights(y: np.ndarray) -> np.ndarray:
@@ -54,12 +110,20 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
         min_rows_per_gpu: rows a GPU type needs in training to get its own coefficients.
         min_workloads_per_gpu: distinct workloads a GPU type needs for the same.
         tflops_tol: two TFLOPS values closer than this are the same GPU type.
+        unseen: form for a GPU type not seen in training: ``roofline`` (spec sheet) or ``tflops``.
     """
 
-    def __init__(self, min_rows_per_gpu: int = 10, min_workloads_per_gpu: int = 4, tflops_tol: float = 1e-3):
+    def __init__(
+        self,
+        min_rows_per_gpu: int = 10,
+        min_workloads_per_gpu: int = 4,
+        tflops_tol: float = 1e-3,
+        unseen: str = "roofline",
+    ):
         self.min_rows_per_gpu = min_rows_per_gpu
         self.min_workloads_per_gpu = min_workloads_per_gpu
         self.tflops_tol = tflops_tol
+        self.unseen = unseen
 
     @staticmethod
     def _parts(X: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -70,6 +134,12 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
 
     def _pooled_design(self, X: np.ndarray) -> np.ndarray:
         tf, g, p, t, lat = self._parts(X)
+        if self.unseen == "roofline":
+            return np.column_stack([roofline_features(X), lat, lat * p])
+        if self.unseen != "tflops":
+            from cmdare.errors import UnknownNameError
+
+            raise UnknownNameError("unseen-GPU form", self.unseen, list(_UNSEEN_FORMS))
         one = np.ones(len(X))
         return np.column_stack([one, one / tf, g / tf, t / tf, p, lat, lat * p])
 

@@ -1,0 +1,192 @@
+"""Refining the speed models with the user's own runs (``cmdare models fit --from-store``).
+
+The public-data models stay the prior. For each GPU type the user trained on (the store's worker
+``gpu_type``; an emulated local run carries the type it stood in for) two factors of the model's
+own structure are fitted: ``exp(u)`` scales the single-worker step time (this machine's GPU or CPU
+is faster or slower) and ``exp(v)`` the PS service time in the closed queueing network (its host and
+network saturate earlier or later). They are fitted on log speed by least squares with a ridge
+pull towards 0 (= the prior), so a single run moves them only part of the way. The prior is
+:func:`cmdare.predict.speed_with_scales` for the run's workload (profiled from cmdare's zoo),
+workers, PS and placement. The held-out error (leave one run out) is reported before and after; the
+factors are saved beside the cached models and apply to every speed and step-time prediction for
+that GPU type while they exist (``cmdare models fit`` without ``--from-store`` removes them).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "RIDGE",
+    "demand_scale",
+    "fit_speed_refinement",
+    "load_refinement",
+    "own_speed_rows",
+    "refinement_note",
+    "step_scale",
+    "zoo_workload_features",
+]
+
+RIDGE = 0.05  # pull of each log factor towards 0 (the prior), against squared log errors of the runs
+_FILE = "speed_refinement.json"
+
+
+def own_speed_rows(store) -> pd.DataFrame:
+    """Finished cmdare runs of the store with their measured cluster speed (steps/s): the sum over
+    workers of 1 / median step time of each worker (chunks after the first 20%)."""
+    from cmdare.predict.store_data import PUBLIC_SOURCE_PREFIX
+
+    runs = store.frame("runs")
+    runs = runs[~runs["source"].astype(str).str.startswith(PUBLIC_SOURCE_PREFIX) & (runs["status"] == "finished")]
+    steps = store.frame("step_metrics")
+    servers = store.frame("servers")
+    rows = []
+    for run in runs.itertuples():
+        cfg = run.config or {}
+        part = steps[(steps["run_id"] == run.run_id) & (steps["steps"] > 0)]
+        if part.empty or not cfg.get("model"):
+            continue
+        rates = []
+        for _, w in part.groupby("worker_id"):
+            per_step = (w["duration_s"] / w["steps"]).to_numpy(float)
+            per_step = per_step[len(per_step) // 5 :] if len(per_step) >= 5 else per_step
+            rates.append(1.0 / float(np.median(per_step)))
+        workers = [s for s in servers[servers["run_id"] == run.run_id].itertuples() if s.role == "worker"]
+        gpu = next((str(s.gpu_type) for s in workers if isinstance(s.gpu_type, str)), str(cfg.get("gpu") or "k80"))
+        n = int(cfg.get("workers") or len(rates)) if str(cfg.get("workers", "")).isdigit() else len(rates)
+        rows.append({
+            "run_id": run.run_id, "model": str(cfg["model"]), "gpu": gpu.lower(), "workers": n,
+            "ps": int(cfg.get("ps") or 1), "placement": str(cfg.get("placement") or "round-robin"),
+            "speed": float(sum(sorted(rates, reverse=True)[:n])),
+        })
+    return pd.DataFrame(rows, columns=["run_id", "model", "gpu", "workers", "ps", "placement", "speed"])
+
+
+def zoo_workload_features(model: str):
+    """:class:`~cmdare.predict.WorkloadFeatures` of zoo model ``model`` from cmdare's profiler."""
+    from cmdare.predict.workloads import WorkloadFeatures
+    from cmdare.workloads import profile_model
+
+    p = profile_model(model)
+    return WorkloadFeatures(model, model, float(p.flops_per_sample_train), p.num_params, p.num_tensors,
+                            p.checkpoint_bytes / 1e6, source="cmdare zoo profiler")
+
+
+def _fit_scales(prior, rows: pd.DataFrame, ridge: float) -> np.ndarray:
+    """``(u, v)`` minimizing squared log errors of ``rows`` plus ``ridge * (u^2 + v^2)``."""
+    from scipy.optimize import least_squares
+
+    y = np.log(rows["speed"].to_numpy(float))
+
+    def resid(theta):
+        pred = np.array([np.log(max(prior(r, *np.exp(theta)), 1e-12)) for r in rows.itertuples()])
+        return np.concatenate([pred - y, np.sqrt(ridge) * theta])
+
+    return least_squares(resid, np.zeros(2), bounds=(-5.0, 5.0)).x
+
+
+def _mape(y, p) -> float:
+    return float(np.mean(np.abs(np.asarray(p) - np.asarray(y)) / np.asarray(y)) * 100)
+
+
+def fit_speed_refinement(rows: pd.DataFrame, speed_with_scales, ridge: float = RIDGE) -> dict:
+    """Factors per GPU type from :func:`own_speed_rows`, with leave-one-run-out errors of the prior
+    and of the refined model (``None`` with fewer than two runs of that GPU type).
+
+    Args:
+        speed_with_scales: the public-data model, :func:`cmdare.predict.speed_with_scales`.
+    """
+    out: dict = {"ridge": ridge, "gpus": {}}
+    if rows.empty:
+        return out
+    feats = {m: zoo_workload_features(m) for m in rows["model"].unique()}
+
+    def prior(r, step: float = 1.0, demand: float = 1.0) -> float:
+        return speed_with_scales(feats[r.model], {r.gpu: int(r.workers)}, int(r.ps), _known(r.placement),
+                                 step_scales={r.gpu: step}, demand_scale=demand)
+
+    for gpu in sorted(rows["gpu"].unique()):
+        part = rows[rows["gpu"] == gpu].reset_index(drop=True)
+        before = after = None
+        if len(part) >= 2:
+            y = part["speed"].to_numpy(float)
+            base = [prior(r) for r in part.itertuples()]
+            held = []
+            for i, r in enumerate(part.itertuples()):
+                u, v = _fit_scales(prior, part.drop(index=i), ridge)
+                held.append(prior(r, np.exp(u), np.exp(v)))
+            before, after = _mape(y, base), _mape(y, held)
+        u, v = _fit_scales(prior, part, ridge)
+        out["gpus"][gpu] = {
+            "log_step_scale": float(u),
+            "log_demand_scale": float(v),
+            "runs": int(len(part)),
+            "heldout_mape_prior": before,
+            "heldout_mape_refined": after,
+        }
+    return out
+
+
+def _known(placement: str) -> str:
+    from cmdare.predict.ps_load import PLACEMENT_NAMES
+
+    return placement if placement in PLACEMENT_NAMES else "psld"
+
+
+def _path():
+    from cmdare.paths import models_dir
+
+    return models_dir() / "predict" / _FILE
+
+
+def save_refinement(refinement: dict, store_url: str | None) -> None:
+    """Write the refinement beside the cached models."""
+    path = _path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**refinement, "store": str(store_url or "default")}, indent=1))
+    load_refinement.cache_clear()
+
+
+@lru_cache(maxsize=1)
+def load_refinement() -> dict | None:
+    """The saved refinement, or None."""
+    try:
+        data = json.loads(_path().read_text())
+    except (OSError, ValueError):
+        return None
+    return data if data.get("gpus") else None
+
+
+def _entry(gpu: str) -> dict | None:
+    return ((load_refinement() or {}).get("gpus") or {}).get(str(gpu).lower())
+
+
+def step_scale(gpu: str) -> float:
+    """Factor on the single-GPU step time of ``gpu`` (1.0 without a refinement)."""
+    e = _entry(gpu)
+    return 1.0 if e is None else float(np.exp(e["log_step_scale"]))
+
+
+def demand_scale(counts) -> float:
+    """Factor on the PS service time for workers ``counts`` (``{gpu: n}``): the workers'
+    geometric mean of their GPU types' factors (1.0 without a refinement)."""
+    logs = [(n, (_entry(g) or {}).get("log_demand_scale", 0.0)) for g, n in counts.items()]
+    total = sum(n for n, _ in logs)
+    return float(np.exp(sum(n * v for n, v in logs) / max(total, 1)))
+
+
+def refinement_note() -> str:
+    """Which speed models predictions use, for reports."""
+    ref = load_refinement()
+    if ref is None:
+        return "speed models: public CM-DARE data"
+    parts = []
+    for gpu, e in ref["gpus"].items():
+        err = (f", held-out MAPE {e['heldout_mape_prior']:.1f}% -> {e['heldout_mape_refined']:.1f}%"
+               if e.get("heldout_mape_refined") is not None else "")
+        parts.append(f"{gpu.upper()} from {e['runs']} own run(s){err}")
+    return f"speed models: public CM-DARE data refined with the store's runs ({'; '.join(parts)}; store {ref['store']})"
