@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from cmdare.cloud.catalog_model import Catalog, GpuType, Offering
+from cmdare.cloud.catalog_model import LIFETIMES, MARKETS, Catalog, GpuType, Offering, parse_interruption_rate
 from cmdare.cloud.servers import CLOUDS, ROLES
-from cmdare.errors import DataFormatError, DataNotFoundError
+from cmdare.errors import DataFormatError, DataNotFoundError, UserInputError
 
 __all__ = ["CATALOG_ENV", "builtin_catalog_path", "default_catalog", "gpu_tflops", "load_catalog"]
 
@@ -31,7 +31,10 @@ _GPU_KEYS = {"tflops_fp32", "memory_gb", "source"}
 _OFFERING_KEYS = {
     "cloud", "region", "gpu", "role", "machine_type", "accelerator", "gpus_per_server", "vcpus", "zones",
     "on_demand_usd_per_h", "spot_usd_per_h", "spot_only", "retired", "source", "as_of", "note",
+    "market", "lifetime", "interruption_rate", "interruption_source", "interruption_as_of", "lifetime_shape",
 }
+#: The lifetime model a market gets when an offering does not name one.
+_DEFAULT_LIFETIME = {"preemptible": "bathtub", "spot": "exponential", "on-demand": "none"}
 
 
 def builtin_catalog_path(name: str) -> Path | None:
@@ -169,6 +172,7 @@ def _build_offering(raw: dict) -> Offering:
         if not isinstance(raw.get(flag, False), bool):
             raise DataFormatError(f"{where}: field '{flag}' must be true or false, got {raw[flag]!r}")
     accelerator = raw.get("accelerator")
+    market, lifetime, rate, shape = _market(where, raw, spot)
     return Offering(
         cloud=raw["cloud"], region=raw["region"], gpu=raw["gpu"], role=raw["role"],
         machine_type=_text(where, "machine_type", raw["machine_type"]),
@@ -177,7 +181,35 @@ def _build_offering(raw: dict) -> Offering:
         accelerator=_text(where, "accelerator", accelerator) if accelerator is not None else None,
         zones=tuple(zones), spot_only=raw.get("spot_only", False), retired=raw.get("retired", False),
         note=_text(where, "note", raw.get("note", ""), allow_empty=True),
+        market=market, lifetime=lifetime, interruption_rate=rate, lifetime_shape=shape,
+        interruption_source=_text(where, "interruption_source", raw.get("interruption_source", ""), allow_empty=True),
+        interruption_as_of=_text(where, "interruption_as_of", raw.get("interruption_as_of", ""), allow_empty=True),
     )
+
+
+def _market(where: str, raw: dict, spot: float | None) -> tuple[str, str, str | None, float | None]:
+    """(market, lifetime model, interruption rate, Weibull shape) of an offering, validated."""
+    market = raw.get("market") or ("on-demand" if spot is None else "spot")
+    if market not in MARKETS:
+        raise DataFormatError(f"{where}: field 'market' must be one of {list(MARKETS)}, got {market!r}")
+    if (market == "on-demand") != (spot is None):
+        raise DataFormatError(f"{where}: market {market!r} " + ("has no 'spot_usd_per_h'" if spot is None else
+                              "has a 'spot_usd_per_h': set market to spot or preemptible"))
+    lifetime = raw.get("lifetime") or _DEFAULT_LIFETIME[market]
+    if lifetime not in LIFETIMES:
+        raise DataFormatError(f"{where}: field 'lifetime' must be one of {list(LIFETIMES)}, got {lifetime!r}")
+    if (lifetime == "none") != (market == "on-demand"):
+        raise DataFormatError(f"{where}: lifetime {lifetime!r} does not fit market {market!r}")
+    rate = raw.get("interruption_rate")
+    if rate is not None:
+        try:
+            parse_interruption_rate(_text(where, "interruption_rate", rate))
+        except UserInputError as err:
+            raise DataFormatError(f"{where}: field 'interruption_rate': {err}") from None
+    shape = _number(where, "lifetime_shape", raw.get("lifetime_shape"), allow_none=True, positive=True)
+    if lifetime == "weibull" and shape is None:
+        raise DataFormatError(f"{where}: lifetime 'weibull' needs 'lifetime_shape' (the Weibull shape k > 0)")
+    return market, lifetime, None if rate is None else str(rate), shape
 
 
 def _resolve(path: str | os.PathLike[str]) -> Path:

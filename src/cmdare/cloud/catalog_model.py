@@ -9,6 +9,7 @@ price for the usual one-GPU servers. Reading catalogs from files is :mod:`cmdare
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,13 @@ from typing import Any
 from cmdare.cloud.servers import CLOUDS, ServerSpec
 from cmdare.errors import UnknownNameError, UserInputError
 
-__all__ = ["Catalog", "GpuType", "NotOfferedError", "Offering"]
+__all__ = ["LIFETIMES", "MARKETS", "RATE_BANDS", "Catalog", "GpuType", "NotOfferedError", "Offering",
+           "parse_interruption_rate"]
+
+#: Transient markets an offering may be in (``on-demand``: no transient price recorded).
+MARKETS = ("preemptible", "spot", "on-demand")
+#: Lifetime models an offering may name (``none``: never revoked).
+LIFETIMES = ("bathtub", "exponential", "weibull", "none")
 
 
 class NotOfferedError(UnknownNameError):
@@ -41,7 +48,11 @@ class Offering:
     """A server a cloud rents in one region: a GPU worker (``gpu`` set) or a CPU-only PS (``gpu=None``).
 
     Prices are USD per hour for the whole server; ``spot_usd_per_h`` is the preemptible/Spot price
-    (``None`` when not offered or not recorded).
+    (``None`` when not offered or not recorded). ``market`` is the transient market of that price
+    (:data:`MARKETS`: ``preemptible``, ``spot``, or ``on-demand`` when no transient price is recorded)
+    and ``lifetime`` the lifetime model its transient servers get (``bathtub``, ``exponential``,
+    ``weibull`` or ``none``), parameterised by ``interruption_rate`` (``"8%/month"`` or an AWS band
+    such as ``"5-10%"``) with its source and date; see :mod:`cmdare.measure.lifetime_markets`.
     """
 
     cloud: str
@@ -60,11 +71,21 @@ class Offering:
     spot_only: bool = False
     retired: bool = False
     note: str = ""
+    market: str = "spot"
+    lifetime: str = "exponential"
+    interruption_rate: str | None = None
+    interruption_source: str = ""
+    interruption_as_of: str = ""
+    lifetime_shape: float | None = None
 
     @property
     def key(self) -> tuple[str, str, str | None, str]:
         """The merge key: ``(cloud, region, gpu, role)``."""
         return (self.cloud, self.region, self.gpu, self.role)
+
+    def market_for(self, transient: bool) -> str:
+        """The market a server of this offering is rented in: its transient market, or on-demand."""
+        return self.market if transient else "on-demand"
 
     def server_price_per_hour_usd(self, transient: bool) -> float | None:
         """Price of the whole server, or ``None`` when this pricing model is not offered."""
@@ -227,3 +248,34 @@ def _gpu_key(gpu: str | None, gpus: Iterable[str]) -> str | None:
     if gpu is None or gpu.strip().lower() in ("cpu", "none"):
         return None
     return _canonical_gpu(gpu, gpus)
+
+
+#: AWS Spot Instance Advisor bands ("frequency of interruption" over the trailing month) and the
+#: fraction per month cmdare takes for each: the band's middle; ">20%" is taken as 25%.
+RATE_BANDS: dict[str, float] = {"<5%": 0.025, "5-10%": 0.075, "10-15%": 0.125, "15-20%": 0.175, ">20%": 0.25}
+_PER = {"month": 30 * 86400.0, "mo": 30 * 86400.0, "week": 7 * 86400.0, "wk": 7 * 86400.0, "day": 86400.0,
+        "d": 86400.0, "hour": 3600.0, "h": 3600.0}
+_RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*(?:/\s*([a-z]+))?\s*$", re.I)
+MONTH_S = _PER["month"]
+
+
+def parse_interruption_rate(text: str) -> tuple[float, float]:
+    """``(fraction, period_s)`` of an interruption rate: ``"8%/month"``, ``"2%/day"``, ``"0.5%/h"``,
+    ``"8%"`` (per month) or an AWS band name (``"<5%"``, ``"5-10%"``, ... ``">20%"``, per month).
+
+    Raises:
+        UserInputError: not a rate, or not below 100% per period.
+    """
+    key = str(text).strip().replace(" ", "").replace("\u2013", "-").lower()
+    if key in RATE_BANDS:
+        return RATE_BANDS[key], MONTH_S
+    m = _RATE.match(str(text))
+    per = (m.group(2) or "month").lower() if m else ""
+    if m is None or per not in _PER:
+        raise UserInputError(f"cannot read interruption rate {text!r}: use e.g. 8%/month, 2%/day, or an AWS band "
+                             f"({', '.join(RATE_BANDS)})")
+    fraction = float(m.group(1)) / 100.0
+    if not 0 < fraction < 1:
+        raise UserInputError(f"interruption rate {text!r}: the fraction of servers interrupted per period must be "
+                             "above 0% and below 100%")
+    return fraction, _PER[per]

@@ -54,13 +54,25 @@ def _money(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def _lifetime(o) -> str:  # noqa: ANN001 - an Offering
+    """The offering's lifetime model as the table shows it: ``exponential @ 5-10% (assumed, 2026-11-29)``."""
+    if o.interruption_rate is None:
+        return o.lifetime
+    shape = f" k={o.lifetime_shape:g}" if o.lifetime == "weibull" and o.lifetime_shape else ""
+    assumed = "assumed, " if "assumed" in o.interruption_source.lower() else ""
+    return f"{o.lifetime}{shape} @ {o.interruption_rate} ({assumed}{o.interruption_as_of or 'undated'})"
+
+
 def _print_table(catalog, offerings) -> None:  # noqa: ANN001 - Catalog/Offering, imported lazily
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="cmdare server catalog (USD per hour per server; per GPU when a server has several)")
-    for col in ("cloud", "region", "gpu", "TFLOPS", "machine", "GPUs", "on-demand", "spot", "as of", "source"):
+    table = Table(title="cmdare server catalog (USD per hour per server; per GPU when a server has several); "
+                  "market and lifetime model of the transient price")
+    cols = ("cloud", "region", "gpu", "TFLOPS", "machine", "GPUs", "on-demand", "spot", "market", "lifetime", "as of",
+            "source")
+    for col in cols:
         table.add_column(col, overflow="fold")
     for o in offerings:
         tflops = f"{catalog.gpus[o.gpu].tflops_fp32:g}" if o.gpu else "-"
@@ -72,7 +84,8 @@ def _print_table(catalog, offerings) -> None:  # noqa: ANN001 - Catalog/Offering
         else:
             od_s, spot_s = _money(od), _money(spot)
         source = o.source + (" - " + o.note if o.note else "")
-        cells = (o.cloud, o.region, gpu, tflops, o.machine_type, str(o.gpus_per_server), od_s, spot_s, o.as_of, source)
+        cells = (o.cloud, o.region, gpu, tflops, o.machine_type, str(o.gpus_per_server), od_s, spot_s, o.market,
+                 _lifetime(o), o.as_of, source)
         table.add_row(*(escape(c) for c in cells))
     Console(width=200).print(table)
 

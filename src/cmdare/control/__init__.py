@@ -22,6 +22,13 @@ from cmdare.control.kernel import (
 )
 from cmdare.control.lr import LR_POLICIES, LrPolicy
 from cmdare.control.membership import Membership, MembershipEvent, PendingReplacement, WorkerInfo
+from cmdare.control.ps_servers import (
+    Evacuate,
+    PsServerInfo,
+    PsServerKernel,
+    RequestPsReplacement,
+    RestoreShards,
+)
 from cmdare.control.registry import Registry
 from cmdare.control.replacement import REPLACEMENT_POLICIES, NoReplace, Offer, Replace, ReplacementPolicy
 from cmdare.control.revocation import (
@@ -44,6 +51,7 @@ __all__ = [
     "ChiefPolicy",
     "Clock",
     "Decision",
+    "Evacuate",
     "LifetimeRevocations",
     "LongestServing",
     "LrChange",
@@ -58,10 +66,14 @@ __all__ = [
     "Offer",
     "PendingReplacement",
     "PeriodicRevocations",
+    "PsServerInfo",
+    "PsServerKernel",
     "Registry",
     "Replace",
     "ReplacementPolicy",
+    "RequestPsReplacement",
     "RequestReplacement",
+    "RestoreShards",
     "RevocationPlan",
     "RevocationSource",
     "TraceRevocations",

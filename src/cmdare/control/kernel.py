@@ -165,12 +165,18 @@ class MembershipKernel:
             decisions.append(NoWorkersLeft())
         return decisions
 
-    def due(self, now: float | None, started_at: float) -> list[int]:
-        """Workers the revocation source revokes at ``now``: expired lifetimes, then scheduled picks."""
+    def due(self, now: float | None, started_at: float, *, workers: bool = True,
+            others: Sequence[WorkerInfo] = ()) -> list[int]:
+        """Workers the revocation source revokes at ``now``: expired lifetimes, then scheduled picks.
+
+        ``others`` are more servers a periodic or scripted source picks among (transient PS servers, with
+        negative ids, see :class:`~cmdare.control.ps_servers.PsServerInfo`); ``workers=False`` leaves the
+        workers out (``hit=ps``)."""
         now = self.clock.now() if now is None else now
         trained = [w for w in self.state.workers if w.trained_at is not None and w.worker_id not in self._revoking]
+        trained = trained if workers else []
         out = [w.worker_id for w in trained if self.deadlines.get(w.worker_id, float("inf")) <= now]
-        for wid in self.revocations.due(now, started_at, trained):
+        for wid in self.revocations.due(now, started_at, [*trained, *others]):
             if wid not in out:
                 out.append(wid)
         return out

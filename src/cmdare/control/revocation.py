@@ -8,8 +8,20 @@
   ``speedup=3600`` turns an hour into a second), counted from the moment its server is ready;
 * ``every=S[,first=F]``: a transient server is revoked every ``S`` seconds (chaos tests);
 * ``trace=T@SLOT+T@SLOT...``: the worker in data slot ``SLOT`` is revoked ``T`` seconds after the
-  first step (a scripted schedule: the same in the Ray trainer and the simulator);
+  first step (a scripted schedule: the same in the Ray trainer and the simulator); ``trace=FILE``
+  (a value without ``@``) replays a revocation trace file - a CSV ``time_s,server,event`` or a
+  Can't Be Late per-tick JSON, see :mod:`cmdare.control.revocation_traces` - whose revocations hit
+  a slot, the lowest live slot of a server type, or any transient worker; both divided by ``speedup``;
 * ``none``: no injected revocations (notices and real failures are still handled).
+
+Two keys shape any source:
+
+* ``hit=all|workers|ps``: which transient servers injected revocations hit (default ``all``: the
+  workers' and, with ``--ps-transient``, the parameter servers'; one stream over all of them);
+* ``notice=S``: a parameter server's revocation comes ``S`` seconds after its notice (compressed
+  time, like the lifetimes); default the cloud's own lead time (GCE 30 s, AWS 120 s) divided by
+  ``speedup``; ``notice=0``: no notice. Injected worker revocations stay abrupt (a worker's notices
+  come from the cloud's metadata or Ray's drain).
 """
 
 from __future__ import annotations
@@ -34,7 +46,10 @@ __all__ = [
     "build_revocation_source",
 ]
 
-_KEYS = ("lifetime", "speedup", "every", "first", "seed", "trace")
+_KEYS = ("lifetime", "speedup", "every", "first", "seed", "trace", "notice", "hit")
+HIT_CHOICES = ("all", "workers", "ps")
+#: A cloud's own lead time from preemption notice to revocation (GCE: 30 s, AWS: 2 minutes).
+NOTICE_LEAD_S = {"gcp": 30.0, "aws": 120.0}
 
 
 @dataclass(frozen=True)
@@ -46,7 +61,19 @@ class RevocationPlan:
     every_s: float | None = None
     first_s: float | None = None
     seed: int = 0
-    trace: tuple[tuple[float, int], ...] = ()
+    trace: tuple[tuple[float, int | str | None], ...] = ()  # (seconds, slot | server type | None: any)
+    notice_s: float | None = None  # None: the cloud's lead time / speedup (see notice_lead_s)
+    hit: str = "all"
+
+    def notice_lead_s(self, cloud: str = "gcp") -> float:
+        """Seconds from a parameter server's notice to its revocation (0: none)."""
+        if self.notice_s is not None:
+            return self.notice_s
+        return NOTICE_LEAD_S.get(cloud, NOTICE_LEAD_S["gcp"]) / self.speedup
+
+    def hits(self, role: str) -> bool:
+        """Whether injected revocations hit servers of ``role`` (``worker`` or ``ps``)."""
+        return self.hit == "all" or self.hit == ("workers" if role == "worker" else "ps")
 
     @property
     def enabled(self) -> bool:
@@ -84,19 +111,33 @@ class RevocationPlan:
             plan = cls(lifetime=fields.get("lifetime"), speedup=float(fields.get("speedup", 1.0)),
                        every_s=float(fields["every"]) if "every" in fields else None,
                        first_s=float(fields["first"]) if "first" in fields else None,
-                       seed=int(fields.get("seed", seed)), trace=_parse_trace(fields.get("trace")))
+                       seed=int(fields.get("seed", seed)), trace=_parse_trace(fields.get("trace")),
+                       notice_s=float(fields["notice"]) if "notice" in fields else None,
+                       hit=fields.get("hit", "all").lower())
         except ValueError as err:
             raise UserInputError(f"--revocations: {err}") from None
         if plan.speedup <= 0 or (plan.every_s is not None and plan.every_s <= 0):
             raise UserInputError("--revocations: speedup and every must be positive")
+        if plan.notice_s is not None and not plan.notice_s >= 0:
+            raise UserInputError("--revocations: notice must be 0 or more seconds")
+        if plan.hit not in HIT_CHOICES:
+            raise UserInputError(f"--revocations: hit must be one of {', '.join(HIT_CHOICES)}, got {plan.hit!r}")
         if sum(x is not None for x in (plan.lifetime, plan.every_s, plan.trace or None)) > 1:
             raise UserInputError("--revocations: give one of lifetime=..., every=... or trace=...")
         return plan
 
 
-def _parse_trace(text: str | None) -> tuple[tuple[float, int], ...]:
+def _parse_trace(text: str | None) -> tuple[tuple[float, int | str | None], ...]:
     if not text:
         return ()
+    if "@" not in text:  # a trace file
+        from pathlib import Path
+
+        from cmdare.control.revocation_traces import load_revocation_trace
+
+        if not Path(text).expanduser().is_file():
+            raise ValueError(f"trace={text}: no such trace file (a schedule is SECONDS@SLOT+...)")
+        return load_revocation_trace(text).schedule()
     out = []
     for item in text.split("+"):
         t, sep, slot = item.partition("@")
@@ -185,33 +226,49 @@ class PeriodicRevocations(RevocationSource):
 
 @REVOCATION_SOURCES.register("trace")
 class TraceRevocations(RevocationSource):
-    """A scripted schedule: ``(seconds after the first step, data slot)`` pairs."""
+    """A scripted schedule or a replayed trace: ``(seconds after the first step, target)`` pairs, the
+    seconds divided by ``speedup``. A target is a data slot (int), a server type (str, case-insensitive:
+    the lowest live slot of that GPU type) or None (the lowest live transient slot); a target with no
+    live worker at that moment is skipped."""
 
     name = "trace"
 
-    def __init__(self, schedule: Sequence[tuple[float, int]]):
-        self.schedule = sorted(schedule)
+    def __init__(self, schedule: Sequence[tuple[float, int | str | None]], speedup: float = 1.0):
+        self.schedule = sorted(schedule, key=lambda entry: entry[0])
+        self.speedup = speedup
         self._done = 0
 
+    def _at(self, started_at: float, i: int) -> float:
+        return started_at + self.schedule[i][0] / self.speedup
+
     def next_due(self, started_at: float) -> float | None:
-        return started_at + self.schedule[self._done][0] if self._done < len(self.schedule) else None
+        return self._at(started_at, self._done) if self._done < len(self.schedule) else None
 
     def due(self, now: float, started_at: float, live: Sequence[WorkerInfo]) -> list[int]:
-        out = []
-        while self._done < len(self.schedule) and started_at + self.schedule[self._done][0] <= now:
-            slot = self.schedule[self._done][1]
+        out: list[int] = []
+        while self._done < len(self.schedule) and self._at(started_at, self._done) <= now:
+            target = self.schedule[self._done][1]
             self._done += 1
-            out += [w.worker_id for w in live if w.slot == slot and w.worker_id not in out]
+            if isinstance(target, int):
+                out += [w.worker_id for w in live if w.slot == target and w.worker_id not in out]
+                continue
+            hit = [w for w in sorted(live, key=lambda w: w.slot) if w.worker_id not in out and w.server.transient
+                   and (target is None or str(w.server.gpu_type).lower() == target.lower())]
+            out += [hit[0].worker_id] if hit else []
         return out
 
 
 def build_revocation_source(plan: RevocationPlan, rng: np.random.Generator | None = None) -> RevocationSource:
     """The source a parsed plan describes (raises a one-line error for an unreadable lifetime model)."""
     rng = rng if rng is not None else np.random.default_rng(plan.seed)
+    if plan.lifetime == "auto":  # each server's catalog offering picks its market's lifetime model
+        from cmdare.measure.lifetime_markets import offering_draw
+
+        return LifetimeRevocations(offering_draw(rng), plan.speedup)
     if plan.lifetime is not None:
         return LifetimeRevocations.from_model(plan.lifetime, rng, plan.speedup)
     if plan.every_s is not None:
         return PeriodicRevocations(plan.every_s, plan.first_s, rng)
     if plan.trace:
-        return TraceRevocations(plan.trace)
+        return TraceRevocations(plan.trace, plan.speedup)
     return NoRevocations()

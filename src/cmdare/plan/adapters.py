@@ -11,7 +11,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from cmdare.control.revocation import NOTICE_LEAD_S
 from cmdare.errors import UnknownNameError, UserInputError
+from cmdare.plan.evacuation import DEFAULT_EVACUATION
 from cmdare.plan.spec import PS_SERVER, PlanModels
 
 __all__ = [
@@ -74,6 +76,11 @@ class QuantileLifetimes:
                 return load_lifetime_model(self.spec), self.spec
             raise
 
+    def describe(self, server: str, region: str) -> str:
+        """The model ``server`` VMs draw from, e.g. ``bathtub:k80`` (the same in every cloud and market)."""
+        self._table(server)
+        return self.sources[server]
+
     def sample(self, rng: np.random.Generator, server: str, region: str, size: int) -> np.ndarray:
         """``size`` lifetimes (s) of transient ``server`` VMs (``region`` does not change the model)."""
         table = self._table(server)
@@ -129,12 +136,17 @@ class NoRevocations:
         """Infinite lifetimes."""
         return np.full(size, np.inf)
 
+    def describe(self, server: str, region: str) -> str:
+        """``none``: never revoked."""
+        return "none"
+
 
 class _PredictSpeed:
     """Cluster speed from ``cmdare.predict`` for one workload, cached per membership."""
 
-    def __init__(self, workload: str):
+    def __init__(self, workload: str, model_error: bool = False):
         self.workload = workload
+        self.model_error = model_error
         self._cache: dict[tuple, float] = {}
 
     def cluster_steps_per_s(self, gpus: Mapping[str, int], ps: int) -> float:
@@ -155,6 +167,17 @@ class _PredictSpeed:
         from cmdare.predict import predict_step_time_s
 
         return 1.0 / float(predict_step_time_s(self.workload, gpu))
+
+    def speed_factor(self, rng: np.random.Generator, gpus) -> float:
+        """One draw of the prediction's error (:func:`cmdare.predict.intervals.speed_factor`); 1.0
+        unless built with ``model_error``."""
+        if not self.model_error:
+            return 1.0
+        from cmdare.predict import gpu_tflops
+        from cmdare.predict.intervals import speed_factor, step_pool
+
+        unseen = any(step_pool(gpu_tflops(g)) == "step_unseen" for g in gpus)
+        return speed_factor(rng, unseen)
 
 
 class _Startup:
@@ -250,39 +273,65 @@ def resolve_workload(name: str):
 
 
 def load_plan_models(
-    workload: str, lifetime: str = "bathtub", catalog: str | None = None, cloud: str = "gcp"
+    workload: str, lifetime: str = "auto", catalog: str | None = None, cloud: str = "gcp",
+    interruption_rate: str | None = None, model_error: bool = False,
 ) -> PlanModels:
     """Speed, lifetime, startup and price models for ``workload``.
 
     Args:
         workload: a published workload name (``resnet32``, ``Res15``, ``shakebig`` ...): the models
             were fitted on its CM-DARE measurements.
-        lifetime: lifetime model spec; ``"none"`` gives transient servers that are never revoked.
+        lifetime: ``"auto"``: each server type's catalog offering picks the model of its market (GCE
+            preemptible: the fitted bathtub; spot: exponential at the interruption rate, see
+            :class:`~cmdare.plan.markets.OfferingLifetimes`); else a lifetime model spec for every
+            server; ``"none"`` gives transient servers that are never revoked.
         catalog: a catalog override file or shipped name (``"icac2019"`` replays the 2019 prices);
             None for the default catalog (or ``$CMDARE_CATALOG``).
-        cloud: the cloud whose prices apply.
+        cloud: the cloud whose prices (and, with ``"auto"``, markets) apply.
+        interruption_rate: overrides every spot offering's interruption rate (``"auto"`` only).
+        model_error: draw each simulated run's speed from the speed model's calibrated prediction
+            interval (:mod:`cmdare.predict.intervals`), so P95 carries model error too.
 
     Raises:
         UnknownNameError: unknown workload, lifetime model or cloud.
+        UserInputError: a malformed interruption rate, or one given without ``"auto"``.
     """
     from cmdare.cloud.catalog import load_catalog
     from cmdare.predict import predict_checkpoint_s
 
     features = resolve_workload(workload)
-    lifetimes = NoRevocations() if lifetime == "none" else QuantileLifetimes(lifetime)
     prices = CatalogPrices(load_catalog(catalog) if catalog else None, cloud)
     prices.regions()  # fail early on an unknown cloud
+    if interruption_rate is not None and lifetime != "auto":
+        raise UserInputError(f"--interruption-rate sets the spot markets' model of --lifetime auto, "
+                             f"not of {lifetime!r}")
+    if lifetime == "auto":
+        from cmdare.plan.markets import OfferingLifetimes
+
+        lifetimes = OfferingLifetimes(prices.catalog, prices.cloud, interruption_rate, fitted=QuantileLifetimes)
+    else:
+        lifetimes = NoRevocations() if lifetime == "none" else QuantileLifetimes(lifetime)
     checkpoint_s = predict_checkpoint_s(features.checkpoint_mb * 1e6, features.num_tensors, remote=True)
     return PlanModels(
-        speed=_PredictSpeed(features.name),
+        speed=_PredictSpeed(features.name, model_error),
         lifetimes=lifetimes,
         startup=_Startup(),
         prices=prices,
         checkpoint_s=checkpoint_s,
         source=(
             f"{features.name} ({features.source}); cmdare.predict speed/checkpoint/startup; "
-            f"lifetimes {lifetime}; prices {catalog or 'default catalog'} ({cloud}); "
+            f"lifetimes {_lifetime_source(lifetime, interruption_rate)}; "
+            f"prices {catalog or 'default catalog'} ({cloud}); "
             "accuracy: ICAC 2019 ResNet-32/CIFAR-10 points"
         ),
         accuracy=PredictedAccuracy(),
+        evacuation=DEFAULT_EVACUATION,
+        ps_state_bytes=features.checkpoint_mb * 1e6,  # the checkpoint holds the values and the momentum
+        notice_s=NOTICE_LEAD_S.get(cloud, NOTICE_LEAD_S["gcp"]),
     )
+
+
+def _lifetime_source(lifetime: str, rate: str | None) -> str:
+    if lifetime != "auto":
+        return lifetime
+    return "per market (auto" + (f", spot interruption rate {rate}" if rate else "") + ")"

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from cmdare.errors import UnknownNameError, UserInputError
+from cmdare.plan.evacuation import ps_markets, with_evacuation
 
 plan_app = typer.Typer(
     name="plan",
@@ -57,10 +58,11 @@ def parse_deadline_s(text: str, now: datetime | None = None) -> float:
     return seconds
 
 
-def _models(model: str, lifetime: str, catalog: str | None, cloud: str):
+def _models(model: str, lifetime: str, catalog: str | None, cloud: str, rate: str | None = None,
+            model_error: bool = False):
     from cmdare.plan.adapters import load_plan_models
 
-    return load_plan_models(model, lifetime, catalog, cloud)
+    return load_plan_models(model, lifetime, catalog, cloud, rate, model_error=model_error)
 
 
 def _check_names(prices, gpus: list[str], regions: list[str]) -> None:
@@ -75,7 +77,16 @@ def _check_names(prices, gpus: list[str], regions: list[str]) -> None:
             raise UnknownNameError(f"{prices.cloud} region", region, known_regions)
 
 
-_Lifetime = Annotated[str, typer.Option("--lifetime", help="bathtub, exponential, empirical, a file or none.")]
+_Lifetime = Annotated[str, typer.Option(
+    "--lifetime", help="auto (each offering's market model: GCE preemptible bathtub, spot exponential at the catalog's "
+    "interruption rate), or for every server: bathtub, exponential, empirical, a file, or none.")]
+_ModelError = Annotated[bool, typer.Option(
+    "--model-error/--no-model-error",
+    help="Also draw each run's speed from the speed model's calibrated prediction interval (model error "
+         "in the P95, not only revocations).")]
+_Rate = Annotated[str | None, typer.Option(
+    "--interruption-rate", help="Spot interruption rate overriding the catalog's (--lifetime auto): 8%/month, 2%/day "
+    "or an AWS band <5%, 5-10%, 10-15%, 15-20%, >20%.")]
 _CkptEvery = Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints.")]
 _Deadline = Annotated[str | None, typer.Option("--deadline", help="e.g. 2h, 90min, or a clock time.")]
 _Catalog = Annotated[str | None, typer.Option("--catalog", help="Price catalog file or name (icac2019).")]
@@ -99,9 +110,12 @@ def _start_hour(hour: int | None) -> int | None:
 
 
 def _source(models, start_hour: int | None) -> str:
+    from cmdare.predict.refine import refinement_note
+
+    source = f"{models.source}; {refinement_note()}"
     if start_hour is None:
-        return models.source
-    return f"{models.source}; lifetimes by launch hour, job starts {start_hour:02d}:00 US Pacific"
+        return source
+    return f"{source}; lifetimes by launch hour, job starts {start_hour:02d}:00 US Pacific"
 
 
 def _split(text: str) -> list[str]:
@@ -122,7 +136,9 @@ def plan(
     mixes: Annotated[bool, typer.Option("--mixes/--no-mixes", help="Also mixes of two GPU types.")] = True,
     runs: Annotated[int, typer.Option("--runs", help="Monte Carlo runs per configuration.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
-    lifetime: _Lifetime = "bathtub",
+    lifetime: _Lifetime = "auto",
+    interruption_rate: _Rate = None,
+    model_error: _ModelError = False,
     checkpoint_every: _CkptEvery = 1000,
     catalog: _Catalog = None,
     cloud: _Cloud = "gcp",
@@ -133,6 +149,9 @@ def plan(
         typer.Option("--min-accuracy", help="Keep configurations predicted to reach this final accuracy, e.g. 0.91."),
     ] = None,
     start_hour: _StartHour = None,
+    ps_market: Annotated[str, typer.Option(
+        "--ps-market", help="Parameter servers on on-demand servers, spot servers (evacuated within their "
+        "notice), or any: both, compared.")] = "on-demand",
 ) -> None:
     """Recommend a cluster: the cheapest meeting --deadline, or the fastest within --budget; with
     --min-accuracy only among configurations predicted to train accurately enough."""
@@ -161,10 +180,12 @@ def plan(
     if not gpu_list or not region_list:
         raise UserInputError("--gpus and --regions need at least one name each")
     job = JobSpec(model, steps, checkpoint_every, start_hour=_start_hour(start_hour))
-    models = _models(model, lifetime, catalog, cloud)
+    models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error),
+                              ps_market != "on-demand")
     _check_names(models.prices, gpu_list, region_list)
     clusters = [
-        c for c in enumerate_clusters(gpu_list, region_list, max_workers, max_ps, mixes)
+        c for c in enumerate_clusters(gpu_list, region_list, max_workers, max_ps, mixes,
+                                      ps_markets=ps_markets(ps_market))
         if all(models.prices.offered(g.gpu, g.region, g.transient) for g in c.workers)
         and models.prices.offered("cpu", c.region, c.ps_transient)
     ]
@@ -176,14 +197,17 @@ def plan(
 
         plot_pareto(rec, plot, deadline_s, budget)
     if as_json:
-        typer.echo(json.dumps(_rec_json(rec), indent=2))
+        typer.echo(json.dumps(_rec_json(rec, models.lifetimes), indent=2))
         return
-    _print_rec(rec, _source(models, start_hour), plot)
+    _print_rec(rec, _source(models, start_hour), plot, models.lifetimes)
 
 
-def _rec_json(rec) -> dict:
+def _rec_json(rec, lifetimes) -> dict:
+    from cmdare.plan.markets import lifetime_labels
+
     def one(o):
-        return {"config": o.cluster.label(), **o.summary.to_dict()}
+        return {"config": o.cluster.label(), "lifetime_models": lifetime_labels(o.cluster, lifetimes),
+                **o.summary.to_dict()}
 
     return {
         "message": rec.message,
@@ -195,10 +219,11 @@ def _rec_json(rec) -> dict:
     }
 
 
-def _print_rec(rec, source: str, plot: str | None) -> None:
+def _print_rec(rec, source: str, plot: str | None, lifetimes) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from cmdare.plan.markets import lifetime_labels
     from cmdare.plan.recommender import format_duration
 
     console = Console()
@@ -206,8 +231,9 @@ def _print_rec(rec, source: str, plot: str | None) -> None:
     cols = ["configuration", "time", "time P95", "cost", "cost P95", "revocations"]
     with_acc = any("accuracy_mean" in o.summary.extra for o in rec.front)
     cols += ["accuracy", "accuracy P5"] if with_acc else []
+    cols.append("lifetime model")
     for col in cols:
-        table.add_column(col, justify="left" if col == "configuration" else "right")
+        table.add_column(col, justify="left" if col in ("configuration", "lifetime model") else "right")
     for o in rec.front:
         s = o.summary
         mark = "* " if o is rec.choice else ""
@@ -215,6 +241,7 @@ def _print_rec(rec, source: str, plot: str | None) -> None:
         table.add_row(
             mark + o.cluster.label(), format_duration(s.time_mean_s), format_duration(s.time_p95_s),
             f"${s.cost_mean_usd:.2f}", f"${s.cost_p95_usd:.2f}", f"{s.revocations_mean:.2f}", *acc,
+            "; ".join(sorted(set(lifetime_labels(o.cluster, lifetimes).values()))) or "-",
         )
     console.print(table)
     st = rec.stats
@@ -270,13 +297,18 @@ def simulate_cmd(
     replacement: Annotated[str, typer.Option(
         "--replacement", "--replace", help="Replacement policy for a lost worker: same | cheapest | none.")] = "same",
     revocations: Annotated[str | None, typer.Option(
-        "--revocations", help="As for cmdare train: lifetime=MODEL | every=S[,first=F] | trace=T@SLOT+... | none "
-        "(default: lifetime=the --lifetime model).")] = None,
+        "--revocations", help="As for cmdare train: lifetime=MODEL | every=S[,first=F] | trace=T@SLOT+... | "
+        "trace=FILE | none (default: lifetime=the --lifetime model).")] = None,
+    trace: Annotated[str | None, typer.Option(
+        "--trace", help="Replay a revocation trace file (CSV time_s,server,event or Can't Be Late JSON), as "
+        "--revocations trace=FILE.")] = None,
     lr_policy: Annotated[str, typer.Option(
         "--lr-policy", help="LR on membership change: unchanged | linear | sqrt | staleness.")] = "unchanged",
     runs: Annotated[int, typer.Option("--runs", help="Monte Carlo runs.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
-    lifetime: _Lifetime = "bathtub",
+    lifetime: _Lifetime = "auto",
+    interruption_rate: _Rate = None,
+    model_error: _ModelError = False,
     checkpoint_every: _CkptEvery = 1000,
     catalog: _Catalog = None,
     cloud: _Cloud = "gcp",
@@ -292,10 +324,19 @@ def simulate_cmd(
     groups = parse_workers(workers, transient, region)
     cluster = ClusterSpec(groups, ps=ps, region=region, ps_transient=ps_transient, replacement=replacement)
     job = JobSpec(model, steps, checkpoint_every, start_hour=_start_hour(start_hour), lr_policy=lr_policy)
+    if trace is not None:
+        if revocations is not None:
+            raise UserInputError("give --trace FILE or --revocations, not both")
+        revocations = f"trace={trace}"
     lifetime, source = _revocation_source(revocations, lifetime, seed)
-    models = _models(model, lifetime, catalog, cloud)
+    models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error),
+                              ps_transient)
     _check_names(models.prices, [g.gpu for g in groups], [region])
     summary = Simulator(job, cluster, models, revocations=source).summarize(runs, seed)
+    from cmdare.plan.markets import lifetime_labels, revocation_stats, traced_runs
+
+    fresh = _revocation_source(revocations, lifetime, seed)[1]  # the same streams again, for the timelines
+    stats = revocation_stats(traced_runs(Simulator(job, cluster, models, revocations=fresh), runs, seed))
     out = {
         "model": model,
         "steps": steps,
@@ -309,6 +350,7 @@ def simulate_cmd(
         "catalog": catalog or "default",
         "replacement": cluster.replacement,
         "revocations": revocations or f"lifetime={lifetime}",
+        "lifetime_models": lifetime_labels(cluster, models.lifetimes),
         "lr_policy": job.lr_policy,
         "runs": runs,
         "seed": seed,
@@ -317,6 +359,8 @@ def simulate_cmd(
         "cost_usd": {"mean": summary.cost_mean_usd, "p50": summary.cost_p50_usd, "p95": summary.cost_p95_usd},
         "revocations_mean": summary.revocations_mean,
         "replacements_mean": summary.replacements_mean,
+        "evacuations_mean": summary.extra.get("evacuations_mean", 0.0),
+        **stats,
         "steps_lost_mean": summary.steps_lost_mean,
         "finished_fraction": summary.finished_fraction,
         "accuracy": {"mean": summary.extra.get("accuracy_mean"), "p5": summary.extra.get("accuracy_p5")},

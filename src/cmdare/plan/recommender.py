@@ -16,6 +16,7 @@ How a plan stays fast (``bench/planner.py`` measures it):
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from cmdare.errors import UserInputError
 from cmdare.plan.pareto import pareto_front
 from cmdare.plan.simulator import Simulator
-from cmdare.plan.spec import ClusterSpec, JobSpec, PlanModels, SimSummary, WorkerGroup
+from cmdare.plan.spec import PS_SERVER, ClusterSpec, JobSpec, PlanModels, SimSummary, WorkerGroup
 
 __all__ = ["PlanOption", "Recommendation", "enumerate_clusters", "recommend", "format_duration"]
 
@@ -81,12 +82,14 @@ def enumerate_clusters(
     max_ps: int = 3,
     mixes: bool = True,
     replacement: str = "same",
+    ps_markets: Sequence[bool] = (False,),
 ) -> list[ClusterSpec]:
     """Every configuration to consider.
 
     Homogeneous clusters of 1..``max_workers`` workers of each GPU type, mixes of two types
     (any split, at most ``max_workers`` in all), 1..``max_ps`` PS, transient or on-demand workers, in
-    each region; plus single-server training (one worker, no PS).
+    each region; plus single-server training (one worker, no PS). ``ps_markets``: PS servers on
+    on-demand (False) and/or spot (True) servers.
     """
     if max_workers < 1:
         raise UserInputError(f"max workers must be at least 1, got {max_workers}")
@@ -107,7 +110,9 @@ def enumerate_clusters(
                 n_workers = sum(n for _, n in shape)
                 ps_choices = ([0] if n_workers == 1 else []) + list(range(1, max_ps + 1))
                 for ps in ps_choices:
-                    out.append(ClusterSpec(groups, ps=ps, region=region, replacement=replacement))
+                    for spot_ps in ps_markets if ps else (False,):
+                        out.append(ClusterSpec(groups, ps=ps, region=region, ps_transient=spot_ps,
+                                               replacement=replacement))
     return out
 
 
@@ -226,6 +231,7 @@ def explain(choice: PlanOption, options: Sequence[PlanOption], models: PlanModel
                 f"(P95 {format_duration(twin.summary.time_p95_s)}) with "
                 f"{twin.summary.revocations_mean:.1f} revocations"
             )
+    reasons += _ps_market_reasons(choice, options, models)
     if len(counts) == 1:
         (gpu,) = counts
         per_step = {
@@ -238,12 +244,35 @@ def explain(choice: PlanOption, options: Sequence[PlanOption], models: PlanModel
     return reasons
 
 
+def _ps_market_reasons(choice: PlanOption, options: Sequence[PlanOption], models: PlanModels) -> list[str]:
+    """Whether spot PS servers pay, against the same cluster with the other PS market."""
+    c = choice.cluster
+    twin = next((o for o in options if o.cluster == dataclasses.replace(c, ps_transient=not c.ps_transient)), None)
+    if twin is None and c.ps_transient:  # the on-demand twin was pruned: price the PS servers alone
+        price = models.prices.price_per_hour_usd
+        extra = c.ps * (price(PS_SERVER, c.region, False) - price(PS_SERVER, c.region, True))
+        evac = choice.summary.extra.get("evacuations_mean", 0.0)
+        return [f"spot PS pays: on-demand PS would cost ${extra * choice.summary.time_mean_s / 3600:.2f} more "
+                f"over the run, with no time to win back ({evac:.1f} shard evacuations expected)"]
+    if twin is None or c.ps == 0:
+        return []
+    spot, od = (choice, twin) if c.ps_transient else (twin, choice)
+    saving = 1 - spot.summary.cost_mean_usd / od.summary.cost_mean_usd
+    slower = spot.summary.time_mean_s / od.summary.time_mean_s - 1
+    evac = spot.summary.extra.get("evacuations_mean", 0.0)
+    if c.ps_transient:
+        return [f"spot PS pays: {saving:.0%} cheaper than on-demand PS for {slower:+.1%} time "
+                f"({evac:.1f} shard evacuations expected, {spot.summary.steps_lost_mean:.0f} steps lost)"]
+    return [f"on-demand PS: spot PS would save {saving:.0%} for {slower:+.1%} time "
+            f"(P95 {format_duration(spot.summary.time_p95_s)}), not worth it under the constraint"]
+
+
 def _twin(choice: PlanOption, options: Sequence[PlanOption], transient: bool) -> PlanOption | None:
     c = choice.cluster
     want = tuple((g.gpu, g.count, transient, g.region) for g in c.workers)
     for o in options:
         oc = o.cluster
-        if oc.ps == c.ps and oc.region == c.region and tuple(
+        if oc.ps == c.ps and oc.region == c.region and oc.ps_transient == c.ps_transient and tuple(
             (g.gpu, g.count, g.transient, g.region) for g in oc.workers
         ) == want:
             return o

@@ -15,13 +15,22 @@ import numpy as np
 import simpy
 
 from cmdare.cloud.servers import ServerSpec
-from cmdare.control import LifetimeRevocations, MembershipKernel, RequestReplacement, WorkerInfo
+from cmdare.control import (
+    Evacuate,
+    LifetimeRevocations,
+    MembershipKernel,
+    PsServerKernel,
+    RequestReplacement,
+    WorkerInfo,
+)
 from cmdare.plan.spec import PS_SERVER, RunResult
 
 __all__ = ["HORIZON_FACTOR", "LIFETIMES_PER_SLOT", "SimClock", "SimRun"]
 
 #: Lifetimes pre-drawn per transient slot and run; a slot revoked more often draws more on demand.
 LIFETIMES_PER_SLOT = 3
+#: The spec a spot PS server has (for the PS kernel; prices are billed per PS count).
+PS_SPOT = ServerSpec(None, "gcp", "any", True, 0.0, role="ps")
 #: A run that has not finished after this many times its revocation-free duration is stopped.
 HORIZON_FACTOR = 50.0
 
@@ -52,6 +61,10 @@ class SimRun:
         self.progress = 0.0
         self.t_last = 0.0
         self.speed = 0.0
+        # the speed model's own error, one draw per run from its calibrated interval (issue 17);
+        # a spawned stream, so the lifetime draws below are those of a run without it
+        draw = getattr(sim.models.speed, "speed_factor", None)
+        self.speed_factor = float(draw(rng.spawn(1)[0], tuple(sim.gpus))) if draw is not None else 1.0
         self.gen = 0
         self.cost_usd = 0.0
         self.cost_per_s = 0.0
@@ -60,6 +73,14 @@ class SimRun:
         self.replacements = 0
         self.steps_lost = 0.0
         self.ps_down = 0
+        self.ps_live = sim.cluster.ps  # shards holding blocks (one fewer while an evacuated one is replaced)
+        self.evacuations = 0
+        evacuation = sim.models.evacuation
+        #: Pause of one shard's evacuation (None: no notices, every PS revocation rolls back).
+        self.evacuation_s = (evacuation.pause_s(sim.models.ps_state_bytes / max(1, sim.cluster.ps))
+                             if evacuation is not None else None)
+        notice = sim.models.notice_s if self.evacuation_s is not None else 0.0
+        self.ps_kernel = PsServerKernel(notice_s=notice, replace=sim.cluster.replacement != "none")
         self.done = self.env.event()
         self._tod = sim.start_hour is not None
         self._first: dict[int, float] = {}  # time-of-day runs: initial lifetime per transient slot
@@ -179,7 +200,7 @@ class SimRun:
         for w in state.workers:
             counts[index[w.server.gpu_type]] += 1
         chief = state.worker(state.chief) if state.chief is not None else state.workers[0]
-        self.speed = self.sim.rate(tuple(counts), index[chief.server.gpu_type])
+        self.speed = self.sim.rate(tuple(counts), index[chief.server.gpu_type], self.ps_live) * self.speed_factor
         remaining = self.total - self.progress
         ev = self.env.timeout(remaining / self.speed)
         gen = self.gen
@@ -245,7 +266,7 @@ class SimRun:
         self._reschedule()
 
     def _parameter_server(self):
-        """One transient PS: its loss stalls training, and the new PS restarts from the checkpoint."""
+        """One transient PS: noticed ahead (the PS kernel decides what follows) or lost with its updates."""
         sim, env = self.sim, self.env
         region = sim.cluster.region
         delay = 0.0
@@ -254,19 +275,62 @@ class SimRun:
             if delay > 0:
                 if life <= delay:  # revoked while starting up: still down
                     yield env.timeout(life)
-                else:
-                    yield env.timeout(delay)
+                    self.revocations += 1
+                    delay = self._ps_startup(region)
+                    continue
+                yield env.timeout(delay)
+                self._advance()
+                self.ps_down -= 1
+                self._reschedule()
+                life -= delay
+            info = self.ps_kernel.add(PS_SPOT, env.now)
+            lead = min(self.ps_kernel.notice_s, life)
+            yield env.timeout(life - lead)
+            self.revocations += 1
+            decisions = self.ps_kernel.revoke(info.worker_id, env.now, self.ps_live, deadline=env.now + lead)
+            self.ps_kernel.remove(info.worker_id)
+            delay = self._ps_startup(region)
+            evacuate = next((d for d in decisions if isinstance(d, Evacuate)), None)
+            if evacuate is not None and evacuate.onto == "survivors":
+                yield from self._pause(self.evacuation_s)
+                self.evacuations += 1
+                self._set_ps_live(-1)
+                yield env.timeout(delay)
+                yield from self._pause(self.evacuation_s)  # the replacement is filled
+                self._set_ps_live(+1)
+                delay = 0.0
+            elif evacuate is not None and delay + self.evacuation_s <= lead:
+                yield env.timeout(delay)  # the replacement is up within the notice: the blocks move to it
+                yield from self._pause(self.evacuation_s)
+                self.evacuations += 1
+                delay = 0.0
+            else:  # no notice, or the replacement comes too late: the shard dies with its updates
+                yield env.timeout(lead)
+                self._ps_lost()
+                delay = max(0.0, delay - lead)
+                if delay == 0.0:
                     self._advance()
                     self.ps_down -= 1
                     self._reschedule()
-                    yield env.timeout(life - delay)
-                    self._ps_lost()
-            else:
-                yield env.timeout(life)
-                self._ps_lost()
-            self.revocations += 1
-            delay = float(sim.models.startup.sample(self.rng, PS_SERVER, True, region))
-            self.replacements += 1
+
+    def _ps_startup(self, region: str) -> float:
+        self.replacements += 1
+        return float(self.sim.models.startup.sample(self.rng, PS_SERVER, True, region))
+
+    def _pause(self, seconds: float):
+        """Training stands still for ``seconds`` (an evacuation at an iteration boundary)."""
+        self._advance()
+        self.ps_down += 1
+        self._reschedule()
+        yield self.env.timeout(seconds)
+        self._advance()
+        self.ps_down -= 1
+        self._reschedule()
+
+    def _set_ps_live(self, delta: int) -> None:
+        self._advance()
+        self.ps_live += delta
+        self._reschedule()
 
     def _ps_lost(self) -> None:
         """A shard is gone: stop, and roll back to the last checkpoint (steps since it are lost)."""
@@ -288,4 +352,5 @@ class SimRun:
             replacements=self.replacements,
             steps_lost=self.steps_lost,
             finished=bool(finished),
+            evacuations=self.evacuations,
         )

@@ -13,7 +13,12 @@ How time evolves in one run::
                        replacement policy: same | cheapest (lowest price per step) | none;
                        LR policy: the new learning-rate scale (recorded in the timeline)
                        replacement requested now, joins after a sampled startup delay
-    PS revoked      -> training stalls until a new PS is up, then rolls back to the last checkpoint
+    PS revoked      -> with a notice (spot PS, ``models.evacuation_s`` set), the PS kernel decides: other
+                       shards left: training pauses for the evacuation, goes on with one PS fewer
+                       until the replacement PS is up (then pauses again to refill it); the last
+                       shard: its replacement starts on the notice and takes the blocks if it is up
+                       before the deadline; otherwise (or without notice) training stalls until a
+                       new PS is up, then rolls back to the last checkpoint
     progress == total steps -> done: wall time, cost, revocations, replacements, steps lost
 
 Checkpoints: every ``N`` steps the chief stops training for ``c`` seconds (the predicted checkpoint
@@ -140,16 +145,17 @@ class Simulator:
         return offers
 
     # ---- speed ---------------------------------------------------------------------------------
-    def rate(self, counts: tuple[int, ...], chief_gpu: int) -> float:
-        """Effective steps/s of a live membership (``counts`` per GPU type) with all PS up."""
-        key = (counts, chief_gpu)
+    def rate(self, counts: tuple[int, ...], chief_gpu: int, ps: int | None = None) -> float:
+        """Effective steps/s of a live membership (``counts`` per GPU type) with ``ps`` PS up (default all)."""
+        ps = self.cluster.ps if ps is None else ps
+        key = (counts, chief_gpu, ps)
         rate = self._rates.get(key)
         if rate is None:
             if sum(counts) == 0:
                 rate = 0.0
             else:
                 members = {g: n for g, n in zip(self.gpus, counts, strict=True) if n}
-                v = self.models.speed.cluster_steps_per_s(members, self.cluster.ps)
+                v = self.models.speed.cluster_steps_per_s(members, ps)
                 total_w = sum(n * w for n, w in zip(counts, self._worker_speed, strict=True))
                 share = self._worker_speed[chief_gpu] / total_w
                 rate = effective_steps_per_s(

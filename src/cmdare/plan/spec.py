@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -120,6 +120,11 @@ class PlanModels:
         checkpoint_s: time one checkpoint of the workload takes (saved by the chief).
         source: where the models come from, for reports.
         accuracy: predicted final accuracy, or None when no accuracy model applies.
+        evacuation: pause of a spot PS shard's evacuation within its notice, by bytes moved
+            (:class:`~cmdare.plan.evacuation.EvacuationModel`; None: PS revocations always roll back to
+            the checkpoint, as without notices).
+        ps_state_bytes: bytes the PS servers hold in all (parameters and momentum), shared by the shards.
+        notice_s: a spot PS server's notice lead (the cloud's: GCE 30 s, AWS 120 s).
     """
 
     speed: SpeedModel
@@ -129,6 +134,9 @@ class PlanModels:
     checkpoint_s: float
     source: str = ""
     accuracy: AccuracyPredictor | None = None
+    evacuation: Any = None
+    ps_state_bytes: float = 0.0
+    notice_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -265,6 +273,7 @@ class RunResult:
     replacements: int
     steps_lost: float
     finished: bool = True
+    evacuations: int = 0  # spot PS shards evacuated within their notice
 
 
 def _pct(values: np.ndarray, q: float) -> float:
@@ -305,6 +314,7 @@ class SimSummary:
             replacements_mean=float(np.mean([r.replacements for r in results])),
             steps_lost_mean=float(np.mean([r.steps_lost for r in results])),
             finished_fraction=float(np.mean([r.finished for r in results])),
+            extra={"evacuations_mean": float(np.mean([r.evacuations for r in results]))},
         )
 
     def to_dict(self) -> dict[str, float]:

@@ -3,7 +3,10 @@
 Per server type (and per region): servers observed, mean lifetime, fraction revoked within 1 h and
 before 24 h; per type with enough data, the exponential and bathtub fits and their Kolmogorov-Smirnov
 distance to the empirical CDF; revocations by hour of day. The plot draws the empirical CDFs with the
-fitted models over them.
+fitted models over them. The ``markets`` table shows, per cloud and market of the server catalog
+(GCE preemptible, GCE Spot, AWS Spot, on-demand), the lifetime model the planner and emulation use
+(``--lifetime auto``), its mean lifetime and chance of a revocation by 24 h and 30 days, and the data
+it was fitted on or the assumption it rests on (:func:`cmdare.measure.lifetime_markets.market_rows`).
 """
 
 from __future__ import annotations
@@ -165,10 +168,16 @@ def build(store: Store, run_id: str | None = None) -> Report:
         ax3.set(xlabel="hour of day", ylabel="revocations (< 24 h)", title="revocations by hour")
         ax3.legend(fontsize=7)
 
+    from cmdare.cloud.catalog import default_catalog
+    from cmdare.measure.lifetime_markets import market_rows
+
+    markets = pd.DataFrame(market_rows(default_catalog()))
+    notes.append("markets: the lifetime model per cloud and market (--lifetime auto); 'basis' names the measured "
+                 "data it was fitted on, or the assumption (interruption rate, source, date) where none exists")
     return Report(
         "lifetimes",
         "Transient server lifetimes",
-        {"summary": pd.DataFrame(rows), "fits": pd.DataFrame(fits), "by_hour": by_hour},
+        {"summary": pd.DataFrame(rows), "markets": markets, "fits": pd.DataFrame(fits), "by_hour": by_hour},
         notes,
         plot,
         figsize=(16, 5),
