@@ -35,6 +35,7 @@ BENCHES: dict[str, list[str]] = {
     "scaling": [],
     "shard_memory": [],
     "sim_vs_real": [],
+    "spot_ps": ["--quick"],
     "store_recording": ["--rows", "10", "--pairs", "1", "--train-steps", "1"],  # rows recorded before Ray
     "train_overhead": [],
 }

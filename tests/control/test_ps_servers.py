@@ -90,3 +90,23 @@ def test_revocation_spec_reads_notice_and_hit():
     for bad in ("every=5,notice=-1", "every=5,hit=head", "every=5,notice=soon"):
         with pytest.raises(UserInputError):
             RevocationPlan.parse(bad)
+
+
+def test_a_scripted_trace_aims_at_ps_servers_and_worker_targets_never_hit_them():
+    from cmdare.control import TraceRevocations
+
+    plan = RevocationPlan.parse("trace=1@ps+2@0+3@ps,notice=5")
+    assert plan.trace == ((1.0, "ps"), (2.0, 0), (3.0, "ps"))
+    kernel = MembershipKernel(2, revocations=TraceRevocations(plan.trace))
+    kernel.start([WorkerInfo(i, i, K80, 0.0, trained_at=0.0) for i in range(2)], 0.0)
+    ps = PsServerKernel(kernel.revocations, notice_s=5.0)
+    oldest, _newer = ps.add(PS, 0.0), ps.add(PS, 0.5)
+    assert kernel.due(1.0, 0.0, others=ps.candidates()) == [oldest.worker_id]  # the longest-serving PS server
+    ps.revoke(oldest.worker_id, 1.0, num_shards=2)
+    assert kernel.due(2.0, 0.0, others=ps.candidates()) == [0]
+    assert kernel.due(3.0, 0.0, others=ps.candidates()) == [_newer.worker_id]
+    anyone = MembershipKernel(1, revocations=TraceRevocations([(1.0, None), (2.0, "k80")]))
+    anyone.start([WorkerInfo(0, 0, K80, 0.0, trained_at=0.0)], 0.0)
+    assert anyone.due(2.0, 0.0, others=ps.candidates()) == [0]  # '*' and a GPU type name workers only
+    with pytest.raises(UserInputError):
+        RevocationPlan.parse("trace=-1@ps")

@@ -34,6 +34,8 @@ def _run(args, home):
     ["--region", "nowhere-1"],
     ["--revocations", "lifetime=/no/such/lifetimes.json"],
     ["--revocations", "every=-2"],
+    ["--revocations", "every=5,notice=-1"],
+    ["--revocations", "every=5,hit=head"],
     ["--replace", "sometimes"],
     ["--lr-policy", "wild"],
     ["--straggler", "9:3"],

@@ -6,9 +6,12 @@
   lifetime model ``NAME`` (``bathtub``, ``exponential``, ``empirical``, ``bathtub:k80``, a saved
   model file; see :mod:`cmdare.measure.lifetime_models`), divided by ``speedup`` (time compression:
   ``speedup=3600`` turns an hour into a second), counted from the moment its server is ready;
+  ``lifetime=auto``: each server's catalog offering picks its market's model (GCE preemptible: the
+  fitted bathtub; spot: exponential at the interruption rate, :mod:`cmdare.measure.lifetime_markets`);
 * ``every=S[,first=F]``: a transient server is revoked every ``S`` seconds (chaos tests);
-* ``trace=T@SLOT+T@SLOT...``: the worker in data slot ``SLOT`` is revoked ``T`` seconds after the
-  first step (a scripted schedule: the same in the Ray trainer and the simulator); ``trace=FILE``
+* ``trace=T@SLOT+T@ps+...``: the worker in data slot ``SLOT`` (``ps``: the longest-serving transient PS
+  server) is revoked ``T`` seconds after the first step (a scripted schedule: the same in the Ray trainer
+  and the simulator); ``trace=FILE``
   (a value without ``@``) replays a revocation trace file - a CSV ``time_s,server,event`` or a
   Can't Be Late per-tick JSON, see :mod:`cmdare.control.revocation_traces` - whose revocations hit
   a slot, the lowest live slot of a server type, or any transient worker; both divided by ``speedup``;
@@ -48,6 +51,7 @@ __all__ = [
 
 _KEYS = ("lifetime", "speedup", "every", "first", "seed", "trace", "notice", "hit")
 HIT_CHOICES = ("all", "workers", "ps")
+PS_TARGET = "ps"  # trace=T@ps: a transient PS server
 #: A cloud's own lead time from preemption notice to revocation (GCE: 30 s, AWS: 2 minutes).
 NOTICE_LEAD_S = {"gcp": 30.0, "aws": 120.0}
 
@@ -142,11 +146,16 @@ def _parse_trace(text: str | None) -> tuple[tuple[float, int | str | None], ...]
     for item in text.split("+"):
         t, sep, slot = item.partition("@")
         if not sep:
-            raise ValueError(f"trace entries are SECONDS@SLOT, got {item!r}")
+            raise ValueError(f"trace entries are SECONDS@SLOT (or SECONDS@ps), got {item!r}")
+        if slot.strip().lower() == PS_TARGET:
+            if float(t) < 0:
+                raise ValueError(f"trace entry {item!r}: seconds must be >= 0")
+            out.append((float(t), PS_TARGET))
+            continue
         if float(t) < 0 or int(slot) < 0:
             raise ValueError(f"trace entry {item!r}: seconds and slot must be >= 0")
         out.append((float(t), int(slot)))
-    return tuple(sorted(out))
+    return tuple(sorted(out, key=lambda entry: entry[0]))
 
 
 class RevocationSource:
@@ -228,8 +237,9 @@ class PeriodicRevocations(RevocationSource):
 class TraceRevocations(RevocationSource):
     """A scripted schedule or a replayed trace: ``(seconds after the first step, target)`` pairs, the
     seconds divided by ``speedup``. A target is a data slot (int), a server type (str, case-insensitive:
-    the lowest live slot of that GPU type) or None (the lowest live transient slot); a target with no
-    live worker at that moment is skipped."""
+    the lowest live slot of that GPU type), ``"ps"`` (the longest-serving transient PS server, with
+    ``--ps-transient``) or None (the lowest live transient slot); a target with no live server at that
+    moment is skipped."""
 
     name = "trace"
 
@@ -252,8 +262,10 @@ class TraceRevocations(RevocationSource):
             if isinstance(target, int):
                 out += [w.worker_id for w in live if w.slot == target and w.worker_id not in out]
                 continue
-            hit = [w for w in sorted(live, key=lambda w: w.slot) if w.worker_id not in out and w.server.transient
-                   and (target is None or str(w.server.gpu_type).lower() == target.lower())]
+            role = "ps" if target == PS_TARGET else "worker"
+            hit = [w for w in sorted(live, key=lambda w: (w.slot, w.ready_at)) if w.worker_id not in out
+                   and w.server.transient and w.server.role == role
+                   and (target in (None, PS_TARGET) or str(w.server.gpu_type).lower() == target.lower())]
             out += [hit[0].worker_id] if hit else []
         return out
 

@@ -261,6 +261,12 @@ class _ShardActorBase:
     def ping(self) -> int:
         return self.state.step
 
+    def node_id(self) -> str:
+        """The Ray node this shard runs on (hex), to watch for its drain."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
 
 class AsyncShardActor(_ShardActorBase):
     """Asynchronous training: each push is applied on arrival; calls run one at a time."""
@@ -383,3 +389,8 @@ class SyncShardActor(_ShardActorBase):
 
     async def ping(self) -> int:  # type: ignore[override]
         return self.state.step
+
+    async def node_id(self) -> str:  # type: ignore[override]
+        import ray
+
+        return ray.get_runtime_context().get_node_id()

@@ -97,6 +97,15 @@ class ChiefDuties:
         """Start and await duty ``kind`` on ``chief``."""
         return self.finish(kind, chief, self.start(kind, chief))
 
+    def run_final(self, chief: Any, checkpoint: bool, timeout_s: float) -> None:
+        """The final evaluation (and checkpoint) on ``chief()``, by the next chief if it dies meanwhile; then
+        wait up to ``timeout_s`` for the uploads."""
+        for kind in ("eval", "checkpoint") if checkpoint else ("eval",):
+            while chief() is not None:
+                if self.run_now(kind, chief()):
+                    break
+        self.collect(wait=True, timeout_s=timeout_s)
+
 
 class DutySchedule:
     """When the chief's periodic duties fall due: the next multiples of the checkpoint and evaluation

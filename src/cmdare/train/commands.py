@@ -15,6 +15,11 @@ console = Console(soft_wrap=True)
 # The main job shows the transient path: each server lives a bathtub-distributed GCE lifetime, with time
 # compressed 14400x (24 h in 6 s), so a few-hundred-step run sees servers revoked and replaced.
 DEFAULT_REVOCATIONS = "lifetime=bathtub,speedup=14400"
+DEFAULT_CHECKPOINT_EVERY = 200
+# A PS revoked without notice rolls every shard back to the last checkpoint: with spot PS servers the
+# default interval is a quarter of the usual, so such a loss is at most 50 steps (the background upload
+# keeps the chief's stall per checkpoint near 30 ms, docs/benchmarks.md), 1/4 of the on-demand bound.
+PS_TRANSIENT_CHECKPOINT_EVERY = 50
 
 
 def default_revocations(revocations: str | None, address: str | None) -> str:
@@ -39,7 +44,10 @@ def train_command(
     weight_decay: float = typer.Option(1e-4, help="Weight decay."),
     sync: bool = typer.Option(False, "--sync", help="Synchronous training (one aggregated gradient per step)."),
     placement: str = typer.Option("round-robin", help="Parameter placement strategy."),
-    checkpoint_every: int = typer.Option(200, help="Checkpoint every N steps (0: never)."),
+    checkpoint_every: int = typer.Option(None, help="Checkpoint every N steps (0: never). Default "
+                                         f"{DEFAULT_CHECKPOINT_EVERY}; {PS_TRANSIENT_CHECKPOINT_EVERY} with "
+                                         "--ps-transient (a PS revoked without notice loses at most that many "
+                                         "steps)."),
     eval_every: int = typer.Option(100, help="Evaluate every N steps (0: only at the end)."),
     seed: int = typer.Option(0, help="Random seed."),
     resume: str = typer.Option(None, help="Resume run RUN from its latest checkpoint, with the options it ran "
@@ -53,13 +61,19 @@ def train_command(
                                         "cluster has GPUs, else none."),
     transient: bool = typer.Option(True, "--transient/--on-demand",
                                    help="Workers on transient (spot/preemptible) servers, or on-demand ones."),
+    ps_transient: bool = typer.Option(False, "--ps-transient",
+                                      help="Parameter servers on transient servers too: injected revocations "
+                                      "hit them after a notice (notice=S in --revocations), in which each "
+                                      "shard's blocks move to the other shards or a replacement."),
     gpu: str = typer.Option("k80", help="GPU type of the worker servers (priced from the catalog)."),
     cloud: str = typer.Option("gcp", help="Cloud whose prices the servers take: gcp | aws."),
     region: str = typer.Option(None, help="Region (default: the first region offering the GPU)."),
     revocations: str = typer.Option(
-        None, help="Injected revocations: lifetime=MODEL[,speedup=S][,seed=N] | every=S[,first=F] | "
-        f"trace=T@SLOT+... | none. Default: {DEFAULT_REVOCATIONS} on a local run; none on a joined cluster "
-        "(--address: real servers are revoked by their cloud, never by emulation unless asked)."),
+        None, help="Injected revocations: lifetime=MODEL|auto[,speedup=S][,seed=N] | every=S[,first=F] | "
+        "trace=T@SLOT+T@ps+... | trace=FILE | none, and [,hit=all|workers|ps][,notice=S] (a PS server's "
+        f"notice lead, default the cloud's 30 s/120 s over speedup). Default: {DEFAULT_REVOCATIONS} on a local "
+        "run; none on a joined cluster (--address: real servers are revoked by their cloud, never by emulation "
+        "unless asked)."),
     replace: str = typer.Option("same", "--replacement", "--replace",
                                 help="Replacement policy for a lost worker: same | cheapest | none."),
     startup: str = typer.Option("model", help="Emulated replacement start-up (local runs): 'model' (CM-DARE "
@@ -101,9 +115,12 @@ def train_command(
                      worker_gpus=worker_gpus,
                      ps=ps, steps=steps, batch_size=batch_size, sync=sync, placement=placement,
                      optimizer=OptimizerConfig(lr=lr, momentum=momentum, weight_decay=weight_decay),
-                     checkpoint_every=checkpoint_every, eval_every=eval_every, seed=seed,
+                     checkpoint_every=checkpoint_every if checkpoint_every is not None else
+                     PS_TRANSIENT_CHECKPOINT_EVERY if ps_transient else DEFAULT_CHECKPOINT_EVERY,
+                     eval_every=eval_every, seed=seed, ps_transient=ps_transient,
                      gpus_per_worker=gpus, transient=transient, gpu=gpu, cloud=cloud, region=region,
-                     revocations=default_revocations(revocations, address) if transient else None, replace=replace,
+                     revocations=default_revocations(revocations, address) if transient or ps_transient else None,
+                     replace=replace,
                      startup=startup, replacement_timeout_s=replacement_timeout,
                      lr_policy=lr_policy, elastic_ps=elastic_ps, balance_every=balance_every, straggler=straggler,
                      auto_mitigate=auto_mitigate, ps_bandwidth=ps_bandwidth, storage=storage)
@@ -146,6 +163,9 @@ def train_command(
     console.print(f"servers: {summary.revocations} revoked, {summary.replacements} replaced, "
                   f"{summary.details.get('time_lost_s', 0.0):.1f} s of cluster time lost; "
                   f"cost so far ${summary.cost_usd:.4f}{emulated}")
+    if spec.ps_transient or summary.details.get("steps_lost"):
+        console.print(f"parameter servers: {summary.details.get('shards_evacuated', 0)} shards evacuated, "
+                      f"{summary.details.get('steps_lost', 0)} steps lost")
     console.print(f"measurements: {where}; checkpoints: {summary.details.get('checkpoint_dir')}")
     if summary.details.get("failed_checkpoints"):
         console.print(f"[bold yellow]warning:[/] {summary.details['failed_checkpoints']} checkpoint upload(s) "

@@ -270,11 +270,15 @@ class MembershipExecutor:
         return stretch * self._reference_step_s
 
     # -- losing workers --------------------------------------------------------------------------
-    def inject_revocations(self, now: float) -> None:
-        """Revoke the servers the kernel's revocation source says are due (only workers that trained)."""
-        if self.started_at is None or not self.spec.transient:
-            return
-        for wid in self.kernel.due(now, self.started_at):
+    def inject_revocations(self, now: float, workers: bool = True, others: Sequence[Any] = ()) -> list[int]:
+        """Revoke the workers the kernel's revocation source says are due (only workers that trained).
+
+        ``others`` are transient PS servers the source may pick among too; their keys (negative) are returned
+        for the PS executor. ``workers=False``: the source hits PS servers only."""
+        if self.started_at is None:
+            return []
+        due = self.kernel.due(now, self.started_at, workers=workers and self.spec.transient, others=others)
+        for wid in due:
             w = self.workers.get(wid)
             if w is None or w.revoked_at is not None:
                 continue
@@ -287,6 +291,7 @@ class MembershipExecutor:
             self.emitter.event("revocation", worker_id=w.worker_id, server_id=w.server.server_id,
                                details={"source": "injected", "uptime_s": w.server.uptime_s(),
                                         "chief": w is self.chief, "kill_s": w.revoked_at - t_kill})
+        return [wid for wid in due if wid < 0]
 
     def lost(self, w: WorkerHandle, err: Exception | None, replace: bool = True) -> None:
         """Drop a dead worker; the kernel re-elects the chief and may ask for a replacement."""

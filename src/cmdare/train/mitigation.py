@@ -17,7 +17,7 @@ from typing import Any
 
 from cmdare.ps.placement import Placement
 from cmdare.ps.psld.decisions import AddShard, Decision, Move
-from cmdare.train.balancing import DecisionSource, fill_moves
+from cmdare.train.balancing import DecisionSource, PsldSource, fill_moves
 
 
 class BottleneckWatch(DecisionSource):
@@ -123,3 +123,15 @@ class CompositeSource(DecisionSource):
     def applied(self, decisions: Sequence[Decision], placement: Placement, moved_bytes: int, pause_s: float) -> None:
         for s in self.sources:
             s.applied(decisions, placement, moved_bytes, pause_s)
+
+
+def default_decisions(spec: Any, placement: Any, emitter: Any) -> CompositeSource:
+    """A run's placement-change sources: PSLD's balancer with ``--placement psld``, then the bottleneck watch
+    (which acts with ``--auto-mitigate``)."""
+    sources: list[DecisionSource] = []
+    if spec.placement == "psld":
+        sources.append(PsldSource(placement, elastic=spec.elastic_ps, interval_steps=spec.balance_every,
+                                  seed=spec.seed))
+    sources.append(BottleneckWatch(lambda kind, details: emitter.event(kind, details=details),
+                                   auto=spec.auto_mitigate))
+    return CompositeSource(sources)

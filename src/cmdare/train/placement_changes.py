@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from cmdare.ps.migration import MigrationResult
 from cmdare.ps.psld.decisions import Decision
 from cmdare.storage import Storage
 from cmdare.train.balancing import DecisionSource, decisions_for_request
@@ -56,10 +57,11 @@ class PlacementChanges:
         if steps and self.decisions is not None and hasattr(self.decisions, "observe_chunk"):
             self.decisions.observe_chunk(worker_id, steps, duration_s, compute_s)
 
-    def migrate(self, decisions: list[Decision], workers: Sequence[Any], global_step: int) -> None:
-        """Carry out placement changes on quiesced shards and report them."""
+    def migrate(self, decisions: list[Decision], workers: Sequence[Any], global_step: int,
+                removed_reason: str = "removed") -> tuple[MigrationResult, float]:
+        """Carry out placement changes on quiesced shards and report them; returns the result and pause."""
         old_n = len(self.shards.shards)
-        result, pause_s = self.shards.migrate(decisions, workers)
+        result, pause_s = self.shards.migrate(decisions, workers, removed_reason)
         placement = self.shards.placement
         if self.decisions is not None:
             self.decisions.applied(result.done, placement, result.moved_bytes, pause_s)
@@ -71,3 +73,4 @@ class PlacementChanges:
                                           "num_shards": n, "rolled_back": result.rolled_back, "error": result.error,
                                           "placement_version": placement.version})
         write_status(self.storage, "running", n, global_step)
+        return result, pause_s

@@ -95,3 +95,11 @@ def read_requests(run: Storage | str | os.PathLike[str]) -> list[dict[str, Any]]
         finally:
             control.delete(name)
     return out
+
+
+def new_run_id() -> str:
+    """A readable unique run id, e.g. ``run-20261129-201500-ab12``."""
+    import secrets
+    import time
+
+    return time.strftime("run-%Y%m%d-%H%M%S-") + secrets.token_hex(2)

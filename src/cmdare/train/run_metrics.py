@@ -37,6 +37,8 @@ class RunMetrics(TrainCallback):
         self.lost_worker_s = 0.0  # worker-seconds lost: recovery of each replacement, detection of the rest
         self._open_losses: dict[int, float] = {}  # lost worker -> revoked at, while its replacement is awaited
         self._revoked_at: dict[int, float] = {}
+        self.shards_evacuated = 0
+        self.steps_lost = 0  # rolled back to a checkpoint when a shard died
 
     def start_chunk(self, started_at: float, global_step: int) -> None:
         """The first chunk of the run started at ``started_at`` at ``global_step`` (start-up excluded)."""
@@ -51,8 +53,13 @@ class RunMetrics(TrainCallback):
 
     def on_event(self, report: EventReport) -> None:
         details = report.details or {}
-        if report.kind in ("revocation", "notice"):
+        if report.kind in ("revocation", "notice", "ps_notice") or (report.kind == "ps_revocation"
+                                                                    and not details.get("noticed")):
             self.revocations += 1
+        elif report.kind == "ps_replacement_joined":
+            self.replacements += 1
+        elif report.kind == "shard_evacuated":
+            self.shards_evacuated += 1
         elif report.kind == "replacement_joined":
             self.replacements += 1
             self.lost_worker_s += float(details.get("recovery_s", 0.0))
@@ -64,6 +71,7 @@ class RunMetrics(TrainCallback):
         elif report.kind == "replacement_requested" and report.worker_id is not None:
             self._open_losses.setdefault(report.worker_id, self._revoked_at.get(report.worker_id, report.time))
         elif report.kind == "shard_restored":
+            self.steps_lost += int(details.get("steps_lost", 0))
             self._speed.clear()  # the step went back to the checkpoint's
 
     def window_speed(self, including: tuple[float, int] | None = None) -> float:
@@ -97,4 +105,5 @@ class RunMetrics(TrainCallback):
                           self.revocations, self.replacements, cost,
                           details={"checkpoint_dir": checkpoint_dir, "startup_s": (self.first_step_at or now) - t_start,
                                    "time_lost_s": lost_worker_s / max(1, planned_workers), "emulated": emulated,
-                                   "servers": len(servers), "failed_checkpoints": failed_checkpoints})
+                                   "servers": len(servers), "failed_checkpoints": failed_checkpoints,
+                                   "shards_evacuated": self.shards_evacuated, "steps_lost": self.steps_lost})

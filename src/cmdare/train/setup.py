@@ -94,7 +94,7 @@ def server_specs(spec: TrainSpec) -> tuple[list[ServerSpec], ServerSpec]:
             region = sorted(o.region for o in offers)[0]
         specs[gpu] = catalog.server_spec(gpu, spec.cloud, region, spec.transient, role="worker")
     first = next(iter(specs.values()))
-    ps = catalog.server_spec(None, spec.cloud, first.region, False, role="ps")
+    ps = catalog.server_spec(None, spec.cloud, first.region, spec.ps_transient, role="ps")
     return [specs[gpu] for gpu in spec.slot_gpus()], ps
 
 

@@ -1,7 +1,9 @@
 """The parameter shards of a run as one group: start, restore from a checkpoint, migrate, stats.
 
-Each shard is an actor on its own (on-demand) PS server. The group keeps the shards, their servers
-and the placement (which blocks live on which shard) consistent through shard losses and PSLD moves.
+Each shard is an actor on its own PS server (on-demand, or transient with ``--ps-transient``). The
+group keeps the shards, their servers and the placement (which blocks live on which shard) consistent
+through shard losses, evacuations and PSLD moves. A spare (:meth:`ShardGroup.start_spare`) is a shard
+actor started ahead, empty, that the next added shard takes (a replacement PS, started on a notice).
 """
 
 from __future__ import annotations
@@ -47,15 +49,47 @@ class ShardGroup:
         self.lr_scale = 1.0
         self.num_workers = spec.workers
         self.waits: list[float] = []  # per shard: workers' send-to-reply seconds since the last stats
+        self.spares: list[Server] = []  # started shard actors not yet holding blocks (ready ones first)
 
     def new_shard(self, k: int, server: Server | None = None) -> Any:
-        """Start shard actor ``k`` (empty) on a new on-demand PS server."""
-        import ray
-
-        spec = self.spec
+        """Shard actor ``k`` (empty): a ready spare's, else one started on a new PS server."""
+        if server is None and self.spares and self.spares[0].joined_at is not None:
+            server = self.spares.pop(0)
+            self.servers.append(server)
+            return server.actor
         server = server or self.provider.request(self.ps_spec)
         self.servers.append(server)
         self.emitter.server_event("server_requested", server)
+        return self._start_actor(k, server)
+
+    def start_spare(self) -> Any:
+        """Start an empty shard actor on a new PS server, ahead of need; returns its ``ping`` reference
+        (ready once the actor is up: then call :meth:`spare_ready`)."""
+        server = self.provider.request(self.ps_spec)
+        self.spares.append(server)
+        self.emitter.server_event("server_requested", server)
+        return self._start_actor(len(self.shards), server).ping.remote()
+
+    def spare_ready(self, server: Server) -> None:
+        """A spare's actor answered: it joins the run (bills, and is taken by the next added shard)."""
+        server.joined_at = time.time()
+        self.emitter.server_event("server_joined", server)
+        self.spares.sort(key=lambda srv: srv.joined_at is None)
+
+    def replace_shard(self, k: int, spare: Server) -> None:
+        """Shard ``k`` is now the (ready) spare ``spare``'s actor, which takes over its blocks."""
+        old = self.shards[k]
+        self.shards[k] = spare.actor
+        self.servers = [spare if srv.actor is old else srv for srv in self.servers]
+
+    def end_server(self, server: Server, reason: str) -> None:
+        """End one PS server (its actor is stopped by the caller)."""
+        self._end(server, reason)
+
+    def _start_actor(self, k: int, server: Server) -> Any:
+        import ray
+
+        spec = self.spec
         opts = {"num_cpus": spec.cpus_per_shard, "max_restarts": 0, **self.provider.actor_options(server)}
         if spec.sync:
             actor = ray.remote(SyncShardActor).options(**opts).remote(k, spec.optimizer, spec.steps,
@@ -154,8 +188,10 @@ class ShardGroup:
                       "from_checkpoint": latest is not None, "dead_shards": [k for k, ok in enumerate(alive) if not ok]}
 
     # -- placement changes ------------------------------------------------------------------------
-    def migrate(self, decisions: list[Decision], workers: Sequence[Any]) -> tuple[MigrationResult, float]:
-        """Carry out placement changes on quiesced shards; workers then adopt the new layout.
+    def migrate(self, decisions: list[Decision], workers: Sequence[Any],
+                removed_reason: str = "removed") -> tuple[MigrationResult, float]:
+        """Carry out placement changes on quiesced shards; workers then adopt the new layout. Removed
+        shards' servers end with ``removed_reason``.
 
         Returns the migration's result and the pause it cost (seconds).
         """
@@ -167,7 +203,7 @@ class ShardGroup:
         for actor in result.removed:
             for server in self.servers:
                 if server.actor is actor and server.alive:
-                    self._end(server, "removed")
+                    self._end(server, removed_reason)
             with contextlib.suppress(Exception):
                 ray.kill(actor)
         self.servers = [srv for srv in self.servers if srv.alive]
@@ -212,8 +248,8 @@ class ShardGroup:
         self.emitter.server_event("server_ended", server, extra={"reason": reason})
 
     def release(self) -> None:
-        """End every live PS server (the run is over)."""
-        for server in self.servers:
+        """End every live PS server, spares included (the run is over)."""
+        for server in [*self.servers, *self.spares]:
             if server.alive:
                 self._end(server, "released")
 
@@ -221,6 +257,6 @@ class ShardGroup:
         """Kill every shard actor (at shutdown)."""
         import ray
 
-        for s in self.shards:
+        for s in [*self.shards, *(srv.actor for srv in self.spares)]:
             with contextlib.suppress(Exception):  # already gone
                 ray.kill(s)

@@ -48,7 +48,7 @@ class TrainSpec:
     sync: bool = False
     optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=0.05, weight_decay=1e-4))
     placement: str = "round-robin"
-    checkpoint_every: int = 200  # steps; 0 disables checkpoints
+    checkpoint_every: int = 200  # steps; 0 disables checkpoints (CLI default 50 with --ps-transient)
     eval_every: int = 100  # steps; 0 evaluates only at the end
     seed: int = 0
     chunk_steps: int = 10  # steps a worker runs per call before reporting back
@@ -65,6 +65,9 @@ class TrainSpec:
     # Servers (CM-DARE: workers on GPU servers, each shard on an on-demand CPU server). Locally they are
     # emulated: prices come from the catalog, revocations from ``revocations`` (see cmdare.control.revocation).
     transient: bool = False
+    # Parameter servers on transient servers too: injected revocations hit them, each after a notice
+    # (``notice=`` in ``revocations``) in which the shard's blocks are evacuated (cmdare.control.ps_servers).
+    ps_transient: bool = False
     gpu: str = "k80"
     # Mixed GPU types, the plan's syntax ("k80:2,v100:1": slots 0-1 K80, slot 2 V100; counts sum to workers);
     # None: every worker is a `gpu`.

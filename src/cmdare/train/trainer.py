@@ -49,6 +49,7 @@ from cmdare.train.gpu_speeds import emulated_step_stretch
 from cmdare.train.membership import MembershipExecutor, WorkerHandle, catalog_offers
 from cmdare.train.mitigation import BottleneckWatch, CompositeSource
 from cmdare.train.placement_changes import PlacementChanges
+from cmdare.train.ps_evacuation import PsServerExecutor, spot_ps_executor
 from cmdare.train.run_control import write_run_spec, write_status
 from cmdare.train.run_metrics import RunMetrics
 from cmdare.train.setup import (
@@ -127,6 +128,7 @@ class Trainer:
         self.infos: list[ParamInfo] = []
         self._planned: list[Decision] = []  # placement changes waiting for the workers to quiesce
         self._shard_failed = False  # a shard died: quiesce, then restore every shard from the checkpoint
+        self._round_hold: tuple[int, bool] = (-1, False)  # sync: (chunk-end step, hold) decided by the first back
         self._initial: tuple[np.ndarray, np.ndarray, int] | None = None
         self._inflight: dict[Any, WorkerHandle] = {}  # the loop's chunk calls, by reference
         self._duties: dict[Any, tuple[str, WorkerHandle]] = {}  # the loop's chief duties, by reference
@@ -137,6 +139,7 @@ class Trainer:
         self.members: MembershipExecutor | None = None
         self.duties: ChiefDuties | None = None
         self.placement_changes: PlacementChanges | None = None
+        self.ps_servers: PsServerExecutor | None = None  # with --ps-transient
 
     @property
     def workers(self) -> dict[int, WorkerHandle]:
@@ -166,7 +169,7 @@ class Trainer:
             self.spec, self.run_id, self.storage, self.resume_from, self.resuming)
         write_run_spec(self.storage, self.run_id, self.spec.to_dict())
         source = build_revocation_source(self.plan)  # the same seeded draws as before the kernel
-        self.kernel.revocations = source if self.spec.transient else NoRevocations()
+        self.kernel.revocations = source if self.spec.transient or self.spec.ps_transient else NoRevocations()
         return params, momentum, buffers, step
 
     def _setup(self, params: np.ndarray, momentum: np.ndarray, step: int) -> None:
@@ -192,6 +195,9 @@ class Trainer:
                                            auto=spec.auto_mitigate))
             self.decisions = CompositeSource(sources)
         self.placement_changes = PlacementChanges(self.shard_group, self.decisions, self.emitter, self.storage)
+        if spec.ps_transient:
+            self.ps_servers = spot_ps_executor(spec, self.plan, self.kernel.revocations, self.shard_group,
+                                               self.placement_changes, self.provider, self.emitter, self.decisions)
         self.global_step = step
 
     # -- the run -------------------------------------------------------------------------------
@@ -269,13 +275,20 @@ class Trainer:
         finished = False
         write_status(self.storage, "running", self._num_shards(), self.global_step)
         members = self.members
-        while (inflight or duties or self._planned or self._shard_failed
+        spot_ps = self.ps_servers
+        ps_starting = spot_ps.starting if spot_ps is not None else {}
+        parked = spot_ps.parked if spot_ps is not None else {}
+        while (inflight or duties or self._planned or self._shard_failed or parked
                or (not finished and (members.pending or members.starting))):
-            ready, _ = ray.wait([*inflight, *duties, *members.starting], num_returns=1, timeout=LOOP_TICK_S)
+            ready, _ = ray.wait([*inflight, *duties, *members.starting, *ps_starting], num_returns=1,
+                                timeout=LOOP_TICK_S)
             for ref in ready:
+                if ref in ps_starting:  # a replacement PS is up
+                    spot_ps.started(ref)
+                    continue
                 if ref in members.starting:  # a replacement's node came and its worker is up
                     w = members.started(ref, time.time())
-                    if w is not None and not finished and not self._planned and not self._shard_failed:
+                    if w is not None and not finished and not self._holding() and not self._shard_failed:
                         inflight[self._submit(w)] = w  # else: submitted with the others after the change
                     continue
                 if ref in duties:
@@ -293,7 +306,7 @@ class Trainer:
                     continue
                 self._record_chunk(w, res)
                 finished = finished or res.done or self.global_step >= spec.steps
-                if not finished and not self._planned:
+                if not finished and not self._holding():
                     # Decide at a chunk boundary, before handing out more work: in synchronous mode every
                     # worker returns from the same round, so none is left waiting at a shard's barrier.
                     self._planned = self.placement_changes.poll(self.global_step, self.global_step >= next_balance)
@@ -301,7 +314,7 @@ class Trainer:
                         next_balance = self.global_step + spec.balance_every
                 if res.notice is not None:
                     self.members.leave(w, res.notice, lambda c: self.duties.run_now("checkpoint", c))
-                elif not finished and not self._planned and not self._shard_failed:
+                elif not finished and not self._hold_at(res.global_step) and not self._shard_failed:
                     if w is self.members.chief and not duties:
                         self._start_due_duty(w)  # before its next chunk: the duty does not queue behind it
                     inflight[self._submit(w)] = w
@@ -313,9 +326,12 @@ class Trainer:
                     self.detached.add(ref)  # fetched (its expected failure discarded) once Ray reports it
                     self.members.lost(w, None, replace=False)
             else:
-                self.members.inject_revocations(now)
+                picked = members.inject_revocations(now, workers=self.plan.hits("worker"),
+                                                    others=spot_ps.candidates() if spot_ps else ())
+                if spot_ps is not None:
+                    spot_ps.tick(now, picked)
                 members.expire(now)
-                if not self._planned:
+                if not self._holding():
                     for w in self.members.arrive(now):
                         inflight[self._submit(w)] = w
                 if not self.workers and not self.members.pending and not self.members.starting:
@@ -324,7 +340,7 @@ class Trainer:
                 self._settle_state()
             self.detached.reap()
             self.duties.collect()  # checkpoints stored in the background meanwhile
-            if now >= next_stats:
+            if now >= next_stats and not parked:  # a parked shard has no actor to ask
                 self._collect_shard_stats()
                 next_stats = now + SHARD_STATS_EVERY_S
             if finished:
@@ -336,17 +352,36 @@ class Trainer:
                     for w in self.workers.values():
                         inflight[self._submit(w)] = w
                 continue
-            if self._planned:
+            if self._holding():
                 if not inflight and not duties:  # quiesced: no push in flight, no chief duty running
-                    self.placement_changes.migrate(self._planned, [w.actor for w in self.workers.values()],
-                                                   self.global_step)
-                    self._planned = []
-                    for w in self.workers.values():
+                    # a worker revoked while the run held has no chunk in flight to fail: it is found lost
+                    # when its next chunk (below) fails, and it takes no layout change meanwhile
+                    actors = [w.actor for w in self.workers.values() if w.revoked_at is None]
+                    if self._planned:
+                        self.placement_changes.migrate(self._planned, actors, self.global_step)
+                        self._planned = []
+                    if spot_ps is not None:
+                        spot_ps.carry_out(actors, self.global_step)
+                    for w in self.workers.values() if not parked else ():  # parked: wait for the replacement
                         inflight[self._submit(w)] = w
                 continue
             chief = self.members.chief
             if chief is not None and not duties:
                 self._start_due_duty(chief)
+
+    def _holding(self) -> bool:
+        """Whether workers get no new work: placement changes or a PS evacuation wait for the boundary."""
+        return bool(self._planned) or (self.ps_servers is not None and self.ps_servers.holding)
+
+    def _hold_at(self, step: int) -> bool:
+        """Whether a worker back from a chunk that ended at ``step`` waits. Synchronous workers end chunks on
+        the same round: the first back decides for all, so none is left alone at a shard's barrier (a hold
+        that begins between their returns, e.g. a PS notice, waits for the next round)."""
+        if not self.spec.sync:
+            return self._holding()
+        if self._round_hold[0] != step:
+            self._round_hold = (step, self._holding())
+        return self._round_hold[1]
 
     def _start_due_duty(self, chief: WorkerHandle) -> None:
         """Start the checkpoint (else the evaluation) that is due on ``chief``, if any."""
@@ -386,10 +421,12 @@ class Trainer:
         assert self._initial is not None
         self.duties.collect(wait=True, timeout_s=UPLOAD_DRAIN_S)  # roll back to the newest stored checkpoint
         step, details = self.shard_group.restore(self.storage, self._initial, self.global_step,
-                                            [w.actor for w in self.workers.values()])
+                                            [w.actor for w in self.workers.values() if w.revoked_at is None])
         self.global_step = step
         self._shard_failed = False
         self.emitter.event("shard_restored", details=details)
+        if self.ps_servers is not None:
+            self.ps_servers.sync()
 
     def _collect_shard_stats(self) -> None:
         if self.placement_changes.collect_stats(self.global_step) is None:

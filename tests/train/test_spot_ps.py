@@ -1,0 +1,109 @@
+"""Parameter servers on spot servers: a shard's blocks leave within its notice, and nothing changes value."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from test_ps_equivalence import OPT  # noqa: E402
+
+from cmdare.train import Trainer, TrainSpec
+from cmdare.train.callbacks import TrainCallback
+from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
+
+
+class _Events(TrainCallback):
+    def __init__(self):
+        self.events = []
+
+    def on_event(self, r):
+        self.events.append(r)
+
+    def kinds(self, kind):
+        return [e for e in self.events if e.kind == kind]
+
+
+def _spec(**kw):
+    base = dict(model="resnet8", dataset="digits", workers=2, ps=2, steps=80, batch_size=16, sync=True,
+                optimizer=OPT, checkpoint_every=80, eval_every=0, seed=3, chunk_steps=5)
+    base.update(kw)
+    return TrainSpec(**base)
+
+
+def _params(path) -> np.ndarray:
+    return load_checkpoint(latest_checkpoint(path)).params
+
+
+def test_sync_run_with_ps_evacuations_equals_the_fault_free_run(local_ray, tmp_path):
+    plain = Trainer(_spec(), checkpoint_dir=tmp_path / "plain").run()
+    log = _Events()
+    spot = _spec(ps_transient=True, revocations="every=3,first=1,notice=300,hit=ps")
+    summary = Trainer(spot, [log], checkpoint_dir=tmp_path / "spot").run()
+    assert plain.global_step == summary.global_step == 80 and summary.status == "finished"
+    evacuated = log.kinds("shard_evacuated")
+    assert len(evacuated) >= 1 and summary.details["shards_evacuated"] == len(evacuated)
+    assert not log.kinds("shard_restored") and summary.details["steps_lost"] == 0
+    notices = log.kinds("ps_notice")
+    assert len(notices) >= len(evacuated) and summary.revocations == len(notices)
+    for e in evacuated:  # blocks moved and the server released before the deadline
+        assert e.details["moved_bytes"] > 0 and e.details["margin_s"] > 0 and e.details["pause_s"] > 0
+    ended = {e.server_id: e.details["reason"] for e in log.kinds("server_ended")}
+    assert sum(r == "evacuated" for r in ended.values()) == len(evacuated)
+    np.testing.assert_array_equal(_params(tmp_path / "spot"), _params(tmp_path / "plain"))
+
+
+def test_the_last_shard_moves_to_its_replacement_within_the_notice(local_ray, tmp_path):
+    plain = Trainer(_spec(ps=1, steps=300, checkpoint_every=300), checkpoint_dir=tmp_path / "plain").run()
+    log = _Events()
+    spot = _spec(ps=1, steps=300, checkpoint_every=300, ps_transient=True,
+                 revocations="every=60,first=0.5,notice=300,hit=ps")
+    summary = Trainer(spot, [log], checkpoint_dir=tmp_path / "spot").run()
+    assert summary.status == "finished" and summary.global_step == plain.global_step == 300
+    (evac,) = log.kinds("shard_evacuated")
+    assert evac.details["onto"] == "replacement" and evac.details["num_shards"] == 1
+    assert not log.kinds("shard_restored")
+    np.testing.assert_array_equal(_params(tmp_path / "spot"), _params(tmp_path / "plain"))
+
+
+def test_a_short_notice_parks_the_last_shards_blocks_until_its_replacement_is_up(local_ray, tmp_path):
+    plain = Trainer(_spec(ps=1, steps=100, checkpoint_every=100), checkpoint_dir=tmp_path / "plain").run()
+    log = _Events()
+    spot = _spec(ps=1, steps=100, checkpoint_every=100, ps_transient=True,
+                 revocations="every=4,first=0.5,notice=1,hit=ps")  # shorter than any replacement's start-up
+    summary = Trainer(spot, [log], checkpoint_dir=tmp_path / "spot").run()
+    assert summary.status == "finished" and summary.global_step == plain.global_step == 100
+    parked = log.kinds("shard_parked")
+    evacuated = log.kinds("shard_evacuated")
+    assert parked and all(e.details["margin_s"] > 0 for e in parked)  # taken before the deadline
+    assert len(evacuated) == len(parked) and all(e.details["parked"] for e in evacuated)
+    assert not log.kinds("shard_restored") and summary.details["steps_lost"] == 0
+    np.testing.assert_array_equal(_params(tmp_path / "spot"), _params(tmp_path / "plain"))
+
+
+def test_without_notice_the_shards_roll_back_and_the_lost_steps_are_reported(local_ray, tmp_path):
+    log = _Events()
+    spec = _spec(sync=False, steps=120, checkpoint_every=20, ps_transient=True,
+                 revocations="every=6,first=1.5,notice=0,hit=ps")
+    summary = Trainer(spec, [log], checkpoint_dir=tmp_path).run()
+    assert summary.status == "finished" and summary.global_step == 120
+    killed = log.kinds("ps_revocation")
+    restored = log.kinds("shard_restored")
+    assert killed and all(not e.details["noticed"] for e in killed) and restored
+    assert not log.kinds("shard_evacuated")
+    assert summary.details["steps_lost"] == sum(e.details["steps_lost"] for e in restored)
+    assert all(e.details["steps_lost"] < 20 + 2 * spec.chunk_steps for e in restored)
+
+
+def test_cli_summary_reports_evacuations_and_no_lost_steps(tmp_path):
+    env = dict(os.environ, CMDARE_HOME=str(tmp_path))
+    cmd = [str(Path(sys.executable).parent / "cmdare"), "train", "--model", "resnet8", "--sync", "--workers", "2",
+           "--ps", "2", "--ps-transient", "--revocations", "every=5,notice=2", "--steps", "200", "--no-record",
+           "--tensorboard", "none"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    m = re.search(r"(\d+) shards evacuated, (\d+) steps lost", res.stdout)
+    assert m and int(m.group(1)) >= 1 and int(m.group(2)) == 0, res.stdout
