@@ -70,10 +70,10 @@ def train_command(
     region: str = typer.Option(None, help="Region (default: the first region offering the GPU)."),
     revocations: str = typer.Option(
         None, help="Injected revocations: lifetime=MODEL|auto[,speedup=S][,seed=N] | every=S[,first=F] | "
-        "trace=T@SLOT+T@ps+... | trace=FILE | none, and [,hit=all|workers|ps][,notice=S] (a PS server's "
-        f"notice lead, default the cloud's 30 s/120 s over speedup). Default: {DEFAULT_REVOCATIONS} on a local "
-        "run; none on a joined cluster (--address: real servers are revoked by their cloud, never by emulation "
-        "unless asked)."),
+        "trace=T@SLOT+... (SLOT 'ps': a PS server) | trace=FILE | none, and [,hit=all|workers|ps][,notice=S] "
+        "(a PS server's notice lead, default the cloud's 30 s/120 s over speedup). "
+        f"Default: {DEFAULT_REVOCATIONS} on a local run; none on a joined cluster (--address: real servers are "
+        "revoked by their cloud, never by emulation unless asked)."),
     replace: str = typer.Option("same", "--replacement", "--replace",
                                 help="Replacement policy for a lost worker: same | cheapest | none."),
     startup: str = typer.Option("model", help="Emulated replacement start-up (local runs): 'model' (CM-DARE "
