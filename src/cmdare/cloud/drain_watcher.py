@@ -20,12 +20,17 @@ from collections.abc import Callable
 from cmdare.cloud.notice_protocol import Notice
 from cmdare.errors import UserInputError
 
-__all__ = ["DRAIN_PROVIDER", "DrainWatcher", "draining_nodes"]
+__all__ = ["DRAIN_PROVIDER", "DrainWatcher", "drain_deadline", "draining_nodes"]
 
 log = logging.getLogger("cmdare.cloud.notices")
 
 DRAIN_PROVIDER = "ray"
 NO_DEADLINE_S = 30.0  # a drain without a deadline (0): assume GCE's notice window
+
+
+def drain_deadline(deadline_ms: int, now: float) -> float:
+    """A drain's deadline in epoch seconds (a drain without one, 0: GCE's notice window from ``now``)."""
+    return deadline_ms / 1000.0 if deadline_ms else now + NO_DEADLINE_S
 
 
 def draining_nodes() -> dict[str, int]:
@@ -72,8 +77,8 @@ class DrainWatcher:
         if deadline_ms is None:
             return None
         now = self._clock()
-        deadline = deadline_ms / 1000.0 if deadline_ms else now + NO_DEADLINE_S
-        return Notice(DRAIN_PROVIDER, now, deadline, action="drain", raw=f"deadline_ms={deadline_ms}")
+        return Notice(DRAIN_PROVIDER, now, drain_deadline(deadline_ms, now), action="drain",
+                      raw=f"deadline_ms={deadline_ms}")
 
     def start(self) -> DrainWatcher:
         """Start polling (idempotent); returns ``self``."""

@@ -67,7 +67,6 @@ class PsServerExecutor:
         self.parked: dict[int, tuple[int, Any, Evacuate, float]] = {}  # key -> (shard, blocks, notice, when)
         self.starting: dict[Any, Server] = {}  # spare's ping reference -> its server
         self._fills = 0  # spares to add and fill at the next boundary
-        self.evacuated = 0
         self.planned = len(shards.shards)  # the PS count replacements restore
 
     # -- what the coordinator asks ------------------------------------------------------------
@@ -151,7 +150,7 @@ class PsServerExecutor:
         """Shard servers whose Ray node is draining (a preemption), with their deadlines."""
         import ray
 
-        from cmdare.cloud.drain_watcher import NO_DEADLINE_S, draining_nodes
+        from cmdare.cloud.drain_watcher import drain_deadline, draining_nodes
 
         for key, ref in list(self._node_refs.items()):
             done, _ = ray.wait([ref], timeout=0)
@@ -165,8 +164,8 @@ class PsServerExecutor:
             drains = draining_nodes()
         except Exception:  # noqa: BLE001 - a GCS hiccup: look again at the next poll
             return {}
-        return {key: (drains[node] / 1000.0 if drains[node] else now + NO_DEADLINE_S)
-                for key, node in self.node_of.items() if node in drains and key not in self.kernel.noticed}
+        return {key: drain_deadline(drains[node], now) for key, node in self.node_of.items()
+                if node in drains and key not in self.kernel.noticed}
 
     def _act(self, decisions: Sequence[Any], now: float, source: str = "injected") -> None:
         for d in decisions:
@@ -233,7 +232,6 @@ class PsServerExecutor:
         self.shards.set_num_workers(self.shards.num_workers)
         ray.get([w.set_layout.remote(self.shards.placement, self.shards.shards) for w in workers])
         self.by_key.pop(key, None)
-        self.evacuated += 1
         self.emitter.event("shard_evacuated", details={
             "shard_id": k, "onto": "replacement", "parked": True, "parked_s": time.time() - parked_at,
             "moved_bytes": int(data.params.nbytes + data.momentum.nbytes), "pause_s": time.perf_counter() - t0,
@@ -255,7 +253,6 @@ class PsServerExecutor:
         del self.evacuations[key]
         self.kernel.remove(key)
         self.by_key.pop(key, None)
-        self.evacuated += 1
         self.emitter.event("shard_evacuated", server_id=server.server_id,
                            details={"shard_id": k, "onto": d.onto, "moved_bytes": result.moved_bytes,
                                     "pause_s": pause_s, "margin_s": d.deadline - time.time(),

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +36,7 @@ from cmdare.events import RunInfo, RunSummary, StepReport, TrainCallback
 from cmdare.ps.blocks import ParamInfo
 from cmdare.ps.psld.decisions import Decision
 from cmdare.storage import Storage
-from cmdare.train.balancing import DecisionSource, PsldSource
+from cmdare.train.balancing import DecisionSource
 from cmdare.train.checkpoint import CheckpointStore
 from cmdare.train.checkpoint_uploads import CheckpointUploads
 from cmdare.train.chief_duties import ChiefDuties, DutySchedule
@@ -47,10 +46,10 @@ from cmdare.train.emitter import RunEmitter
 from cmdare.train.faults import classify
 from cmdare.train.gpu_speeds import emulated_step_stretch
 from cmdare.train.membership import MembershipExecutor, WorkerHandle, catalog_offers
-from cmdare.train.mitigation import BottleneckWatch, CompositeSource
+from cmdare.train.mitigation import default_decisions
 from cmdare.train.placement_changes import PlacementChanges
 from cmdare.train.ps_evacuation import PsServerExecutor, spot_ps_executor
-from cmdare.train.run_control import write_run_spec, write_status
+from cmdare.train.run_control import new_run_id, write_run_spec, write_status
 from cmdare.train.run_metrics import RunMetrics
 from cmdare.train.setup import (
     gpus_per_worker,
@@ -68,11 +67,6 @@ from cmdare.train.worker import ChunkResult
 SHARD_STATS_EVERY_S = 2.0
 LOOP_TICK_S = 0.05  # how often the loop looks at revocation deadlines and arriving replacements
 UPLOAD_DRAIN_S = 120.0  # at the end: how long to wait for checkpoint uploads still in flight
-
-
-def new_run_id() -> str:
-    """A readable unique run id, e.g. ``run-20261129-201500-ab12``."""
-    return time.strftime("run-%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
 class Trainer:
@@ -187,13 +181,7 @@ class Trainer:
         self._initial = (params, momentum, step)
         self.shard_group.start(params, momentum, step)
         if self.decisions is None:
-            sources: list[DecisionSource] = []
-            if spec.placement == "psld":
-                sources.append(PsldSource(self.shard_group.placement, elastic=spec.elastic_ps,
-                                          interval_steps=spec.balance_every, seed=spec.seed))
-            sources.append(BottleneckWatch(lambda kind, details: self.emitter.event(kind, details=details),
-                                           auto=spec.auto_mitigate))
-            self.decisions = CompositeSource(sources)
+            self.decisions = default_decisions(spec, self.shard_group.placement, self.emitter)
         self.placement_changes = PlacementChanges(self.shard_group, self.decisions, self.emitter, self.storage)
         if spec.ps_transient:
             self.ps_servers = spot_ps_executor(spec, self.plan, self.kernel.revocations, self.shard_group,
@@ -435,11 +423,8 @@ class Trainer:
     def _final_duties(self) -> None:
         """Final evaluation and checkpoint by the chief (by the next chief if it dies meanwhile)."""
         self._collect_shard_stats()
-        for kind in ("eval", "checkpoint") if self.spec.checkpoint_every else ("eval",):
-            while self.members.chief is not None:
-                if self.duties.run_now(kind, self.members.chief):
-                    break
-        self.duties.collect(wait=True, timeout_s=UPLOAD_DRAIN_S)
+        self.duties.run_final(lambda: self.members.chief, checkpoint=bool(self.spec.checkpoint_every),
+                              timeout_s=UPLOAD_DRAIN_S)
 
     # -- the end ---------------------------------------------------------------------------------
     def _summary(self, status: str, t_start: float) -> RunSummary:
