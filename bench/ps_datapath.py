@@ -2,9 +2,14 @@
 
 Variants, interleaved round by round in one run so machine drift hits all alike:
 
-* ``cmdare``: the real :class:`cmdare.ps.shard.AsyncShardActor` as a Ray actor, driven the way
-  :class:`cmdare.train.worker.Worker` drives it: one ``push_pull`` call per step with the numpy
-  gradient, then the returned parameters copied into a flat float32 buffer (``set_shard_params``).
+* ``cmdare``: the real :class:`cmdare.ps.shard.AsyncShardActor` as a Ray actor on the driver's node,
+  driven the way :class:`cmdare.train.worker.Worker` drives a shard on its own node: through the
+  shard's channel (:mod:`cmdare.ps.channel`): the gradient lies in the worker's shared host buffer
+  (where backward leaves it), one request on the Unix socket, the shard updates and writes its
+  parameters into the worker's buffer (the model's storage on a CPU), one reply.
+* ``cmdare_ray``: the path to a shard on another node: one ``push_pull`` call per step with the numpy
+  gradient through Ray, the returned parameters copied into the flat buffer (``set_shard_params``);
+  a second shard actor, with no channel open.
 * ``naive_ray``: a naive Ray actor PS: ``push(grad)`` applies momentum SGD in numpy, a second call
   ``pull()`` returns the parameters (also copied into the flat buffer).
 * ``gloo``: PyTorch DDP's transport: ``torch.distributed.all_reduce`` of the same 10 MB between 2
@@ -12,7 +17,7 @@ Variants, interleaved round by round in one run so machine drift hits all alike:
 * ``floor``: in one process, one ``ray.put`` of 10 MB, ``cmdare.ps.optimizer.sgd_update``, one more
   ``ray.put``: the object-store writes and the update any PS round trip must do.
 
-Targets (issue 2): cmdare <= 0.7x gloo, <= 0.7x naive Ray, <= 1.5x floor, at steady state.
+Targets (issues 2, 18): cmdare <= 0.7x gloo, <= 0.7x naive Ray, <= 1.5x floor, at steady state.
 
 Usage: .venv/bin/python bench/ps_datapath.py [--mb 10] [--rounds 12] [--iters 25] [--warmup 60]
 Prints one JSON object as its last line.
@@ -31,7 +36,7 @@ import numpy as np
 
 from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
-VARIANTS = ("cmdare", "naive_ray", "gloo", "floor")
+VARIANTS = ("cmdare", "cmdare_ray", "naive_ray", "gloo", "floor")
 # Where the time goes, measured in the same rounds: one ray.put of the model, the shard's update,
 # the worker's copy into its flat buffer, and an empty actor call (Ray's per-call overhead).
 PARTS = ("part_put", "part_update", "part_copyto", "part_rpc")
@@ -128,6 +133,7 @@ def main() -> None:
     import torch
 
     from cmdare.ps.blocks import Block
+    from cmdare.ps.channel import ChannelClient, SharedHostMemory
     from cmdare.ps.optimizer import UPDATE_CHUNK_ELEMS, OptimizerConfig, sgd_update
     from cmdare.ps.shard import AsyncShardActor, BlockData
 
@@ -141,16 +147,25 @@ def main() -> None:
     gloo = Gloo(numel)  # start before Ray so the children do not inherit Ray's state
     start_local_ray(num_cpus=4)
     try:
-        shard = ray.remote(AsyncShardActor).options(num_cpus=1).remote(0, cfg)
-        ray.get(shard.load.remote(BlockData((Block(0, 0, "w", 0, numel),), params0,
-                                            np.zeros_like(params0), 0)))
+        shard, shard_ray = (ray.remote(AsyncShardActor).options(num_cpus=1).remote(0, cfg) for _ in range(2))
+        ray.get([s.load.remote(BlockData((Block(0, 0, "w", 0, numel),), params0, np.zeros_like(params0), 0))
+                 for s in (shard, shard_ray)])
+        memory = SharedHostMemory(numel)  # the worker's host buffers: parameters and gradients
+        memory.grads.numpy()[:] = grad  # as backward leaves them
+        _, address = ray.get(shard.channel.remote())
+        channel = ChannelClient(address, memory, 0, numel)
+        memory.close()
         naive = ray.remote(NaivePS).options(num_cpus=1).remote(params0, cfg.lr, cfg.momentum, cfg.weight_decay)
         ray.get(naive.pull.remote())
         flat = np.zeros(numel, np.float32)  # the worker's host flat buffer
         f_params, f_buf, f_scratch = params0.copy(), np.zeros_like(params0), np.empty_like(params0)
 
         def step_cmdare() -> None:
-            values, _, _ = ray.get(shard.push_pull.remote(grad))
+            channel.send(None, time.time(), 0)
+            channel.receive()
+
+        def step_cmdare_ray() -> None:
+            values, _, _ = ray.get(shard_ray.push_pull.remote(grad))
             np.copyto(flat, values)
 
         def step_naive() -> None:
@@ -169,7 +184,7 @@ def main() -> None:
             ref = ray.put(grad)
             del ref
 
-        local = {"cmdare": step_cmdare, "naive_ray": step_naive, "floor": step_floor, "part_put": part_put,
+        local = {"cmdare": step_cmdare, "cmdare_ray": step_cmdare_ray, "naive_ray": step_naive, "floor": step_floor, "part_put": part_put,
                  "part_update": lambda: sgd_update(u_params, grad, u_buf, cfg.lr, cfg, u_scratch),
                  "part_copyto": lambda: np.copyto(flat, grad),
                  "part_rpc": lambda: ray.get(naive.noop.remote())}
@@ -188,13 +203,16 @@ def main() -> None:
         samples: dict[str, list[float]] = {v: [] for v in VARIANTS + PARTS}
         round_medians: dict[str, list[float]] = {v: [] for v in VARIANTS + PARTS}
         for r in range(args.rounds):
-            order = VARIANTS[r % 4:] + VARIANTS[:r % 4]  # rotate the order each round
+            turn = r % len(VARIANTS)
+            order = VARIANTS[turn:] + VARIANTS[:turn]  # rotate the order each round
             for name in order + PARTS:
                 ts = gloo.run(args.iters) if name == "gloo" else timed(local[name], args.iters)
                 samples[name].extend(ts)
                 round_medians[name].append(statistics.median(ts))
         wall_s = time.perf_counter() - t_start
         actor_threads = ray.get(naive.torch_threads.remote())
+        channel.close()
+        assert np.isfinite(memory.params.numpy()).all() and memory.params.numpy().any()  # the shard wrote here
     finally:
         gloo.close()
         ray.shutdown()
@@ -205,12 +223,14 @@ def main() -> None:
         "model_mb": args.mb,
         "numel": numel,
         "cmdare_ms": round(med["cmdare"], 3),
+        "cmdare_ray_ms": round(med["cmdare_ray"], 3),
         "naive_ray_ms": round(med["naive_ray"], 3),
         "gloo_ms": round(med["gloo"], 3),
         "floor_ms": round(med["floor"], 3),
         "ratio_vs_gloo": round(med["cmdare"] / med["gloo"], 3),
         "ratio_vs_naive_ray": round(med["cmdare"] / med["naive_ray"], 3),
         "ratio_vs_floor": round(med["cmdare"] / med["floor"], 3),
+        "ratio_ray_path_vs_gloo": round(med["cmdare_ray"] / med["gloo"], 3),
         "target_vs_gloo": 0.7,
         "target_vs_naive_ray": 0.7,
         "target_vs_floor": 1.5,

@@ -64,8 +64,10 @@ def plain_steps_per_s(model_name: str, dataset: str, batch: int, warmup: int, st
     return steps / (time.perf_counter() - t0)
 
 
-def cmdare_steps_per_s(model_name: str, dataset: str, batch: int, steps: int, skip: int) -> dict[str, float]:
-    """Steady-state steps/s of a 1-worker, 1-shard async cmdare run (from its StepReports)."""
+def cmdare_steps_per_s(model_name: str, dataset: str, batch: int, steps: int, skip: int,
+                       **spec_options: object) -> dict[str, float]:
+    """Steady-state steps/s of a 1-worker, 1-shard async cmdare run (from its StepReports); ``spec_options``
+    are further :class:`TrainSpec` fields (e.g. an emulated link)."""
     import tempfile
 
     from cmdare.train import Trainer, TrainSpec
@@ -79,7 +81,7 @@ def cmdare_steps_per_s(model_name: str, dataset: str, batch: int, steps: int, sk
             self.reports.append(report)
 
     spec = TrainSpec(model=model_name, dataset=dataset, workers=1, ps=1, steps=steps, batch_size=batch,
-                     checkpoint_every=0, eval_every=0)
+                     checkpoint_every=0, eval_every=0, **spec_options)
     cb = Collect()
     with tempfile.TemporaryDirectory() as tmp:
         summary = Trainer(spec, [cb], checkpoint_dir=tmp).run()

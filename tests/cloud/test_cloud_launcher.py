@@ -17,7 +17,7 @@ import yaml
 
 from cmdare import __version__
 from cmdare.cloud.catalog import NotOfferedError, load_catalog
-from cmdare.cloud.detection import CLOUD_FAILURE_DETECTION, LOCAL_FAILURE_DETECTION
+from cmdare.cloud.detection import CLOUD_RAY_CONFIG, LOCAL_RAY_CONFIG
 from cmdare.cloud.launcher import (
     DEFAULT_GCP_GPU_IMAGE,
     PS_RESOURCE,
@@ -132,7 +132,7 @@ def test_gcp_config_passes_ray_validation_with_preemptible_gpu_workers(cat, buil
     # the head declares a silent (revoked without notice) node dead in seconds, not Ray's default ~15 s+
     head_start = " ".join(prepared["head_start_ray_commands"])
     flag = head_start.split("--system-config=", 1)[1].split()[0].strip("'")
-    assert json.loads(flag) == CLOUD_FAILURE_DETECTION
+    assert json.loads(flag) == CLOUD_RAY_CONFIG
     assert "--dashboard-host=127.0.0.1" in head_start and "0.0.0.0" not in text
     assert "$0.256/h" in text if transient else "$0.723/h" in text  # the header prices the cluster
     _assert_no_bare_cmdare(config)
@@ -372,7 +372,7 @@ def test_local_config_for_rays_fake_multinode_provider(cat, tmp_path, monkeypatc
     for flag in ("ray start --head", "--node-ip-address=127.0.0.1", "--port=6379", "--dashboard-host=127.0.0.1",
                  f"--autoscaling-config={tmp_path / 'local.yaml'}", "--num-cpus=2"):
         assert flag in start
-    assert json.loads(start.split("--system-config=", 1)[1].strip("'")) == LOCAL_FAILURE_DETECTION
+    assert json.loads(start.split("--system-config=", 1)[1].strip("'")) == LOCAL_RAY_CONFIG
     text = render_yaml(config, cat)
     assert yaml.safe_load(text) == config and "0.0.0.0" not in text
     assert start in text and "cmdare train --address auto --workers 3 --ps 1" in text

@@ -38,7 +38,9 @@ def test_chunked_update_is_bit_identical(cfg, n, scratch_elems):
         g = rng.standard_normal(n).astype(np.float32)
         g.flags.writeable = False  # as when it arrives zero-copy from Ray's object store
         _whole_buffer_update(p_ref, g, b_ref, cfg.lr, cfg)
-        sgd_update(p, g, b, cfg.lr, cfg, scratch)
+        out = np.full(n, np.nan, np.float32)  # a same-node worker's parameter memory
+        sgd_update(p, g, b, cfg.lr, cfg, scratch, out)
+        np.testing.assert_array_equal(out, p)  # every chunk copied out as it was updated
     np.testing.assert_array_equal(p, p_ref)
     np.testing.assert_array_equal(b, b_ref)
     assert not np.array_equal(p, p0)

@@ -1,4 +1,5 @@
-"""How fast Ray declares a silent node dead: the setting behind revocation detection without a notice."""
+"""The Ray settings cmdare starts Ray with: how fast a silent node is declared dead (revocation detection
+without a notice), and how large an object may travel inside a call."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ LOCAL_FAILURE_DETECTION = {"health_check_initial_delay_ms": 0, "health_check_per
 #: preemption notice are handled before the node dies anyway.
 CLOUD_FAILURE_DETECTION = {"health_check_period_ms": 1000, "health_check_timeout_ms": 1000,
                            "health_check_failure_threshold": 3}
+
+#: Objects up to 1 MiB travel inside Ray's call messages instead of through the object store (Ray's default
+#: is 100 KiB): a push and pull of a small model across nodes is then one plain round trip (312 KB: 4.2 ->
+#: 2.0 ms measured). Larger ones stay in the object store (10 MB inlined took 42 ms).
+INLINE_OBJECTS = {"max_direct_call_object_size": 1 << 20}
+#: What cmdare gives Ray's ``_system_config`` / ``ray start --system-config`` on this machine and on a cloud.
+LOCAL_RAY_CONFIG = {**LOCAL_FAILURE_DETECTION, **INLINE_OBJECTS}
+CLOUD_RAY_CONFIG = {**CLOUD_FAILURE_DETECTION, **INLINE_OBJECTS}
 
 
 def system_config_flag(config: dict[str, int]) -> str:

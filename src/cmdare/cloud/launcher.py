@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from cmdare.cloud.catalog import Catalog, Offering
-from cmdare.cloud.detection import CLOUD_FAILURE_DETECTION, system_config_flag
+from cmdare.cloud.detection import CLOUD_RAY_CONFIG, system_config_flag
 from cmdare.cloud.gpu_counts import parse_gpu_counts
 from cmdare.cloud.launcher_local import local_config, local_start_command
 from cmdare.cloud.launcher_names import (
@@ -308,7 +308,7 @@ def cluster_config(
             "ray stop",
             f"{exports}; ulimit -n 65536; ray start --head --port=6379 --object-manager-port=8076 "
             "--autoscaling-config=~/ray_bootstrap_config.yaml --dashboard-host=127.0.0.1 "
-            + system_config_flag(CLOUD_FAILURE_DETECTION),
+            + system_config_flag(CLOUD_RAY_CONFIG),
         ],
         "worker_start_ray_commands": [
             "ray stop",

@@ -18,10 +18,15 @@ from cmdare.ps.placement import Placement
 
 
 class FlatLayout:
-    """Binds ``params`` (in model order) to flat buffers laid out by ``placement``."""
+    """Binds ``params`` (in model order) to flat buffers laid out by ``placement``.
+
+    ``host`` (parameters, gradients: 1-D float32 CPU tensors of the model's size) is where the host
+    buffers live, e.g. shared memory a same-node shard writes into; by default they are allocated here
+    (pinned when the model is on a GPU). On the CPU the host buffers are the model's own storage.
+    """
 
     def __init__(self, params: Sequence[torch.nn.Parameter], placement: Placement,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", host: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.params = list(params)
         self.placement = placement
         self.device = torch.device(device)
@@ -37,11 +42,16 @@ class FlatLayout:
         self.numel = pos
         if self.numel != sum(p.numel() for p in self.params):
             raise ValueError("placement does not cover the model's parameters exactly")
-        self.flat_params = torch.zeros(self.numel, dtype=torch.float32, device=self.device)
-        self.flat_grads = torch.zeros(self.numel, dtype=torch.float32, device=self.device)
         on_cpu = self.device.type == "cpu"
-        self._host_params = self.flat_params if on_cpu else torch.zeros(self.numel).pin_memory()
-        self._host_grads = self.flat_grads if on_cpu else torch.zeros(self.numel).pin_memory()
+        if host is not None:
+            if any(t.numel() != self.numel or t.dtype != torch.float32 for t in host):
+                raise ValueError(f"host buffers must be {self.numel} float32 values each")
+            self._host_params, self._host_grads = host
+        else:
+            self._host_params = torch.zeros(self.numel) if on_cpu else torch.zeros(self.numel).pin_memory()
+            self._host_grads = torch.zeros(self.numel) if on_cpu else torch.zeros(self.numel).pin_memory()
+        self.flat_params = self._host_params if on_cpu else torch.zeros(self.numel, device=self.device)
+        self.flat_grads = self._host_grads if on_cpu else torch.zeros(self.numel, device=self.device)
         self.host_params_np = self._host_params.numpy()
         self.host_grads_np = self._host_grads.numpy()
         self._split: list[int] = []
@@ -59,6 +69,12 @@ class FlatLayout:
                     for start, flat_pos, size in pieces:
                         self.flat_params[flat_pos:flat_pos + size].copy_(flat_p[start:start + size])
                     p.grad = torch.zeros_like(p)
+
+    def param_spans(self) -> dict[int, tuple[int, int]] | None:
+        """Each parameter's range ``[lo, hi)`` in the flat buffer, or None when a tensor is split over blocks."""
+        if self._split:
+            return None
+        return {i: (pieces[0][1], pieces[0][1] + pieces[0][2]) for i, pieces in self._pieces.items()}
 
     def zero_grads(self) -> None:
         self.flat_grads.zero_()

@@ -58,7 +58,7 @@ class OptimizerConfig:
 
 
 def sgd_update(param: np.ndarray, grad: np.ndarray, buf: np.ndarray, lr: float, cfg: OptimizerConfig,
-               scratch: np.ndarray | None = None) -> None:
+               scratch: np.ndarray | None = None, out: np.ndarray | None = None) -> None:
     """Apply one SGD step in place to ``param`` and its momentum ``buf`` (flat float32 arrays).
 
     ``buf`` starts as zeros: ``0 * momentum + d_p`` equals torch's first-step ``buf = d_p`` exactly.
@@ -66,6 +66,8 @@ def sgd_update(param: np.ndarray, grad: np.ndarray, buf: np.ndarray, lr: float, 
     (``len(scratch)`` elements, at most :data:`UPDATE_CHUNK_ELEMS`) so a chunk's operands stay in
     cache and the weight-decayed gradient needs only a chunk-sized ``scratch``; every element goes
     through the same ops in the same order, so the result is bit-identical to whole-buffer ops.
+    ``out`` (as large as ``param``) receives a copy of the updated parameters, chunk by chunk while the
+    chunk is in cache (a same-node worker's parameter memory).
     """
     p_all, g_all, b_all = torch.from_numpy(param), _as_tensor(grad), torch.from_numpy(buf)
     n = p_all.numel()
@@ -73,6 +75,7 @@ def sgd_update(param: np.ndarray, grad: np.ndarray, buf: np.ndarray, lr: float, 
         scratch = np.empty(min(n, UPDATE_CHUNK_ELEMS), np.float32)
     chunk = max(1, min(scratch.size, UPDATE_CHUNK_ELEMS))
     s_all = torch.from_numpy(scratch)
+    o_all = torch.from_numpy(out) if out is not None else None
     wd, mu = cfg.weight_decay, cfg.momentum
     for a in range(0, n, chunk):
         p = p_all[a:a + chunk]
@@ -84,6 +87,8 @@ def sgd_update(param: np.ndarray, grad: np.ndarray, buf: np.ndarray, lr: float, 
             b.mul_(mu).add_(d_p)
             d_p = d_p.add(b, alpha=mu) if cfg.nesterov else b
         p.add_(d_p, alpha=-lr)
+        if o_all is not None:
+            o_all[a:a + chunk].copy_(p)
 
 
 def _as_tensor(array: np.ndarray) -> torch.Tensor:

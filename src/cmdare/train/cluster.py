@@ -7,7 +7,7 @@ import os
 import socket
 from typing import Any
 
-from cmdare.cloud.detection import LOCAL_FAILURE_DETECTION
+from cmdare.cloud.detection import INLINE_OBJECTS, LOCAL_RAY_CONFIG
 from cmdare.errors import ClusterError
 
 # A local multi-node cluster rewrites 127.0.0.1 to the machine's address unless this is set
@@ -37,7 +37,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus
         else:
             # address="local": always a new local instance, even when another Ray runs on this machine
             ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address="127.0.0.1",
-                     _system_config=LOCAL_FAILURE_DETECTION, **common)
+                     _system_config=LOCAL_RAY_CONFIG, **common)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as err:
         where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -62,13 +62,14 @@ def start_local_ray(num_cpus: int | None = None, **options: Any) -> Any:
     """Start a new private local Ray instance on 127.0.0.1 for a script (the benchmarks); returns ``ray``.
 
     ``ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
-    logging_level=ERROR)``, ``options`` overriding or adding to these. Import this module before anything
-    imports Ray. Unlike :func:`ensure_ray`: always a new instance, Ray's own failure-detection settings,
-    Ray's errors as raised.
+    logging_level=ERROR, _system_config=INLINE_OBJECTS)``, ``options`` overriding or adding to these. Import
+    this module before anything imports Ray. Unlike :func:`ensure_ray`: always a new instance, Ray's own
+    failure-detection settings, Ray's errors as raised.
     """
     ray = _loopback_ray()
     ray.init(**{"address": "local", "num_cpus": num_cpus, "_node_ip_address": LOOPBACK, "include_dashboard": False,
-                "log_to_driver": False, "logging_level": logging.ERROR, **options})
+                "log_to_driver": False, "logging_level": logging.ERROR, "_system_config": dict(INLINE_OBJECTS),
+                **options})
     return ray
 
 

@@ -90,6 +90,10 @@ def train_command(
                                        help="Act on detected bottlenecks: add a PS shard, unload a straggler."),
     ps_bandwidth: str = typer.Option(None, help="Emulate each PS server's network link, e.g. 1Gbit/s or 200MB/s "
                                      "(each push and reply take bytes/bandwidth on the shard)."),
+    overlap: bool = typer.Option(True, "--overlap/--no-overlap",
+                                 help="With --ps-bandwidth: send each piece of a gradient as soon as backward "
+                                 "has produced it (the link time overlaps backward); --no-overlap pushes after "
+                                 "backward."),
     record: bool = typer.Option(True, "--record/--no-record", help="Record measurements in the store."),
     tensorboard: str = typer.Option(None, help="TensorBoard directory (default: the data directory's "
                                     "tensorboard/RUN); 'none' to skip."),
@@ -123,7 +127,8 @@ def train_command(
                      replace=replace,
                      startup=startup, replacement_timeout_s=replacement_timeout,
                      lr_policy=lr_policy, elastic_ps=elastic_ps, balance_every=balance_every, straggler=straggler,
-                     auto_mitigate=auto_mitigate, ps_bandwidth=ps_bandwidth, storage=storage)
+                     auto_mitigate=auto_mitigate, ps_bandwidth=ps_bandwidth, overlap=overlap,
+                     storage=storage)
     if resume:
         from cmdare.storage import run_storage
         from cmdare.train.resume import resumed_spec

@@ -89,6 +89,9 @@ class TrainSpec:
     # Emulated network link of every PS server, e.g. "1Gbit/s": each push and its reply take
     # bytes / bandwidth on the shard (one transfer at a time), so local runs can be PS-bound like cloud PSs.
     ps_bandwidth: str | None = None
+    # With an emulated link: announce each piece of a gradient to its (same-node) shard as soon as backward
+    # has produced it, so the link time overlaps backward (cmdare.train.overlap); False pushes after backward.
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         for name in ("workers", "ps", "steps", "batch_size", "chunk_steps"):

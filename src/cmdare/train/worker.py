@@ -7,6 +7,7 @@ coordinator regains control often: to record progress, checkpoint, move blocks o
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,9 +17,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cmdare.ps.channel import ChannelClient, ChannelClosed, SharedHostMemory, channels_enabled, receive_all
 from cmdare.ps.layout import FlatLayout, model_flat_from_shard_arrays
 from cmdare.ps.placement import Placement
 from cmdare.train.checkpoint import Checkpoint
+from cmdare.train.overlap import GradientPieces
 from cmdare.train.spec import TrainSpec
 
 
@@ -97,13 +100,14 @@ class Worker:
         # step; asynchronously the workers share the steps, about step / num_slots batches each.
         self.stream = BatchStream(self.data, slot, num_slots, spec.batch_size, spec.seed,
                                   start_batch=start_step if spec.sync else start_step // num_slots)
-        self.shards = list(shards)
-        self.layout = FlatLayout(list(self.model.parameters()), placement, self.device)
+        self.node_id = _ray_node_id()  # None outside Ray (a plain object in tests)
+        self.channels: dict[int, ChannelClient] = {}  # shard index -> same-node channel
+        self.pieces: GradientPieces | None = None  # gradient pieces announced during backward
+        self._bind(placement, shards)
         self.step = -1  # global step of the parameters held; -1 before the first pull
         # emulating a slower GPU type on this machine: every step takes `stretch` times as long (>= 1)
         self.stretch = max(1.0, float(stretch))
         self.started_at = time.time()  # the process is up and the model built (a server's start-up ends)
-        self.node_id = _ray_node_id()  # None outside Ray (a plain object in tests)
         self.watchers = _notice_watchers(notice, self.node_id)
         for watcher in self.watchers:
             watcher.start()
@@ -111,9 +115,49 @@ class Worker:
     # -- parameters ------------------------------------------------------------------------
     def set_layout(self, placement: Placement, shards: Sequence[Any]) -> int:
         """Adopt a new placement (after a migration or a shard change) and pull everything."""
-        self.shards = list(shards)
-        self.layout = FlatLayout(list(self.model.parameters()), placement, self.device)
+        self._bind(placement, shards)
         return self.pull()
+
+    def _bind(self, placement: Placement, shards: Sequence[Any]) -> None:
+        """Lay the model out for ``placement`` and open a channel to every shard on this worker's node
+        (its host buffers then live in shared memory); other shards are reached through Ray."""
+        import ray
+
+        self.shards = list(shards)
+        self._close_channels()
+        if self.pieces is not None:
+            self.pieces.remove()
+            self.pieces = None
+        params = list(self.model.parameters())
+        memory = SharedHostMemory(sum(p.numel() for p in params)) if self.node_id and channels_enabled() else None
+        self.layout = FlatLayout(params, placement, self.device,
+                                 host=(memory.params, memory.grads) if memory is not None else None)
+        if memory is None:
+            return
+        live = self._live_shards()
+        for k, (node, address) in zip(live, ray.get([self.shards[k].channel.remote() for k in live]), strict=True):
+            if address is not None and node == self.node_id:
+                a, b = self.layout.shard_ranges[k]
+                with contextlib.suppress(OSError):  # e.g. another network namespace: reached through Ray
+                    self.channels[k] = ChannelClient(address, memory, a, b - a)
+        memory.close()  # the shards hold their own descriptors; the buffers stay mapped
+        spans = self.layout.param_spans()
+        if self.spec.overlap and self.spec.ps_bandwidth and self.channels and spans is not None:
+            self.pieces = GradientPieces(params, spans, self.layout.shard_ranges, sorted(self.channels),
+                                         lambda k, nbytes: self.channels[k].send_piece(nbytes, self.slot))
+
+    def _close_channels(self) -> None:
+        for channel in self.channels.values():
+            channel.close()
+        self.channels = {}
+
+    def _channel_lost(self, err: ChannelClosed) -> None:
+        """A channel closed under a push: raise Ray's error for the shard that died (the coordinator maps
+        it to a shard loss), or ``err`` when every shard still answers."""
+        import ray
+
+        ray.get([self.shards[k].ping.remote() for k in self.channels])
+        raise err
 
     def pull(self) -> int:
         """Fetch every shard's parameters; returns the global step they correspond to."""
@@ -128,6 +172,11 @@ class Worker:
         self.layout.host_to_params()
         self.step = max(steps, default=0)
         return self.step
+
+    def data_paths(self) -> dict[str, list[int]]:
+        """Which shards (placement indices) this worker reaches by a same-node channel and which by Ray."""
+        live = self._live_shards()
+        return {"channel": [k for k in live if k in self.channels], "ray": [k for k in live if k not in self.channels]}
 
     def _live_shards(self) -> list[int]:
         return [k for k, (a, b) in enumerate(self.layout.shard_ranges) if b > a]
@@ -145,6 +194,8 @@ class Worker:
             self.pull()
         self.model.train()
         live = self._live_shards()
+        local = {k: self.channels[k] for k in live if k in self.channels}
+        remote = [k for k in live if k not in local]
         t_start = time.perf_counter()
         compute_s = comm_s = loss_sum = 0.0
         steps, staleness, done = 0, [], False
@@ -161,28 +212,37 @@ class Worker:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             self.layout.zero_grads()
             loss = F.cross_entropy(self.model(x), y)
+            if self.pieces is not None:
+                self.pieces.arm()
             loss.backward()
+            announced = self.pieces.finish() if self.pieces is not None else {}
             self.layout.grads_to_host()
             t1, sent_at = time.perf_counter(), time.time()
-            refs = [self.shards[k].push_pull.remote(self.layout.shard_grad(k), self.step, sent_at, self.slot)
-                    for k in live]
-            if len(live) == 1 or steps % WAIT_SAMPLE_EVERY == 0:
-                replies = _gather_timed(refs, live, wait_s, t1)
-                sampled += 1
-            else:
-                replies = ray.get(refs)
-            applied = all(r[2] for r in replies)
-            for k, (values, _, _) in zip(live, replies, strict=True):
-                self.layout.set_shard_params(k, values)
+            timed = len(live) == 1 or steps % WAIT_SAMPLE_EVERY == 0
+            try:
+                for k, channel in local.items():  # the shard reads the gradient where backward left it
+                    channel.send(self.step, sent_at, self.slot, announced.get(k, 0))
+                refs = [self.shards[k].push_pull.remote(self.layout.shard_grad(k), self.step, sent_at, self.slot)
+                        for k in remote]
+                replies = receive_all(local, t1, wait_s if timed else None) if local else {}
+            except ChannelClosed as err:
+                self._channel_lost(err)
+            if refs:
+                remote_replies = _gather_timed(refs, remote, wait_s, t1) if timed else ray.get(refs)
+                for k, (values, step_k, applied_k) in zip(remote, remote_replies, strict=True):
+                    self.layout.set_shard_params(k, values)  # a channel's shard wrote its values in place
+                    replies[k] = (step_k, applied_k)
+            sampled += timed
             self.layout.host_to_params()
             comm_s += time.perf_counter() - t1
             compute_s += t1 - t0
-            step_after = max(r[1] for r in replies)
+            applied = all(r[1] for r in replies.values())
+            step_after = max(r[0] for r in replies.values())
             if not applied:
                 done = True
                 self.step = step_after
                 break
-            staleness.append(max(0, replies[0][1] - 1 - self.step))
+            staleness.append(max(0, replies[live[0]][0] - 1 - self.step))
             self.step = step_after
             loss_sum += float(loss.detach())
             steps += 1
@@ -252,9 +312,10 @@ class Worker:
         return {"device": str(self.device), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
     def leave(self) -> None:
-        """Stop watching for notices before the coordinator releases this worker."""
+        """Stop watching for notices and close the channels before the coordinator releases this worker."""
         for watcher in self.watchers:
             watcher.stop()
+        self._close_channels()
 
 
 def _ray_node_id() -> str | None:

@@ -1,0 +1,231 @@
+"""A parameter shard's state: its blocks in one flat float32 buffer, the momentum beside it, the
+optimizer applied there, and its load counters. No Ray in here (the actors are in :mod:`cmdare.ps.shard`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from cmdare.ps.blocks import Block
+from cmdare.ps.optimizer import UPDATE_CHUNK_ELEMS, OptimizerConfig, sgd_update
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """Load counters of a shard over a window (since the previous ``stats(reset=True)``)."""
+
+    shard_id: int
+    step: int
+    window_s: float
+    pushes: int
+    bytes_in: int
+    bytes_out: int
+    busy_s: float  # time serving pushes: the update, the emulated link and any injected slowdown
+    num_params: int
+    num_blocks: int
+    apply_s: float = 0.0  # part of busy_s spent in the optimizer update (slowdown included)
+    queue_s: float = 0.0  # summed over pushes: worker's send to the start of service (queue + transfer)
+    wait_s: float = 0.0  # summed over pushes: worker-observed send-to-reply time (filled in by the coordinator)
+    pieces: int = 0  # gradient pieces announced ahead of their pushes (communication overlapped with backward)
+
+
+@dataclass(frozen=True)
+class BlockData:
+    """Blocks with their parameter and momentum values, as moved between shards or checkpointed."""
+
+    blocks: tuple[Block, ...]
+    params: np.ndarray
+    momentum: np.ndarray
+    step: int
+
+
+class ShardState:
+    """A shard's buffers, optimizer and counters; no Ray in here, so it is tested directly."""
+
+    def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None):
+        self.shard_id = shard_id
+        self.cfg = cfg
+        self.max_step = max_step
+        self.lr_scale = 1.0
+        self.staleness_damping = False  # staleness-aware LR: each push's lr divided by (1 + staleness)
+        self.slowdown = 1.0  # straggler injection: every push takes this many times longer to serve
+        self.link_bytes_per_s: float | None = None  # emulated network link of the shard's server
+        self.step = 0
+        self.blocks: list[Block] = []
+        self.params = np.zeros(0, np.float32)
+        self.momentum = np.zeros(0, np.float32)
+        self._scratch = np.zeros(0, np.float32)
+        self._reset_counters()
+
+    # -- contents -------------------------------------------------------------------------
+    def load(self, data: BlockData) -> None:
+        """Replace the shard's contents (initial load, checkpoint restore)."""
+        order = np.argsort([b.block_id for b in data.blocks], kind="stable")
+        self.blocks = [data.blocks[i] for i in order]
+        if list(order) != list(range(len(order))):
+            raise ValueError("blocks must be given in block-id order")
+        total = sum(b.size for b in self.blocks)
+        if data.params.size != total or data.momentum.size != total:
+            raise ValueError(f"shard {self.shard_id}: {data.params.size} values for {total} block elements")
+        self.params = np.array(data.params, dtype=np.float32, copy=True)
+        self.momentum = np.array(data.momentum, dtype=np.float32, copy=True)
+        self._scratch = _scratch_for(self.params)
+        self.step = data.step
+
+    def snapshot(self) -> BlockData:
+        """A copy of everything the shard holds."""
+        return BlockData(tuple(self.blocks), self.params.copy(), self.momentum.copy(), self.step)
+
+    def take(self, block_ids: set[int]) -> BlockData:
+        """Remove ``block_ids`` and return them with their values and momentum (migration source)."""
+        keep, out = self._split(block_ids)
+        taken = BlockData(tuple(self.blocks[i] for i, _ in out),
+                          _gather(self.params, out), _gather(self.momentum, out), self.step)
+        self.blocks = [self.blocks[i] for i, _ in keep]
+        self.params, self.momentum = _gather(self.params, keep), _gather(self.momentum, keep)
+        self._scratch = _scratch_for(self.params)
+        return taken
+
+    def add(self, data: BlockData) -> None:
+        """Insert moved blocks (migration destination); an empty shard adopts the step."""
+        if not self.blocks:
+            self.step = data.step
+        merged = BlockData(tuple(self.blocks) + tuple(data.blocks),
+                           np.concatenate([self.params, data.params]),
+                           np.concatenate([self.momentum, data.momentum]), self.step)
+        order = sorted(range(len(merged.blocks)), key=lambda i: merged.blocks[i].block_id)
+        spans = _spans(merged.blocks)
+        self.blocks = [merged.blocks[i] for i in order]
+        self.params = _gather(merged.params, [(i, spans[i]) for i in order])
+        self.momentum = _gather(merged.momentum, [(i, spans[i]) for i in order])
+        self._scratch = _scratch_for(self.params)
+
+    def _split(self, block_ids: set[int]) -> tuple[list, list]:
+        spans = _spans(self.blocks)
+        keep = [(i, spans[i]) for i, b in enumerate(self.blocks) if b.block_id not in block_ids]
+        out = [(i, spans[i]) for i, b in enumerate(self.blocks) if b.block_id in block_ids]
+        missing = block_ids - {b.block_id for b in self.blocks}
+        if missing:
+            raise KeyError(f"shard {self.shard_id} does not hold blocks {sorted(missing)}")
+        return keep, out
+
+    # -- training -------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.max_step is not None and self.step >= self.max_step
+
+    def apply(self, grad: np.ndarray, pulled_step: int | None = None, out: np.ndarray | None = None) -> bool:
+        """Apply one (possibly averaged) gradient; False when the step budget is already reached.
+
+        ``pulled_step`` is the global step of the parameters the gradient was computed on; with
+        staleness damping the learning rate is divided by ``1 + staleness``. ``out`` receives the
+        parameters after the update (see :func:`sgd_update`); it is left alone when False is returned.
+        """
+        if self.done:
+            return False
+        if grad.size != self.params.size:
+            raise ValueError(f"shard {self.shard_id}: gradient of {grad.size} for {self.params.size} params")
+        t0 = time.perf_counter()
+        lr = self.cfg.lr_at(self.step, self.lr_scale)
+        if self.staleness_damping and pulled_step is not None:
+            lr /= 1 + max(0, self.step - pulled_step)
+        sgd_update(self.params, grad, self.momentum, lr, self.cfg, self._scratch, out)
+        self.step += 1
+        elapsed = time.perf_counter() - t0
+        if self.slowdown > 1.0:
+            time.sleep(elapsed * (self.slowdown - 1.0))
+        spent = time.perf_counter() - t0
+        self._busy_s += spent
+        self._apply_s += spent
+        self._pushes += 1
+        self._bytes_in += grad.nbytes
+        return True
+
+    def count_pull(self) -> None:
+        self._bytes_out += self.params.nbytes
+
+    def link_delay_s(self, nbytes: int) -> float:
+        """Emulated transfer time of ``nbytes`` over the shard's link (0 without one), slowdown included."""
+        if not self.link_bytes_per_s:
+            return 0.0
+        return nbytes / self.link_bytes_per_s * self.slowdown
+
+    def serve(self, grad: np.ndarray, pulled_step: int | None, sent_at: float | None,
+              out: np.ndarray | None = None, sent_bytes: int = 0) -> bool:
+        """One push and pull: queueing delay, the update, the reply and the emulated link time.
+
+        ``sent_at`` is the worker's wall clock at sending (``time.time()``); the gap to the start of
+        service is the push's queueing delay (it includes the transfer of the gradient). ``out``
+        receives the parameters (a same-node worker's memory), also when the push is not applied.
+        ``sent_bytes`` of the gradient crossed the link before, as pieces (:meth:`transfer`).
+        """
+        self.note_arrival(sent_at)
+        if out is not None and out.size != self.params.size:
+            raise ValueError(f"shard {self.shard_id} holds {self.params.size} values, the worker's buffer "
+                             f"{out.size}: its layout is stale")
+        applied = self.apply(grad, pulled_step, out)
+        if out is not None and not applied:
+            np.copyto(out, self.params)
+        self.count_pull()
+        self.transfer(max(0, grad.nbytes - sent_bytes) + self.params.nbytes)
+        return applied
+
+    def piece(self, nbytes: int) -> None:
+        """A piece of a worker's next gradient is ready: its ``nbytes`` cross the link now."""
+        self.count_piece()
+        self.transfer(nbytes)
+
+    def count_piece(self) -> None:
+        self._pieces += 1
+
+    def transfer(self, nbytes: int) -> None:
+        """``nbytes`` cross the shard's emulated link (a sleep, counted as serving time); nothing without one."""
+        link = self.link_delay_s(nbytes)
+        if link > 0:
+            time.sleep(link)
+            self.note_link(link)
+
+    def note_arrival(self, sent_at: float | None) -> None:
+        """Count a push's queueing delay: from the worker's send (wall clock) to now."""
+        if sent_at is not None:
+            self._queue_s += max(0.0, time.time() - sent_at)
+
+    def note_link(self, seconds: float) -> None:
+        """Count time the shard's emulated link was busy as serving time."""
+        self._busy_s += seconds
+
+    def stats(self, reset: bool = True) -> ShardStats:
+        now = time.perf_counter()
+        s = ShardStats(self.shard_id, self.step, now - self._window_start, self._pushes, self._bytes_in,
+                       self._bytes_out, self._busy_s, int(self.params.size), len(self.blocks), self._apply_s,
+                       self._queue_s, pieces=self._pieces)
+        if reset:
+            self._reset_counters()
+        return s
+
+    def _reset_counters(self) -> None:
+        self._window_start = time.perf_counter()
+        self._pushes = self._bytes_in = self._bytes_out = self._pieces = 0
+        self._busy_s = self._apply_s = self._queue_s = 0.0
+
+
+def _scratch_for(params: np.ndarray) -> np.ndarray:
+    """The update's scratch: one chunk (see :func:`sgd_update`), not a copy of the whole shard."""
+    return np.empty(min(params.size, UPDATE_CHUNK_ELEMS), np.float32)
+
+
+def _spans(blocks) -> list[tuple[int, int]]:
+    spans, pos = [], 0
+    for b in blocks:
+        spans.append((pos, pos + b.size))
+        pos += b.size
+    return spans
+
+
+def _gather(array: np.ndarray, picks) -> np.ndarray:
+    if not picks:
+        return np.zeros(0, np.float32)
+    return np.concatenate([array[a:b] for _, (a, b) in picks]).astype(np.float32, copy=False)

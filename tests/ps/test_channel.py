@@ -1,0 +1,135 @@
+"""The same-node channel on its own (no Ray): shared memory handed over a Unix socket, served on a thread."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import numpy as np
+import pytest
+
+from cmdare.ps.channel import (
+    ChannelClient,
+    ChannelClosed,
+    ChannelServer,
+    SharedHostMemory,
+    channels_enabled,
+    receive_all,
+)
+
+pytestmark = pytest.mark.skipif(not channels_enabled(), reason="needs Linux memfd and fd passing")
+
+
+class _Adder:
+    """A stand-in shard *state* (the channel is what is tested): params += grad, one step per push."""
+
+    def __init__(self, n: int):
+        self.params = np.arange(n, dtype=np.float32)
+        self.step = 0
+        self.calls: list[tuple[int | None, float | None, int | None]] = []
+        self.lock = threading.Lock()
+
+    def serve(self, grad, out, pulled_step, sent_at, sender):
+        with self.lock:
+            if grad.size != self.params.size:
+                raise ValueError(f"{grad.size} values for {self.params.size}")
+            self.params += grad
+            np.copyto(out, self.params)
+            self.step += 1
+            self.calls.append((pulled_step, sent_at, sender))
+            return self.step, self.step <= 3
+
+
+def test_a_push_reads_the_shared_gradient_and_writes_the_parameters_in_place():
+    state = _Adder(5)
+    server = ChannelServer(state.serve)
+    memory = SharedHostMemory(8)  # the worker's model: 8 values, this shard holds [2, 7)
+    client = ChannelClient(server.address, memory, 2, 5)
+    memory.close()
+    try:
+        memory.grads[2:7] = 1.0
+        client.send(4, 123.5, 1)
+        assert client.receive() == (1, True)
+        np.testing.assert_array_equal(memory.params.numpy()[2:7], np.arange(5, dtype=np.float32) + 1)
+        assert memory.params.numpy()[[0, 1, 7]].tolist() == [0, 0, 0]  # outside the shard's range: untouched
+        client.send(None, None, None)
+        assert client.receive() == (2, True)
+        assert state.calls == [(4, 123.5, 1), (None, None, None)]
+        for _ in range(2):
+            client.send(0, None, 0)
+        assert [client.receive() for _ in range(2)] == [(3, True), (4, False)]  # not applied: the target reached
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_failing_push_raises_in_the_worker_and_the_channel_stays_usable():
+    state = _Adder(4)
+    server = ChannelServer(state.serve)
+    memory = SharedHostMemory(3)
+    client = ChannelClient(server.address, memory, 0, 3)  # a stale layout: 3 values for a 4-value shard
+    try:
+        client.send(0, None, 0)
+        with pytest.raises(RuntimeError, match="ValueError: 3 values for 4"):
+            client.receive()
+        state.params = np.zeros(3, np.float32)
+        client.send(0, None, 0)
+        assert client.receive() == (1, True)
+    finally:
+        client.close()
+        server.close()
+
+
+def test_replies_of_several_channels_are_gathered_and_timed():
+    states = [_Adder(2), _Adder(3)]
+    servers = [ChannelServer(s.serve) for s in states]
+    memory = SharedHostMemory(5)
+    clients = {0: ChannelClient(servers[0].address, memory, 0, 2), 1: ChannelClient(servers[1].address, memory, 2, 3)}
+    try:
+        memory.grads[:] = 2.0
+        for c in clients.values():
+            c.send(0, None, 0)
+        wait = [0.0, 0.0]
+        assert receive_all(clients, 0.0, wait) == {0: (1, True), 1: (1, True)}
+        assert all(w > 0 for w in wait)
+        assert memory.params.numpy().tolist() == [2, 3, 2, 3, 4]
+    finally:
+        for c in clients.values():
+            c.close()
+        for s in servers:
+            s.close()
+
+
+def _serve_forever(conn) -> None:
+    state = _Adder(2)
+    server = ChannelServer(state.serve)
+    conn.send(server.address)
+    threading.Event().wait()
+
+
+def test_a_shard_process_that_dies_closes_the_channel_under_the_worker():
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve_forever, args=(child,), daemon=True)
+    proc.start()
+    try:
+        address = parent.recv()
+        memory = SharedHostMemory(2)
+        client = ChannelClient(address, memory, 0, 2)
+        client.send(0, None, 0)
+        assert client.receive() == (1, True)
+        proc.kill()
+        proc.join(10)
+        with pytest.raises(ChannelClosed):
+            client.send(0, None, 0)
+            client.receive()
+        client.close()
+        with pytest.raises(OSError):  # nobody listens at the address any more
+            ChannelClient(address, memory, 0, 2)
+    finally:
+        proc.kill()
+
+
+def test_off_switch(monkeypatch):
+    monkeypatch.setenv("CMDARE_SHM", "0")
+    assert not channels_enabled()

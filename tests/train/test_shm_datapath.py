@@ -1,0 +1,154 @@
+"""Workers reach shards on their own Ray node through the shared-memory channel, others through Ray.
+
+Both paths run the same shard code, so a run must give the same parameters, bit for bit, whichever path
+each push took; a shard that dies under a channel is reported as Ray reports a dead shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace as dataclass_replace
+
+import numpy as np
+import pytest
+
+from cmdare.errors import ShardLostError
+from cmdare.ps.channel import channels_enabled
+from cmdare.ps.layout import model_flat_from_shard_arrays, shard_arrays_from_model_flat
+from cmdare.ps.optimizer import OptimizerConfig
+from cmdare.ps.placement import get_placement
+from cmdare.ps.shard import AsyncShardActor, BlockData, SyncShardActor
+from cmdare.train.faults import classify
+from cmdare.train.setup import initial_state
+from cmdare.train.spec import TrainSpec
+from cmdare.train.worker import Worker
+
+pytestmark = pytest.mark.skipif(not channels_enabled(), reason="needs Linux memfd and fd passing")
+
+OPT = OptimizerConfig(lr=0.05, momentum=0.9, weight_decay=5e-4)
+OFF = {"runtime_env": {"env_vars": {"CMDARE_SHM": "0"}}}
+
+
+def _on(node_id: str) -> dict:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+
+
+@pytest.fixture(scope="module")
+def nodes(cluster):
+    """The head node's id and a second node's (1 CPU) of the module's local cluster."""
+    import ray
+
+    head = ray.get_runtime_context().get_node_id()
+    other = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+    cluster.wait_for_nodes()
+    return head, other.node_id
+
+
+def _run(spec: TrainSpec, shard_nodes: list[str], worker_node: str, channels: bool, steps: int):
+    """Shards on ``shard_nodes``, ``spec.workers`` workers on ``worker_node``; ``steps`` steps each (sync: all
+    together); returns (final model-order parameters, each worker's data paths)."""
+    flat, paths, _ = _run_full(spec, shard_nodes, worker_node, channels, steps)
+    return flat, paths
+
+
+def _run_with_stats(spec: TrainSpec, shard_nodes: list[str], worker_node: str, steps: int):
+    """(final parameters, pieces each shard was announced) of a run through channels."""
+    flat, _, stats = _run_full(spec, shard_nodes, worker_node, True, steps)
+    return flat, [s.pieces for s in stats]
+
+
+def _run_full(spec: TrainSpec, shard_nodes: list[str], worker_node: str, channels: bool, steps: int):
+    import ray
+
+    infos, params, momentum, _, _ = initial_state(spec, "t", None, None, False)
+    placement = get_placement(spec.placement).place(infos, spec.ps)
+    env = {} if channels else OFF
+    if spec.ps_bandwidth:
+        link = spec.ps_link_bytes_per_s()
+    if spec.sync:
+        shards = [ray.remote(SyncShardActor).options(num_cpus=0, **_on(n), **env).remote(k, OPT, None, spec.workers)
+                  for k, n in enumerate(shard_nodes)]
+    else:
+        shards = [ray.remote(AsyncShardActor).options(num_cpus=0, **_on(n), **env).remote(k, OPT)
+                  for k, n in enumerate(shard_nodes)]
+    values = shard_arrays_from_model_flat(params, infos, placement)
+    moms = shard_arrays_from_model_flat(momentum, infos, placement)
+    ray.get([s.load.remote(BlockData(tuple(placement.blocks_on(k)), values[k], moms[k], 0))
+             for k, s in enumerate(shards)])
+    if spec.ps_bandwidth:
+        ray.get([s.set_link.remote(link) for s in shards])
+    workers = [ray.remote(Worker).options(num_cpus=0, **_on(worker_node), **env).remote(
+        w, w, spec.workers, spec, shards, placement, 1, 0, None, 1.0) for w in range(spec.workers)]
+    paths = ray.get([w.data_paths.remote() for w in workers])
+    if spec.sync:
+        ray.get([w.run_steps.remote(steps, 600.0) for w in workers])
+    else:  # one worker at a time: the order of pushes is fixed
+        for _ in range(steps):
+            for w in workers:
+                ray.get(w.run_steps.remote(1, 600.0))
+    snaps = ray.get([s.snapshot.remote() for s in shards])
+    stats = ray.get([s.stats.remote() for s in shards])
+    flat = model_flat_from_shard_arrays([s.blocks for s in snaps], [s.params for s in snaps], infos)
+    for a in workers + shards:
+        ray.kill(a)
+    return flat, paths, stats
+
+
+def _spec(**kw) -> TrainSpec:
+    base = dict(model="resnet8", dataset="digits", workers=2, ps=2, steps=1000, batch_size=16, sync=True,
+                optimizer=OPT, eval_every=0, seed=3)
+    base.update(kw)
+    return TrainSpec(**base)
+
+
+def test_sync_run_with_one_shard_on_the_workers_node_equals_the_run_through_ray(nodes):
+    head, other = nodes
+    spec = _spec()
+    fast, paths = _run(spec, [head, other], head, channels=True, steps=6)
+    assert paths == [{"channel": [0], "ray": [1]}] * 2  # the shard on the workers' node by the channel
+    plain, paths_off = _run(spec, [head, other], head, channels=False, steps=6)
+    assert paths_off == [{"channel": [], "ray": [0, 1]}] * 2
+    np.testing.assert_array_equal(fast, plain)
+
+
+def test_async_run_through_channels_equals_the_run_through_ray(nodes):
+    head, _ = nodes
+    spec = _spec(sync=False, ps=2)
+    fast, paths = _run(spec, [head, head], head, channels=True, steps=5)
+    assert paths == [{"channel": [0, 1], "ray": []}] * 2
+    plain, _ = _run(spec, [head, head], head, channels=False, steps=5)
+    np.testing.assert_array_equal(fast, plain)
+
+
+def test_a_shard_that_dies_under_a_channel_is_a_shard_loss(nodes):
+    import ray
+
+    head, _ = nodes
+    spec = _spec(sync=False, ps=1, workers=1)
+    infos, params, momentum, _, _ = initial_state(spec, "t", None, None, False)
+    placement = get_placement(spec.placement).place(infos, 1)
+    shard = ray.remote(AsyncShardActor).options(num_cpus=0, **_on(head)).remote(0, OPT)
+    ray.get(shard.load.remote(BlockData(tuple(placement.blocks_on(0)), params, momentum, 0)))
+    worker = ray.remote(Worker).options(num_cpus=0, **_on(head)).remote(0, 0, 1, spec, [shard], placement, 1, 0,
+                                                                         None, 1.0)
+    assert ray.get(worker.data_paths.remote()) == {"channel": [0], "ray": []}
+    assert ray.get(worker.run_steps.remote(3, 60.0)).steps == 3
+    ray.kill(shard)
+    with pytest.raises(ray.exceptions.RayActorError) as err:
+        ray.get(worker.run_steps.remote(3, 60.0), timeout=120)
+    assert isinstance(classify(err.value, 0), ShardLostError)
+    ray.kill(worker)
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_pieces_announced_during_backward_change_no_value(nodes, sync):
+    """With an emulated link the gradient's pieces go to the shards while backward runs; the update is the
+    same as when the whole gradient is pushed after backward."""
+    head, _ = nodes
+    spec = _spec(sync=sync, ps=2, workers=2 if sync else 1, ps_bandwidth="400MB/s")
+    overlapped = _run_with_stats(spec, [head, head], head, steps=4)
+    after = _run_with_stats(dataclass_replace(spec, overlap=False), [head, head], head, steps=4)
+    np.testing.assert_array_equal(overlapped[0], after[0])
+    assert after[1] == [0, 0]
+    assert all(n >= 4 * spec.workers for n in overlapped[1])  # at least a piece per shard per push
