@@ -13,11 +13,19 @@ Per revocation (from the run's :class:`EventReport` s):
   ``detection_delay_s - kill_s`` (from the end of the removal, i.e. after the node's processes are
   dead). The < 1 s target refers to ``from_node_death``.
 * recovery: revocation (start of the kill) to the replacement's first step (``replacement_joined``'s
-  ``recovery_s``: the start of its first chunk, after its first pull), broken down into detection,
-  node start (``cluster.add_node``, timed by a provider subclass), and actor start + imports + first
-  pull (the rest).
+  ``recovery_s``: the start of its first chunk, after its first pull), broken down
+  (``breakdown_median_s``) into detection, node start (``cluster.add_node``, timed by a provider
+  subclass; 0 for a warm spare, whose node was up), actor start (cold: node up -> worker process up with
+  torch imported and the model built; warm: loss handled -> the spare adopted as the worker), first pull
+  (worker up -> its first chunk starts; ``pull_only``: the pull itself) and first step.
+
+With ``--warm-spares N`` (default 2) the run keeps N standby servers whose worker process is warm
+(``TrainSpec.warm_spares``, :mod:`cmdare.train.warm_pool`); a replacement takes a ready one, else starts
+cold. ``--warm-spares 0`` measures the cold path alone; ``--cold-baseline`` runs it first, back to back, and
+reports its figures under ``cold_baseline``.
 
 Usage: .venv/bin/python bench/revocation.py [--workers 4] [--steps 1600] [--every 4] [--first 3]
+       [--warm-spares 2] [--cold-baseline]
 Prints one JSON object as its last line; the throughput plot goes to docs/img/revocation_throughput.png.
 """
 
@@ -151,19 +159,8 @@ def plot(cb: Any, path: Path, load: float, workers: int) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=1600)
-    ap.add_argument("--every", type=float, default=4.0)
-    ap.add_argument("--first", type=float, default=3.0)
-    ap.add_argument("--model", default="resnet8")
-    ap.add_argument("--chunk-steps", type=int, default=5)
-    ap.add_argument("--probes", type=int, default=3, help="fresh nodes timed for the start-up breakdown")
-    args = ap.parse_args()
-    load_start = os.getloadavg()[0]
-    t_bench = time.time()
-
+def run_once(args: argparse.Namespace, warm_spares: int, t_bench: float) -> dict[str, Any]:
+    """One run on a fresh local multi-node cluster; its figures (and the run's reports for the plot)."""
     import ray
 
     from cmdare.cloud.detection import LOCAL_FAILURE_DETECTION
@@ -183,7 +180,7 @@ def main() -> None:
         def on_event(self, report: Any) -> None:
             self.events.append(report)
             if report.kind in ("revocation", "worker_lost", "replacement_joined"):
-                keys = ("kill_s", "detection_delay_s", "recovery_s")
+                keys = ("kill_s", "detection_delay_s", "recovery_s", "warm")
                 got = {k: round(report.details[k], 2) for k in keys if k in report.details}
                 print(f"{time.time() - t_bench:7.1f}s step {report.global_step:5d} {report.kind} {got}",
                       file=sys.stderr, flush=True)
@@ -191,24 +188,29 @@ def main() -> None:
     class TimedProvider(LocalClusterProvider):
         """Times node start per server (on the provider's start thread) and the coordinator's call."""
 
-        node_start: dict[str, tuple[float, float]] = {}
-        blocked: dict[str, float] = {}
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            self.node_start: dict[str, tuple[float, float]] = {}
+            self.blocked: dict[str, float] = {}
 
-        def prepare(self, server: Any) -> None:
+        def prepare(self, server: Any, background: bool = False) -> None:
             t0 = time.time()
-            super().prepare(server)
+            super().prepare(server, background)
             self.blocked[server.server_id] = time.time() - t0
             sid = server.server_id
             future = self._starting.get(sid)
             if future is not None:
                 future.add_done_callback(lambda _f: self.node_start.__setitem__(sid, (t0, time.time())))
+            elif server.node is not None:  # started in the foreground (before the first revocation)
+                self.node_start[sid] = (t0, time.time())
 
     logging.getLogger("ray").setLevel(logging.ERROR)
+    load_start = os.getloadavg()[0]
     cluster = start_local_cluster(num_cpus=3, resources={"cmdare_ps": 100}, _system_config=LOCAL_FAILURE_DETECTION)
     spec = TrainSpec(model=args.model, dataset="digits", workers=args.workers, ps=1, steps=args.steps,
                      batch_size=32, optimizer=OptimizerConfig(lr=0.05), checkpoint_every=0, eval_every=0,
                      seed=5, transient=True, revocations=f"every={args.every:g},first={args.first:g},seed=1",
-                     replace="same", startup="0", chunk_steps=args.chunk_steps)
+                     replace="same", startup="0", chunk_steps=args.chunk_steps, warm_spares=warm_spares)
     cb = Collect()
     provider = TimedProvider(cluster)
     try:
@@ -218,55 +220,127 @@ def main() -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
+    out = figures(cb, provider, summary, load_start)
+    out["startup_probe_median_s"] = probe
+    out["warm_spares"] = warm_spares
+    out["_reports"] = cb
+    return out
 
+
+def figures(cb: Any, provider: Any, summary: Any, load_start: float) -> dict[str, Any]:
+    """Detection, recovery and its breakdown per replacement, from the run's events."""
     rev = {e.worker_id: e for e in cb.events if e.kind == "revocation"}
     lost = {e.worker_id: e for e in cb.events if e.kind == "worker_lost"}
     joined = [e for e in cb.events if e.kind == "replacement_joined"]
     requested = {e.server_id: e for e in cb.events if e.kind == "replacement_requested"}
+    standbys = [e.server_id for e in cb.events if e.kind == "standby_requested"]
     kill_s = [r.details.get("kill_s", 0.0) for r in rev.values()]
     det_start = [lost[w].details["detection_delay_s"] for w in rev if w in lost]
     det_end = [lost[w].details["detection_delay_s"] - rev[w].details.get("kill_s", 0.0) for w in rev if w in lost]
-    recovery, node_s, actor_s, detect_part, queue_s, first_step_s = [], [], [], [], [], []
+    # warm: the spare taken was up; spare_starting: it was still starting (a head start on a cold start)
+    recovery: dict[str, list[float]] = {"all": [], "warm": [], "spare_starting": [], "cold": []}
+    parts: dict[str, list[float]] = {k: [] for k in ("detection", "coordinator_until_node_start", "node_start",
+                                                     "actor_start", "first_pull", "pull_only", "first_step",
+                                                     "actor_start_imports_first_pull")}
     for j in joined:
-        w_old = j.details["replaces_worker"]
-        recovery.append(j.details["recovery_s"])
-        if w_old in lost and j.server_id in provider.node_start:
+        w_old, warm = j.details["replaces_worker"], bool(j.details.get("warm"))
+        kind = {"up": "warm", "starting": "spare_starting"}.get(j.details.get("spare") or "", "cold")
+        recovery["all"].append(j.details["recovery_s"])
+        recovery[kind].append(j.details["recovery_s"])
+        if w_old in lost:
             revoked_at = rev[w_old].time - rev[w_old].details.get("kill_s", 0.0)
-            n0, n1 = provider.node_start[j.server_id]
-            detect_part.append(lost[w_old].time - revoked_at)
-            queue_s.append(n0 - lost[w_old].time)  # request -> node start (coordinator loop)
-            node_s.append(n1 - n0)
-            actor_s.append(revoked_at + j.details["recovery_s"] - n1)  # actor start, imports, first pull
+            first_at = revoked_at + j.details["recovery_s"]  # the first chunk's start, after the first pull
+            up = j.details.get("worker_up_at")  # the worker's process up and its model built
+            parts["detection"].append(lost[w_old].time - revoked_at)
+            if warm:  # no node starts: the spare's process becomes the worker (adopt) and pulls
+                parts["node_start"].append(0.0)
+                parts["actor_start_imports_first_pull"].append(first_at - lost[w_old].time)
+                if up is not None:
+                    parts["actor_start"].append(up - lost[w_old].time)
+                parts["pull_only"].append(j.details.get("first_pull_s", float("nan")))
+            elif j.server_id in provider.node_start:
+                n0, n1 = provider.node_start[j.server_id]
+                parts["coordinator_until_node_start"].append(n0 - lost[w_old].time)
+                parts["node_start"].append(n1 - n0)
+                parts["actor_start_imports_first_pull"].append(first_at - n1)
+                if up is not None:
+                    parts["actor_start"].append(up - n1)
+            if up is not None:
+                parts["first_pull"].append(first_at - up)
         first = [s for s in cb.steps if s.worker_id == j.worker_id]
         if first:
-            first_step_s.append(first[0].duration_s / max(1, first[0].steps))
-    out = {
-        "workers": args.workers, "steps": args.steps, "status": summary.status,
+            parts["first_step"].append(first[0].duration_s / max(1, first[0].steps))
+    med = {k: _quantiles(v)["median"] for k, v in parts.items()}
+    standby_start = [provider.node_start[s][1] - provider.node_start[s][0] for s in standbys
+                     if s in provider.node_start]
+    ready = {e.server_id: e.details.get("startup_s") for e in cb.events if e.kind == "standby_ready"}
+    idle = [e.details["standby_idle_s"] for e in cb.events if e.kind == "replacement_requested"
+            and "standby_idle_s" in e.details]
+    return {
+        "status": summary.status, "global_step": summary.global_step,
         "revocations": summary.revocations, "replacements": summary.replacements,
         "replacements_requested": len(requested),
+        "warm_replacements": len(recovery["warm"]), "spare_starting_replacements": len(recovery["spare_starting"]),
+        "cold_replacements": len(recovery["cold"]),
         "detection_from_kill_start_s": _quantiles(det_start),
         "detection_from_node_death_s": _quantiles(det_end),
         "kill_s": _quantiles(kill_s),
-        "recovery_s": _quantiles(recovery),
+        "recovery_s": _quantiles(recovery["all"]),
+        "recovery_warm_s": _quantiles(recovery["warm"]),
+        "recovery_spare_starting_s": _quantiles(recovery["spare_starting"]),
+        "recovery_cold_s": _quantiles(recovery["cold"]),
         "recovery_breakdown_median_s": {
-            "detection_from_kill_start": _quantiles(detect_part)["median"],
-            "coordinator_until_node_start": _quantiles(queue_s)["median"],
-            "node_start": _quantiles(node_s)["median"],
-            "actor_start_imports_first_pull": _quantiles(actor_s)["median"],
-            "first_step_after_joined": _quantiles(first_step_s)["median"],
+            "detection_from_kill_start": med["detection"],
+            "coordinator_until_node_start": med["coordinator_until_node_start"],
+            "node_start": med["node_start"],
+            "actor_start_imports_first_pull": med["actor_start_imports_first_pull"],
+            "first_step_after_joined": med["first_step"],
         },
-        "startup_probe_median_s": probe,
+        # detection (kill start -> loss handled), node start (0 for a warm spare), actor start (cold: node up ->
+        # process up, torch imported, model built; warm: loss handled -> the spare adopted), first pull (worker
+        # up -> its first chunk starts; pull_only: the pull itself, warm), first step (the first chunk's mean)
+        "breakdown_median_s": {k: med[k] for k in ("detection", "node_start", "actor_start", "first_pull",
+                                                   "pull_only", "first_step")},
+        "standbys_started": len(standbys),
+        "standby_node_start_s": _quantiles(standby_start)["median"],
+        "standby_startup_s": _quantiles([v for v in ready.values() if v is not None])["median"],
+        "standby_idle_before_taken_s": _quantiles(idle)["median"],
         # Time the coordinator's loop spent in provider.prepare (Trainer._start_worker): while it blocks, no
         # chunk is handed out to the surviving workers. Nodes now start on the provider's own thread.
         "coordinator_blocked_in_add_node_s": round(sum(v for sid, v in provider.blocked.items()
                                                        if sid in {j.server_id for j in joined} | set(requested)), 2),
         "training_span_s": round(cb.steps[-1].time - cb.steps[0].time, 2),
         "target_detection_s": 1.0, "target_recovery_s": 3.0,
-        "mean_steps_per_s": summary.steps_per_s,
+        "mean_steps_per_s": summary.steps_per_s, "cost_usd": round(summary.cost_usd, 5),
         "load_avg_start": round(load_start, 1), "load_avg_end": round(os.getloadavg()[0], 1),
-        "wall_s": round(time.time() - t_bench, 1),
     }
-    plot(cb, IMG / "revocation_throughput.png", load_start, args.workers)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=1600)
+    ap.add_argument("--every", type=float, default=4.0)
+    ap.add_argument("--first", type=float, default=3.0)
+    ap.add_argument("--model", default="resnet8")
+    ap.add_argument("--chunk-steps", type=int, default=5)
+    ap.add_argument("--warm-spares", type=int, default=2, help="standby servers (0: every replacement cold)")
+    ap.add_argument("--cold-baseline", action="store_true",
+                    help="first run the same job with no warm spares (its figures under 'cold_baseline')")
+    ap.add_argument("--probes", type=int, default=3, help="fresh nodes timed for the start-up breakdown")
+    args = ap.parse_args()
+    t_bench = time.time()
+    baseline = None
+    if args.cold_baseline and args.warm_spares:
+        baseline = run_once(args, 0, t_bench)
+        baseline.pop("_reports")
+    out = run_once(args, args.warm_spares, t_bench)
+    cb = out.pop("_reports")
+    out = {"workers": args.workers, "steps": args.steps, **out}
+    if baseline is not None:
+        out["cold_baseline"] = baseline
+    out["wall_s"] = round(time.time() - t_bench, 1)
+    plot(cb, IMG / "revocation_throughput.png", out["load_avg_start"], args.workers)
     print(json.dumps(out))
 
 

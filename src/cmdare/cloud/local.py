@@ -153,8 +153,9 @@ class ServerProvider(ABC):
         self.servers.append(server)
         return server
 
-    def prepare(self, server: Server) -> None:  # noqa: B027 - optional hook
-        """Make the server exist (e.g. start its Ray node) once its start-up delay has passed."""
+    def prepare(self, server: Server, background: bool = False) -> None:  # noqa: B027 - optional hook
+        """Make the server exist (e.g. start its Ray node) once its start-up delay has passed; ``background``:
+        return at once where the provider can, the server coming up meanwhile (e.g. a warm spare's)."""
 
     @abstractmethod
     def actor_options(self, server: Server) -> dict[str, Any]:
@@ -196,7 +197,8 @@ class LocalClusterProvider(ServerProvider):
     A node takes about a second to start (its raylet and agents). The first nodes start one by one
     before training (nothing trains yet); once a server has been revoked, replacement nodes start on a
     background thread: the coordinator goes on feeding the surviving workers, and Ray places the
-    server's actor (which asks for the node's own resource) as soon as the node registers. Revoking or
+    server's actor (which asks for the node's own resource) as soon as the node registers (a warm spare's
+    node always starts in the background, ``prepare(server, background=True)``). Revoking or
     releasing a server whose node is still starting waits for the start, then removes the node.
     """
 
@@ -215,7 +217,7 @@ class LocalClusterProvider(ServerProvider):
     def _resource(self, server: Server) -> str:
         return f"cmdare_srv_{server.server_id}"
 
-    def prepare(self, server: Server) -> None:
+    def prepare(self, server: Server, background: bool = False) -> None:
         if server.spec.role == "worker" and server.node is None and server.server_id not in self._starting:
             server.scratch_dir = self.scratch_root / server.server_id
             server.scratch_dir.mkdir(parents=True, exist_ok=True)
@@ -223,7 +225,7 @@ class LocalClusterProvider(ServerProvider):
             self._starting[server.server_id] = self._starter.submit(
                 _start_worker_node, self.cluster, num_cpus=self.cpus_per_node, node_ip_address="127.0.0.1",
                 resources={self._resource(server): 1}, env_vars={"CMDARE_HOME": disk, "CMDARE_SCRATCH": disk})
-            if not self._background:
+            if not (self._background or background):
                 server.node = self._starting.pop(server.server_id).result()  # a failed start raises here
 
     def _node(self, server: Server) -> Any:

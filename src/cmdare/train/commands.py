@@ -82,6 +82,10 @@ def train_command(
                                               help="Joined cluster: seconds a replacement may wait for the "
                                               "autoscaler's node before the policy falls back (cheapest: "
                                               "another GPU type) or the run trains on without it."),
+    warm_spares: int = typer.Option(0, "--warm-spares",
+                                    help="Standby servers whose worker process is started (torch imported, data "
+                                    "read, model built) but trains nothing: a replacement takes one and skips the "
+                                    "cold start; a new one starts in its place. Each is billed like a worker."),
     lr_policy: str = typer.Option("unchanged", help="LR on membership change: unchanged | linear | sqrt | staleness."),
     elastic_ps: bool = typer.Option(False, "--elastic-ps", help="Let the PSLD balancer add and remove shards."),
     balance_every: int = typer.Option(50, help="Steps between load-balancing decisions."),
@@ -125,7 +129,7 @@ def train_command(
                      gpus_per_worker=gpus, transient=transient, gpu=gpu, cloud=cloud, region=region,
                      revocations=default_revocations(revocations, address) if transient or ps_transient else None,
                      replace=replace,
-                     startup=startup, replacement_timeout_s=replacement_timeout,
+                     startup=startup, replacement_timeout_s=replacement_timeout, warm_spares=warm_spares,
                      lr_policy=lr_policy, elastic_ps=elastic_ps, balance_every=balance_every, straggler=straggler,
                      auto_mitigate=auto_mitigate, ps_bandwidth=ps_bandwidth, overlap=overlap,
                      storage=storage)

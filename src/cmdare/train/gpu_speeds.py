@@ -15,13 +15,15 @@ import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from cmdare.cloud.servers import ServerSpec
+from cmdare.control import Offer
 from cmdare.errors import CmdareError
 
 if TYPE_CHECKING:
     from cmdare.train.emitter import RunEmitter
     from cmdare.train.spec import TrainSpec
 
-__all__ = ["T2T_FLOPS_PER_PROFILED", "compute_stretch", "emulated_step_stretch", "step_time_s"]
+__all__ = ["T2T_FLOPS_PER_PROFILED", "catalog_offers", "compute_stretch", "emulated_step_stretch", "step_time_s"]
 
 T2T_FLOPS_PER_PROFILED = 4.0  # Res32: 1.659e9 "Model FLOPs" in the tables / 4.150e8 profiled per sample
 
@@ -70,3 +72,23 @@ def emulated_step_stretch(spec: TrainSpec, emitter: RunEmitter) -> dict[str, flo
     stretch = compute_stretch(spec.model, spec.slot_gpus())
     emitter.event("emulated_gpu_speeds", details={"step_stretch": stretch, "source": "step-time model"})
     return stretch
+
+
+def catalog_offers(lost: ServerSpec, model: str | None = None) -> list[Offer]:
+    """Transient worker offerings in the catalog (any region of the lost server's cloud) that could replace
+    ``lost``, each with the speed ``model`` trains at on its GPU type (the step-time model); without a
+    model, only offerings of the lost server's type, all at the same speed (``cheapest`` then picks the
+    lowest price)."""
+    from cmdare.cloud.catalog import default_catalog
+
+    cloud = lost.cloud if lost.cloud != "local" else None
+    out = []
+    for o in default_catalog().find(gpu=None if model else lost.gpu_type, cloud=cloud, role="worker",
+                                    include_retired=True):
+        price = o.slot_price_per_hour_usd(True)
+        if price is None or o.gpu is None:
+            continue
+        t = step_time_s(model, o.gpu) if model else 1.0
+        if t is not None:
+            out.append(Offer(ServerSpec(o.gpu, o.cloud, o.region, True, price, o.role), 1.0 / t))
+    return out

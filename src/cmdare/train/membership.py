@@ -23,14 +23,15 @@ from cmdare.control import (
     LrChange,
     MembershipKernel,
     NoWorkersLeft,
-    Offer,
     RequestReplacement,
     WorkerInfo,
 )
 from cmdare.train.detached import DetachedCalls
 from cmdare.train.emitter import RunEmitter
+from cmdare.train.gpu_speeds import catalog_offers
 from cmdare.train.shard_group import ShardGroup
 from cmdare.train.spec import TrainSpec
+from cmdare.train.warm_pool import WarmPool, actor_class, measured_start, spare_spec, startup_timings, worker_threads
 from cmdare.train.worker import Worker
 
 __all__ = ["MembershipExecutor", "WorkerHandle", "catalog_offers"]
@@ -46,27 +47,8 @@ class WorkerHandle:
     server: Server
     revoked_at: float | None = None  # when it was revoked (injected) or told to leave (notice)
     replaces: dict[str, Any] | None = None  # the loss this worker replaces (for recovery times)
-
-
-def catalog_offers(lost: ServerSpec, model: str | None = None) -> list[Offer]:
-    """Transient worker offerings in the catalog (any region of the lost server's cloud) that could replace
-    ``lost``, each with the speed ``model`` trains at on its GPU type (the step-time model); without a
-    model, only offerings of the lost server's type, all at the same speed (``cheapest`` then picks the
-    lowest price)."""
-    from cmdare.cloud.catalog import default_catalog
-    from cmdare.train.gpu_speeds import step_time_s
-
-    cloud = lost.cloud if lost.cloud != "local" else None
-    out = []
-    for o in default_catalog().find(gpu=None if model else lost.gpu_type, cloud=cloud, role="worker",
-                                    include_retired=True):
-        price = o.slot_price_per_hour_usd(True)
-        if price is None or o.gpu is None:
-            continue
-        t = step_time_s(model, o.gpu) if model else 1.0
-        if t is not None:
-            out.append(Offer(ServerSpec(o.gpu, o.cloud, o.region, True, price, o.role), 1.0 / t))
-    return out
+    up: Any = None  # a replacement's ready() or adopt() call: when its worker was up (start-up figures)
+    spare: str | None = None  # a replacement that was a warm spare: "up" (warm) or "starting" when taken
 
 
 class MembershipExecutor:
@@ -89,26 +71,41 @@ class MembershipExecutor:
         self.stretch: dict[str, float] = {}  # GPU type -> emulated step stretch (local mixed runs)
         self._reference_step_s: float | None = None  # recent step time of the fastest type's workers
         self._next_id = 0
+        self.pool: WarmPool | None = None  # the warm spares (spec.warm_spares > 0)
 
     # -- starting workers ------------------------------------------------------------------------
-    def _start_worker(self, server: Server, slot: int, start_step: int, member: bool = True) -> WorkerHandle:
-        import ray
-
-        spec = self.spec
-        self.provider.prepare(server)
-        threads = max(1, int(spec.cpus_per_worker)) if spec.cpus_per_worker else None
-        opts = {"num_cpus": spec.cpus_per_worker, "num_gpus": self.num_gpus, "max_restarts": 0,
+    def _actor_options(self, server: Server) -> dict[str, Any]:
+        return {"num_cpus": self.spec.cpus_per_worker, "num_gpus": self.num_gpus, "max_restarts": 0,
                 **self.provider.actor_options(server)}
-        stretch = self.stretch.get((server.spec.gpu_type or "").lower(), 1.0)
+
+    def _worker_args(self, server: Server, slot: int, start_step: int) -> tuple[Any, ...]:
+        """A new worker's id and the rest of ``Worker``'s arguments."""
         worker_id, self._next_id = self._next_id, self._next_id + 1
-        actor = ray.remote(Worker).options(**opts).remote(
-            worker_id, slot, spec.workers, spec, self.shards.shards, self.shards.placement, threads, start_step,
-            server.notice, stretch)
-        server.actor = actor
-        handle = WorkerHandle(worker_id, slot, actor, server)
+        stretch = self.stretch.get((server.spec.gpu_type or "").lower(), 1.0)
+        return (worker_id, slot, self.spec.workers, self.spec, self.shards.shards, self.shards.placement,
+                worker_threads(self.spec), start_step, server.notice, stretch)
+
+    def _start_worker(self, server: Server, slot: int, start_step: int, member: bool = True) -> WorkerHandle:
+        self.provider.prepare(server)
+        args = self._worker_args(server, slot, start_step)
+        server.actor = actor = actor_class(Worker).options(**self._actor_options(server)).remote(*args)
+        handle = WorkerHandle(args[0], slot, actor, server)
         if member:
-            self.workers[worker_id] = handle
+            self.workers[handle.worker_id] = handle
         return handle
+
+    def _adopt(self, server: Server, slot: int) -> tuple[WorkerHandle, bool]:
+        """A warm spare's process becomes the worker of ``slot`` and pulls (once warm, if it is still
+        starting); returns its handle and whether it was warm already."""
+        assert self.pool is not None
+        spare = self.pool.taken.pop(server.server_id)
+        args = self._worker_args(server, slot, self._step())
+        up = spare.up_at is not None
+        w = WorkerHandle(args[0], slot, spare.actor, server, up=spare.actor.adopt.remote(*args),
+                         spare="up" if up else "starting")
+        if up or self.provider.emulated:
+            self.workers[w.worker_id] = w
+        return w, up
 
     @staticmethod
     def _info(w: WorkerHandle) -> WorkerInfo:
@@ -123,6 +120,10 @@ class MembershipExecutor:
             server.ready_at = server.requested_at
             self.emitter.server_event("server_requested", server)
             handles.append(self._start_worker(server, slot, step))
+        if self.spec.warm_spares:
+            self.pool = WarmPool(self.spec.warm_spares, self.spec, self.provider, self.emitter, self.detached,
+                                 self._actor_options)
+            self.pool.start(spare_spec(worker_specs))
         # the first chief is elected silently: a chief_change event reports a handover
         self._execute(self.kernel.start([self._info(w) for w in handles], time.time()), announce_chief=False)
 
@@ -130,18 +131,28 @@ class MembershipExecutor:
         """Start workers on replacement servers that are ready by ``now``; returns those that joined.
 
         On a real cluster a replacement's server is the node the autoscaler launches for its actor: the
-        actor is created at once and joins when :meth:`started` sees its process up.
+        actor is created at once and joins when :meth:`started` sees its process up. A warm spare that is up
+        joins at once, everywhere; one still starting joins as a cold replacement would.
         """
         arrived = [p for p in self.pending if p[0].ready_at <= now]
         self.pending = [p for p in self.pending if p[0].ready_at > now]
         out = []
         for server, slot, lost in arrived:
-            w = self._start_worker(server, slot, self._step(), member=self.provider.emulated)
+            up = self.provider.emulated
+            if self.pool is not None and server.server_id in self.pool.taken:
+                w, up = self._adopt(server, slot)
+            else:
+                w = self._start_worker(server, slot, self._step(), member=up)
+                w.up = w.actor.ready.remote()
             w.replaces = lost
-            if self.provider.emulated:
+            if up or self.provider.emulated:
+                self.detached.add(w.up)  # read by joined(); fetched here if the worker dies first
                 out.append(self._admit(w, now))
             else:
-                self.starting[w.actor.ready.remote()] = w
+                self.starting[w.up] = w
+        if self.pool is not None:  # after the spares taken were adopted: a new standby's start waits for this
+            source = self._buffer_source(None)
+            self.pool.tick(now, source.actor if source is not None and source.server.joined_at else None)
         return out
 
     def started(self, ref: Any, now: float) -> WorkerHandle | None:
@@ -149,22 +160,16 @@ class MembershipExecutor:
         joins (phases measured: request -> node registered -> worker up). None if it failed to start."""
         import ray
 
-        from cmdare.cloud.ray_cluster import node_started_at
-
         w = self.starting.pop(ref)
         try:
-            node_id, up_at = ray.get(ref)
+            got = ray.get(ref)  # ready(): (node, up at); a warm spare's adopt(): its figures
+            node_id, up_at = (got["node_id"], got["up_at"]) if isinstance(got, dict) else got
         except Exception as err:  # noqa: BLE001 - its node or process died before it ran: try again
             self._replacement_failed(w, now, f"its worker failed to start ({type(err).__name__})")
             return None
-        server = w.server
-        registered = node_started_at(node_id)
-        # a node that was already there (an idle one) took no provisioning time for this request
-        node_at = min(max(server.requested_at, registered or server.requested_at), up_at)
-        server.phases_s = {"Provisioning": node_at - server.requested_at, "Booting": max(0.0, up_at - node_at)}
-        server.ready_at = up_at
-        self.emitter.server_event("replacement_started", server, worker_id=w.worker_id,
-                                  extra={"node_id": node_id, "startup_s": up_at - server.requested_at})
+        startup_s = measured_start(w.server, node_id, up_at)
+        self.emitter.server_event("replacement_started", w.server, worker_id=w.worker_id,
+                                  extra={"node_id": node_id, "startup_s": startup_s})
         self.workers[w.worker_id] = w
         # the placement may have changed while it waited: adopt today's (queued before its first chunk)
         self.detached.add(w.actor.set_layout.remote(self.shards.placement, self.shards.shards))
@@ -206,18 +211,21 @@ class MembershipExecutor:
 
     def _admit(self, w: WorkerHandle, now: float) -> WorkerHandle:
         """A started replacement becomes a member: batch-norm statistics, round size, the kernel's join."""
+        # Batch-norm running statistics live in the workers, not on the shards: a newcomer starts from the
+        # chief's, so it evaluates and checkpoints well if it becomes chief soon after joining: the warm pool's
+        # copy (seconds old), else a reference to the chief's (the coordinator does not wait).
         source = self._buffer_source(w)
-        if source is not None:
-            # Batch-norm running statistics live in the workers, not on the shards: a newcomer starts
-            # from the chief's (passed as a reference: the coordinator does not wait), so it evaluates
-            # and checkpoints well if it becomes chief soon after joining.
+        buffers = self.pool.buffers if self.pool is not None else None
+        if buffers is None and source is not None:
             buffers = source.actor.buffers.remote()
-            self.detached.add(buffers, w.actor.load_buffers.remote(buffers))
+            self.detached.add(buffers)
+        if buffers is not None:
+            self.detached.add(w.actor.load_buffers.remote(buffers))
         self.shards.set_num_workers(len(self.workers))
         self._execute(self.kernel.join(self._info(w), now))
         return w
 
-    def _buffer_source(self, newcomer: WorkerHandle) -> WorkerHandle | None:
+    def _buffer_source(self, newcomer: WorkerHandle | None) -> WorkerHandle | None:
         """The worker a newcomer copies batch-norm statistics from: the chief, else another worker, that
         was not revoked (a revoked worker may still be listed until its loss is detected)."""
         others = [w for w in self.workers.values() if w is not newcomer and w.revoked_at is None]
@@ -246,7 +254,8 @@ class MembershipExecutor:
                                   extra={"recovery_s": recovery_s, "replaces_worker": lost["worker_id"],
                                          "startup_s": server.ready_at - server.requested_at,
                                          "joining_s": max(0.0, at - server.ready_at),
-                                         "steps_per_s_before": lost["speed_before"], "steps_lost": steps_lost})
+                                         "steps_per_s_before": lost["speed_before"], "steps_lost": steps_lost,
+                                         "warm": w.spare is not None, "spare": w.spare, **startup_timings(w.up)})
 
     # -- emulated GPU types ---------------------------------------------------------------------
     def _stretch_of(self, w: WorkerHandle) -> float:
@@ -356,25 +365,31 @@ class MembershipExecutor:
                 self.emitter.event("lr_change", details={"policy": self.spec.lr_policy, "scale": d.scale,
                                                          "from": d.previous, "active_workers": d.active})
             elif isinstance(d, RequestReplacement):
-                server = self.provider.request(d.spec)
-                self.pending.append((server, d.slot, lost or {}))
-                extra = {"replaces": (lost or {}).get("server_id")}
-                if self.provider.emulated:  # a real cluster's start-up is known once the node is there
+                spare = self.pool.take(d.spec, time.time()) if self.pool is not None else None
+                server = spare.server if spare is not None else self.provider.request(d.spec)
+                self.pending.append((server, d.slot, lost or {}))  # a spare's: adopted by arrive()
+                extra = {"replaces": (lost or {}).get("server_id"),
+                         **(spare.details(time.time()) if spare is not None else {"warm": False})}
+                if spare is None and self.provider.emulated:  # a real cluster's is known once the node is there
                     extra["startup_s"] = server.ready_at - server.requested_at
                 self.emitter.server_event("replacement_requested", server, worker_id=d.replaces, extra=extra)
             elif isinstance(d, NoWorkersLeft):
                 self.no_workers_left = True
 
     def release(self) -> None:
-        """End every live worker's server (the run is over)."""
+        """End every live worker's server and every warm spare's (the run is over)."""
         for w in list(self.workers.values()):
             if w.server.alive:
                 self.emitter.end_server(w.server, "released")
+        if self.pool is not None:
+            self.pool.release()
 
     def kill_all(self) -> None:
-        """Kill every worker actor (at shutdown)."""
+        """Kill every worker actor and warm spare (at shutdown)."""
         import ray
 
         for w in [*self.workers.values(), *self.starting.values()]:
             with contextlib.suppress(Exception):  # already gone
                 ray.kill(w.actor)
+        if self.pool is not None:
+            self.pool.kill_all()

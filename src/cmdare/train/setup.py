@@ -101,8 +101,8 @@ def server_specs(spec: TrainSpec) -> tuple[list[ServerSpec], ServerSpec]:
 def gpus_per_worker(spec: TrainSpec, joined: bool) -> float:
     """Ray ``num_gpus`` of each worker: as given, or for ``"auto"`` one GPU when the cluster has GPUs, else
     none (the worker trains on the GPU Ray assigns, see :func:`cmdare.train.worker.pick_device`). On this
-    machine's own Ray (not ``joined``) with fewer GPUs than workers, the workers share them evenly, since no
-    autoscaler adds GPUs."""
+    machine's own Ray (not ``joined``) with fewer GPUs than workers (warm spares included), the workers share
+    them evenly, since no autoscaler adds GPUs."""
     if spec.gpus_per_worker != "auto":
         return float(spec.gpus_per_worker)
     import ray
@@ -110,4 +110,4 @@ def gpus_per_worker(spec: TrainSpec, joined: bool) -> float:
     total = float(ray.cluster_resources().get("GPU", 0))
     if total <= 0:
         return 0.0
-    return 1.0 if joined else min(1.0, total / spec.workers)
+    return 1.0 if joined else min(1.0, total / (spec.workers + spec.warm_spares))

@@ -80,6 +80,10 @@ class TrainSpec:
     # On a joined cluster: how long a replacement may wait for the autoscaler's node before the replacement
     # policy falls back (cheapest: another GPU type) or gives the slot up; the survivors train meanwhile.
     replacement_timeout_s: float = 600.0
+    # Standby servers, each with a worker process that imported torch, read the data and built the model but
+    # trains nothing: a replacement takes one (detection + a parameter pull instead of a cold start) and a
+    # new standby starts in its place (cmdare.train.warm_pool). Billed like any server, idle or not.
+    warm_spares: int = 0
     lr_policy: str = "unchanged"  # on membership change: unchanged | linear | sqrt | staleness
     # Parameter-server load distribution (PSLD): live block moves, elastic shards, straggler injection.
     elastic_ps: bool = False  # let the balancer add and remove shards
@@ -114,6 +118,11 @@ class TrainSpec:
             raise UserInputError("chunk_s must be positive")
         if not self.replacement_timeout_s > 0:
             raise UserInputError(f"--replacement-timeout must be positive seconds, got {self.replacement_timeout_s}")
+        if isinstance(self.warm_spares, bool) or not isinstance(self.warm_spares, int) or self.warm_spares < 0:
+            raise UserInputError(f"--warm-spares must be a whole number >= 0, got {self.warm_spares!r}")
+        if self.warm_spares and self.replace == "none":
+            raise UserInputError("--warm-spares needs replacements: a spare stands in for a lost worker, and "
+                                 "--replace none replaces none")
         if self.balance_every < 1:
             raise UserInputError("--balance-every must be at least 1")
         if self.straggler is not None:

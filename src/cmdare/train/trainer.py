@@ -186,6 +186,7 @@ class Trainer:
         if spec.ps_transient:
             self.ps_servers = spot_ps_executor(spec, self.plan, self.kernel.revocations, self.shard_group,
                                                self.placement_changes, self.provider, self.emitter, self.decisions)
+            self.ps_servers.on_killed = self._shard_lost  # restored even when no push is in flight to fail
         self.global_step = step
 
     # -- the run -------------------------------------------------------------------------------
@@ -195,7 +196,7 @@ class Trainer:
 
         spec = self.spec
         params, momentum, buffers, step = self._prepare()
-        need_cpus = spec.workers * spec.cpus_per_worker + spec.ps * spec.cpus_per_shard
+        need_cpus = (spec.workers + spec.warm_spares) * spec.cpus_per_worker + spec.ps * spec.cpus_per_shard
         self._started_ray = ensure_ray(self.address, num_cpus=max(os.cpu_count() or 1, int(np.ceil(need_cpus)) + 2))
         t_start = time.time()
         config = dict(spec.to_dict(), checkpoint_dir=self.storage.uri, provider=self.provider.kind)

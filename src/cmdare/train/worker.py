@@ -84,18 +84,31 @@ class Worker:
     def __init__(self, worker_id: int, slot: int, num_slots: int, spec: TrainSpec,
                  shards: Sequence[Any], placement: Placement, threads: int | None = None,
                  start_step: int = 0, notice: tuple[str, str] | None = None, stretch: float = 1.0):
-        from cmdare.datasets import BatchStream, load_dataset
+        self._build(spec, threads)
+        self._join(worker_id, slot, num_slots, shards, placement, start_step, notice, stretch)
+
+    def _build(self, spec: TrainSpec, threads: int | None) -> None:
+        """What any worker of the run needs: its device, the data and the model (a warm spare's part)."""
+        from cmdare.datasets import load_dataset
         from cmdare.workloads import build_model
 
         if threads:
             torch.set_num_threads(threads)
-        self.worker_id, self.slot, self.num_slots, self.spec = worker_id, slot, num_slots, spec
+        self.spec = spec
         self.device = pick_device()
         torch.manual_seed(spec.seed)
         self.data = load_dataset(spec.dataset, spec.data_dir, image_size=spec.image_size,
                                  channels=spec.channels, seed=spec.seed)
         self.model = build_model(spec.model, num_classes=self.data.num_classes,
                                  in_channels=self.data.input_shape[0]).to(self.device)
+
+    def _join(self, worker_id: int, slot: int, num_slots: int, shards: Sequence[Any], placement: Placement,
+              start_step: int, notice: tuple[str, str] | None, stretch: float) -> None:
+        """Become member ``worker_id`` of data slot ``slot``: its batch stream, the shards, the notice watchers."""
+        from cmdare.datasets import BatchStream
+
+        spec = self.spec
+        self.worker_id, self.slot, self.num_slots = worker_id, slot, num_slots
         # Resume where the data stream was: in synchronous mode every worker consumed one batch per global
         # step; asynchronously the workers share the steps, about step / num_slots batches each.
         self.stream = BatchStream(self.data, slot, num_slots, spec.batch_size, spec.seed,

@@ -1,0 +1,296 @@
+"""Warm spares: worker processes started before they are needed, so a replacement skips the cold start.
+
+A cold replacement is a server start plus a fresh Python process that imports torch and cmdare, reads
+the data and builds the model before its first pull. With ``TrainSpec.warm_spares = N`` the run keeps N
+standby servers, each with a :class:`StandbyWorker` whose process has done all of that (and one forward
+and backward pass) but is no member of the run: no data slot, no shards, no synchronous barrier. When the
+membership kernel asks for a replacement of a standby's server spec, the executor takes a ready standby
+(:meth:`WarmPool.take`): its server becomes the replacement's server, :meth:`StandbyWorker.adopt` makes
+its process the worker and pulls the parameters, and the pool requests a new standby at once. A standby
+is billed from its request, idle or not, as a cloud bills a running VM.
+
+Locally (:class:`~cmdare.cloud.local.LocalClusterProvider`) a standby gets its own Ray node; on a real
+cluster it is an actor asking for the worker resources, so the autoscaler brings a node for it. Policies
+still decide: the pool only answers the kernel's :class:`~cmdare.control.RequestReplacement` faster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch.nn.functional as F
+
+from cmdare.cloud.local import Server, ServerProvider
+from cmdare.cloud.servers import ServerSpec
+from cmdare.train.detached import DetachedCalls
+from cmdare.train.emitter import RunEmitter
+from cmdare.train.spec import TrainSpec
+from cmdare.train.worker import Worker, _ray_node_id
+
+__all__ = ["Standby", "StandbyWorker", "WarmPool", "actor_class", "measured_start", "spare_spec",
+           "startup_timings", "worker_threads"]
+
+STANDBY_PING_S = 2.0  # how often a ready standby is asked whether it is still there
+BUFFERS_EVERY_S = 2.0  # how often the chief's batch-norm statistics are copied for the next replacement
+MAX_FAILED_STARTS = 3  # standbys in a row that failed to start before the pool stops starting them
+
+
+@functools.cache
+def actor_class(cls: type) -> Any:
+    """``ray.remote(cls)``, made once: Ray exports an actor class once per cluster and job, not per actor."""
+    import ray
+
+    return ray.remote(cls)
+
+
+def worker_threads(spec: TrainSpec) -> int | None:
+    """torch threads of a worker process: its CPU request, at least one (None: torch's default)."""
+    return max(1, int(spec.cpus_per_worker)) if spec.cpus_per_worker else None
+
+
+class StandbyWorker(Worker):
+    """A worker process before it is a worker: torch and cmdare imported, the data read, the model of the
+    run's kind built and one training step's forward and backward run (the process's first-call costs),
+    then idle. :meth:`adopt` makes it the worker ``Worker(*args)`` would be."""
+
+    def __init__(self, spec: TrainSpec, threads: int | None = None):  # the member's part runs in adopt()
+        self._build(spec, threads)
+        n = min(spec.batch_size, len(self.data.train_x))
+        model = self.model
+        F.cross_entropy(model(self.data.train_x[:n].to(self.device)), self.data.train_y[:n].to(self.device)).backward()
+        model.zero_grad(set_to_none=True)
+        self.step, self.watchers = -1, []
+        self.channels, self.pieces = {}, None  # as a worker's before its first layout (leave() closes them)
+        self.node_id, self.started_at = _ray_node_id(), time.time()
+
+    def adopt(self, *args: Any) -> dict[str, Any]:
+        """Become the member ``Worker(*args)`` would be (its slot, shards and placement; the data and model
+        this process built are kept) and pull the parameters; returns when it was up and the times."""
+        t0 = time.perf_counter()
+        worker_id, slot, num_slots, spec, shards, placement, _threads, start_step, notice, stretch = args
+        self.spec = spec
+        self._join(worker_id, slot, num_slots, shards, placement, start_step, notice, stretch)
+        t1 = time.perf_counter()
+        self.pull()
+        return {"node_id": self.node_id, "up_at": self.started_at, "adopt_init_s": t1 - t0,
+                "first_pull_s": time.perf_counter() - t1}
+
+
+def startup_timings(ref: Any) -> dict[str, Any]:
+    """A replacement's start-up figures from its ``ready()`` or ``adopt()`` result (already computed by
+    the time its first chunk returns): ``worker_up_at`` and, for a warm one, ``adopt_init_s`` and
+    ``first_pull_s``. Empty when unknown."""
+    import ray
+
+    if ref is None:
+        return {}
+    try:
+        got = ray.get(ref, timeout=1.0)
+    except Exception:  # noqa: BLE001 - figures only: a worker that died has none
+        return {}
+    if isinstance(got, dict):
+        return {"worker_up_at": got["up_at"], **{k: got[k] for k in ("adopt_init_s", "first_pull_s")}}
+    return {"worker_up_at": got[1]}
+
+
+def measured_start(server: Server, node_id: str | None, up_at: float) -> float:
+    """Record a real cluster's server start: request -> node registered with the GCS (Provisioning) ->
+    worker process up (Booting). Sets the phases and ``ready_at``; returns the start-up in seconds."""
+    from cmdare.cloud.ray_cluster import node_started_at
+
+    registered = node_started_at(node_id)
+    # a node that was already there (an idle one) took no provisioning time for this request
+    node_at = min(max(server.requested_at, registered or server.requested_at), up_at)
+    server.phases_s = {"Provisioning": node_at - server.requested_at, "Booting": max(0.0, up_at - node_at)}
+    server.ready_at = up_at
+    return up_at - server.requested_at
+
+
+def spare_spec(worker_specs: Sequence[ServerSpec]) -> ServerSpec:
+    """The server spec of the spares: the first wave's most common one (ties: the lowest slot's)."""
+    counts = Counter(worker_specs)
+    return max(worker_specs, key=lambda s: counts[s])
+
+
+@dataclass
+class Standby:
+    """A standby server and its process (``actor`` None until its emulated start-up delay has passed)."""
+
+    server: Server
+    actor: Any = None
+    ready_ref: Any = None
+    up_at: float | None = None  # when its process was warm (None: still starting)
+    ping: Any = None
+
+    def details(self, now: float) -> dict[str, Any]:
+        """What a replacement request that takes it reports: warm already (it starts nothing, idle since
+        ``up_at``) or still starting."""
+        if self.up_at is None:
+            return {"warm": True, "spare": "starting"}
+        return {"warm": True, "spare": "up", "startup_s": 0.0, "standby_idle_s": max(0.0, now - self.up_at)}
+
+
+class WarmPool:
+    """Keeps ``size`` standby workers of one server spec ready: started, taken, refilled, released.
+
+    Args:
+        options: the Ray actor options of a worker on a server (resources, GPUs, placement).
+    """
+
+    def __init__(self, size: int, spec: TrainSpec, provider: ServerProvider, emitter: RunEmitter,
+                 detached: DetachedCalls, options: Callable[[Server], dict[str, Any]]):
+        self.size, self.spec, self.provider, self.emitter = size, spec, provider, emitter
+        self.detached, self.options = detached, options
+        self.standbys: list[Standby] = []
+        self.taken: dict[str, Standby] = {}  # server id -> standby given to a replacement, not yet adopted
+        self.actors: list[Any] = []  # every process the pool started (killed at teardown)
+        self.closed = False
+        self._failed_starts = 0
+        self._next_ping = 0.0
+        # The chief's batch-norm statistics, copied every few seconds: a replacement starts from them at once
+        # instead of waiting for the chief's chunk in flight to end (the chief answers between chunks).
+        self.buffers: dict[str, Any] | None = None
+        self._buffers_ref: Any = None
+        self._next_buffers = 0.0
+
+    def start(self, server_spec: ServerSpec) -> None:
+        """The first standbys, with the first wave (their start-up, like the first wave's, is no part of
+        the run)."""
+        for _ in range(self.size):
+            self._request(server_spec, first_wave=True)
+        self.tick(time.time())
+
+    def _request(self, server_spec: ServerSpec, first_wave: bool = False) -> None:
+        """Ask for a standby's server; its process is started by :meth:`tick` once the server is there."""
+        server = self.provider.request(server_spec)
+        if first_wave:
+            server.ready_at = server.requested_at
+        self.standbys.append(Standby(server))
+        self.emitter.server_event("standby_requested", server, extra={"standby": True})
+
+    def _launch(self, s: Standby) -> None:
+        """Start the standby's server (a node, locally, on the provider's thread) and its process."""
+        self.provider.prepare(s.server, background=True)
+        s.actor = actor_class(StandbyWorker).options(**self.options(s.server)).remote(self.spec,
+                                                                                       worker_threads(self.spec))
+        s.server.actor = s.actor
+        s.ready_ref = s.actor.ready.remote()
+        self.actors.append(s.actor)
+
+    def tick(self, now: float, source: Any = None) -> None:
+        """Launch standbys whose (emulated) start-up has passed, note those that came up, find lost ones;
+        copy the batch-norm statistics of the ``source`` worker (an actor that trained; None: keep the last)."""
+        import ray
+
+        self._copy_buffers(now, source)
+        # One standby starts at a time: on a loaded machine (locally all servers share its cores) several
+        # starting together each take longer than one after the other, and the run's workers slow down too.
+        starting = any(s.actor is not None and s.up_at is None for s in self.standbys)
+        due = [s for s in self.standbys if s.actor is None and s.server.ready_at <= now]
+        if due and not starting:
+            self._launch(due[0])
+        waiting = {s.ready_ref: s for s in self.standbys if s.up_at is None and s.ready_ref is not None}
+        if waiting:
+            done, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
+            for ref in done:
+                self._up(waiting[ref])
+        if now < self._next_ping:
+            return
+        self._next_ping = now + STANDBY_PING_S
+        for s in [s for s in self.standbys if s.up_at is not None]:
+            if s.ping is not None:
+                if not ray.wait([s.ping], timeout=0)[0]:
+                    continue  # asked a moment ago: not answered yet
+                try:
+                    ray.get(s.ping)
+                except Exception as err:  # noqa: BLE001 - its node or process is gone
+                    self._lost(s, err)
+                    continue
+            s.ping = s.actor.ping.remote()
+
+    def _copy_buffers(self, now: float, source: Any) -> None:
+        import ray
+
+        ref = self._buffers_ref
+        if ref is not None and ray.wait([ref], timeout=0)[0]:
+            self._buffers_ref = None
+            with contextlib.suppress(Exception):  # the source died meanwhile: the next one is asked
+                self.buffers = ray.get(ref)
+        if self._buffers_ref is None and source is not None and now >= self._next_buffers:
+            self._buffers_ref, self._next_buffers = source.buffers.remote(), now + BUFFERS_EVERY_S
+
+    def _up(self, s: Standby) -> None:
+        import ray
+
+        try:
+            node_id, up_at = ray.get(s.ready_ref)
+        except Exception as err:  # noqa: BLE001 - its node or process died before it was warm
+            self._failed_starts += 1
+            self._lost(s, err)
+            return
+        self._failed_starts = 0
+        s.up_at = up_at
+        emulated = self.provider.emulated
+        startup = up_at - s.server.requested_at if emulated else measured_start(s.server, node_id, up_at)
+        self.emitter.server_event("standby_ready", s.server, extra={"node_id": node_id, "startup_s": startup})
+
+    def _lost(self, s: Standby, err: Exception) -> None:
+        """A standby died (its server went away, or its process): end it and start another."""
+        import ray
+
+        self.standbys.remove(s)
+        with contextlib.suppress(Exception):
+            ray.kill(s.actor)
+        self.emitter.event("standby_lost", server_id=s.server.server_id,
+                           details={"error": type(err).__name__, "warm": s.up_at is not None})
+        self.emitter.end_server(s.server, "standby_lost")
+        self.provider.release(s.server, "standby_lost")
+        if self._failed_starts >= MAX_FAILED_STARTS:
+            self.closed = True
+            self.emitter.event("warm_pool_closed", details={"failed_starts": self._failed_starts})
+        if not self.closed:
+            self._request(s.server.spec)
+
+    def take(self, server_spec: ServerSpec, now: float) -> Standby | None:
+        """A standby on a server of ``server_spec`` for a replacement, or None (cold start): the longest
+        ready, else the one furthest into its start (it has a head start on a cold one, and taking it starts
+        no extra process). A new standby is requested in its place at once."""
+        self.tick(now)
+        mine = [s for s in self.standbys if s.actor is not None and s.server.spec == server_spec]
+        if not mine:
+            return None
+        s = min(mine, key=lambda s: (s.up_at is None, s.up_at or s.server.requested_at))
+        self.standbys.remove(s)
+        if s.ping is not None:
+            self.detached.add(s.ping)
+        self.taken[s.server.server_id] = s
+        if not self.closed:
+            self._request(server_spec)
+        return s
+
+    def release(self) -> None:
+        """The run is over: end every standby's server (one that never came up on a real cluster bills
+        nothing, as a replacement withdrawn while waiting for its node)."""
+        self.closed = True
+        if self._buffers_ref is not None:
+            self.detached.add(self._buffers_ref)
+        for s in [*self.standbys, *self.taken.values()]:
+            self.detached.add(*(r for r in (s.ready_ref, s.ping) if r is not None))
+            if s.up_at is None and not self.provider.emulated and s.server.alive:
+                s.server.ended_at, s.server.end_reason = s.server.requested_at, "not_started"
+            self.emitter.end_server(s.server, s.server.end_reason or "released")
+        self.standbys, self.taken = [], {}
+
+    def kill_all(self) -> None:
+        """Kill every process the pool started (at shutdown; adopted ones are the run's workers)."""
+        import ray
+
+        for actor in self.actors:
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(actor)
