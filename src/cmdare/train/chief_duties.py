@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cmdare.errors import ShardLostError
+from cmdare.errors import ShardLostError, TransientError
 from cmdare.events import CheckpointReport, EvalReport
 from cmdare.ps.blocks import ParamInfo
 from cmdare.train.checkpoint_uploads import CheckpointUploads, Upload
@@ -42,6 +42,7 @@ class ChiefDuties:
         self.last_accuracy: float | None = None
         self.last_loss: float | None = None
         self.failed_uploads = 0
+        self.shard_lost = False  # a duty failed because a shard died
         self._started: dict[Any, tuple[float, float]] = {}  # duty reference -> (perf counter, wall clock)
 
     def start(self, kind: str, chief: Any) -> Any:
@@ -61,6 +62,7 @@ class ChiefDuties:
             res = ray.get(ref)
         except ray.exceptions.RayActorError as err:
             if isinstance(classify(err, chief.worker_id), ShardLostError):
+                self.shard_lost = True
                 self.on_shard_lost()
             else:
                 self.on_lost(chief, err)
@@ -100,10 +102,15 @@ class ChiefDuties:
     def run_final(self, chief: Any, checkpoint: bool, timeout_s: float) -> None:
         """The final evaluation (and checkpoint) on ``chief()``, by the next chief if it dies meanwhile; then
         wait up to ``timeout_s`` for the uploads."""
+        self.shard_lost = False
         for kind in ("eval", "checkpoint") if checkpoint else ("eval",):
             while chief() is not None:
                 if self.run_now(kind, chief()):
                     break
+                if self.shard_lost:  # no chief can snapshot a dead shard: the last stored checkpoint stays
+                    self.collect(wait=True, timeout_s=timeout_s)
+                    raise TransientError(f"a parameter shard died during the final {kind}; the latest stored "
+                                         f"checkpoint is kept (resume with --resume {self.emitter.run_id})")
         self.collect(wait=True, timeout_s=timeout_s)
 
 

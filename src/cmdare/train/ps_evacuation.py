@@ -68,6 +68,8 @@ class PsServerExecutor:
         self.starting: dict[Any, Server] = {}  # spare's ping reference -> its server
         self._fills = 0  # spares to add and fill at the next boundary
         self.planned = len(shards.shards)  # the PS count replacements restore
+        # told when a shard is killed: its loss must be handled (restored) also with no push in flight to fail
+        self.on_killed: Callable[[], None] = lambda: None
 
     # -- what the coordinator asks ------------------------------------------------------------
     def sync(self, now: float | None = None) -> None:
@@ -272,6 +274,7 @@ class PsServerExecutor:
         self.emitter.event("ps_revocation", server_id=server.server_id,
                            details={"shard_id": self._index(server), "reason": d.reason, "source": "injected",
                                     "uptime_s": server.uptime_s(), "noticed": d.reason == "deadline_passed"})
+        self.on_killed()
 
     def _index(self, server: Server) -> int | None:
         return self.shards.shards.index(server.actor) if server.actor in self.shards.shards else None
