@@ -28,9 +28,8 @@ import os
 import statistics
 import time
 
-from train_overhead import cmdare_steps_per_s
-
 from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from train_overhead import cmdare_steps_per_s
 
 VARIANTS = ("overlap", "after_backward")
 

@@ -184,7 +184,8 @@ def main() -> None:
             ref = ray.put(grad)
             del ref
 
-        local = {"cmdare": step_cmdare, "cmdare_ray": step_cmdare_ray, "naive_ray": step_naive, "floor": step_floor, "part_put": part_put,
+        local = {"cmdare": step_cmdare, "cmdare_ray": step_cmdare_ray, "naive_ray": step_naive, "floor": step_floor,
+                 "part_put": part_put,
                  "part_update": lambda: sgd_update(u_params, grad, u_buf, cfg.lr, cfg, u_scratch),
                  "part_copyto": lambda: np.copyto(flat, grad),
                  "part_rpc": lambda: ray.get(naive.noop.remote())}
