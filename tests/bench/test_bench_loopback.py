@@ -29,6 +29,7 @@ BENCHES: dict[str, list[str]] = {
     "accuracy_runs": [],
     "checkpoint_stall": [],  # starts its moto server (a child process) after Ray
     "mitigation": [],
+    "overlap": [],
     "ps_datapath": ["--mb", "0.1"],  # starts its 2 gloo processes before Ray
     "psld": [],
     "revocation": [],  # a multi-node ray.cluster_utils.Cluster
