@@ -27,9 +27,15 @@ class _Adder:
         self.params = np.arange(n, dtype=np.float32)
         self.step = 0
         self.calls: list[tuple[int | None, float | None, int | None]] = []
+        self.pieces: list[tuple[int, int | None]] = []
+        self.sent_bytes: list[int] = []
         self.lock = threading.Lock()
 
-    def serve(self, grad, out, pulled_step, sent_at, sender):
+    def piece(self, nbytes, sender):
+        with self.lock:
+            self.pieces.append((nbytes, sender))
+
+    def serve(self, grad, out, pulled_step, sent_at, sender, sent_bytes):
         with self.lock:
             if grad.size != self.params.size:
                 raise ValueError(f"{grad.size} values for {self.params.size}")
@@ -37,12 +43,13 @@ class _Adder:
             np.copyto(out, self.params)
             self.step += 1
             self.calls.append((pulled_step, sent_at, sender))
+            self.sent_bytes.append(sent_bytes)
             return self.step, self.step <= 3
 
 
 def test_a_push_reads_the_shared_gradient_and_writes_the_parameters_in_place():
     state = _Adder(5)
-    server = ChannelServer(state.serve)
+    server = ChannelServer(state.serve, state.piece)
     memory = SharedHostMemory(8)  # the worker's model: 8 values, this shard holds [2, 7)
     client = ChannelClient(server.address, memory, 2, 5)
     memory.close()
@@ -52,9 +59,12 @@ def test_a_push_reads_the_shared_gradient_and_writes_the_parameters_in_place():
         assert client.receive() == (1, True)
         np.testing.assert_array_equal(memory.params.numpy()[2:7], np.arange(5, dtype=np.float32) + 1)
         assert memory.params.numpy()[[0, 1, 7]].tolist() == [0, 0, 0]  # outside the shard's range: untouched
-        client.send(None, None, None)
+        client.send_piece(8, 1)  # announced ahead of the push: no reply of its own
+        client.send_piece(4, 1)
+        client.send(None, None, None, sent_bytes=12)
         assert client.receive() == (2, True)
         assert state.calls == [(4, 123.5, 1), (None, None, None)]
+        assert state.pieces == [(8, 1), (4, 1)] and state.sent_bytes == [0, 12]
         for _ in range(2):
             client.send(0, None, 0)
         assert [client.receive() for _ in range(2)] == [(3, True), (4, False)]  # not applied: the target reached
@@ -65,7 +75,7 @@ def test_a_push_reads_the_shared_gradient_and_writes_the_parameters_in_place():
 
 def test_a_failing_push_raises_in_the_worker_and_the_channel_stays_usable():
     state = _Adder(4)
-    server = ChannelServer(state.serve)
+    server = ChannelServer(state.serve, state.piece)
     memory = SharedHostMemory(3)
     client = ChannelClient(server.address, memory, 0, 3)  # a stale layout: 3 values for a 4-value shard
     try:
@@ -82,7 +92,7 @@ def test_a_failing_push_raises_in_the_worker_and_the_channel_stays_usable():
 
 def test_replies_of_several_channels_are_gathered_and_timed():
     states = [_Adder(2), _Adder(3)]
-    servers = [ChannelServer(s.serve) for s in states]
+    servers = [ChannelServer(s.serve, s.piece) for s in states]
     memory = SharedHostMemory(5)
     clients = {0: ChannelClient(servers[0].address, memory, 0, 2), 1: ChannelClient(servers[1].address, memory, 2, 3)}
     try:
@@ -102,7 +112,7 @@ def test_replies_of_several_channels_are_gathered_and_timed():
 
 def _serve_forever(conn) -> None:
     state = _Adder(2)
-    server = ChannelServer(state.serve)
+    server = ChannelServer(state.serve, state.piece)
     conn.send(server.address)
     threading.Event().wait()
 
@@ -113,6 +123,7 @@ def test_a_shard_process_that_dies_closes_the_channel_under_the_worker():
     proc = ctx.Process(target=_serve_forever, args=(child,), daemon=True)
     proc.start()
     try:
+        assert parent.poll(60), "the shard process did not start its channel"
         address = parent.recv()
         memory = SharedHostMemory(2)
         client = ChannelClient(address, memory, 0, 2)
