@@ -221,7 +221,7 @@ class MembershipExecutor:
             self.detached.add(buffers)
         if buffers is not None:
             self.detached.add(w.actor.load_buffers.remote(buffers))
-        self.shards.set_num_workers(len(self.workers))
+        self.shards.set_num_workers(len(self.workers), wait=True)
         self._execute(self.kernel.join(self._info(w), now))
         return w
 

@@ -136,12 +136,20 @@ class ShardGroup:
         for s in self.shards:
             self.detached.add(s.set_lr_scale.remote(scale))
 
-    def set_num_workers(self, n: int) -> None:
-        """Synchronous rounds: how many pushes make a round."""
+    def set_num_workers(self, n: int, wait: bool = False) -> None:
+        """Synchronous rounds: how many pushes make a round. ``wait``: until every shard knows (a newcomer's
+        first push, which may come over a channel rather than after this call, must find the round grown)."""
+        import ray
+
         self.num_workers = max(1, n)
         if self.spec.sync:
-            for s in self.shards:
-                self.detached.add(s.set_num_workers.remote(self.num_workers))
+            refs = [s.set_num_workers.remote(self.num_workers) for s in self.shards]
+            if wait:  # a dead shard is handled where pushes fail
+                with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    ray.get(refs, timeout=30)
+                return
+            for ref in refs:
+                self.detached.add(ref)
 
     # -- shard loss -------------------------------------------------------------------------------
     def restore(self, storage: Storage, initial: tuple[np.ndarray, np.ndarray, int], global_step: int,
