@@ -139,13 +139,6 @@ class AsyncShardActor(_ShardActorBase):
             self.state.piece(nbytes)
 
 
-def _copy_params(state: ShardState, out: np.ndarray) -> None:
-    if out.size != state.params.size:
-        raise ValueError(f"shard {state.shard_id} holds {state.params.size} values, the channel {out.size}: "
-                         "the worker's layout is stale")
-    np.copyto(out, state.params)
-
-
 class SyncShardActor(_ShardActorBase):
     """Synchronous training: one averaged gradient per step from ``num_workers`` pushes.
 
@@ -189,11 +182,12 @@ class SyncShardActor(_ShardActorBase):
             else:
                 await event.wait()
         self.state.count_pull()
-        params, step = self.state.params, self.state.step
+        step = self.state.step
         if out is not None:
-            _copy_params(self.state, out)
-        elif applied and self._channel is not None:
-            params = params.copy()
+            self.state.copy_params_into(out)
+            params = self.state.params
+        else:
+            params = self._params_out()
         await self._transfer(params.nbytes)
         return params, step, applied
 

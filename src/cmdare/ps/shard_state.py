@@ -163,9 +163,8 @@ class ShardState:
         ``sent_bytes`` of the gradient crossed the link before, as pieces (:meth:`transfer`).
         """
         self.note_arrival(sent_at)
-        if out is not None and out.size != self.params.size:
-            raise ValueError(f"shard {self.shard_id} holds {self.params.size} values, the worker's buffer "
-                             f"{out.size}: its layout is stale")
+        if out is not None:
+            self._check_out(out)
         applied = self.apply(grad, pulled_step, out)
         if out is not None and not applied:
             np.copyto(out, self.params)
@@ -180,6 +179,16 @@ class ShardState:
 
     def count_piece(self) -> None:
         self._pieces += 1
+
+    def copy_params_into(self, out: np.ndarray) -> None:
+        """Write the parameters into ``out`` (a same-node worker's memory for this shard)."""
+        self._check_out(out)
+        np.copyto(out, self.params)
+
+    def _check_out(self, out: np.ndarray) -> None:
+        if out.size != self.params.size:
+            raise ValueError(f"shard {self.shard_id} holds {self.params.size} values, the worker's buffer "
+                             f"{out.size}: its layout is stale")
 
     def transfer(self, nbytes: int) -> None:
         """``nbytes`` cross the shard's emulated link (a sleep, counted as serving time); nothing without one."""
