@@ -10,10 +10,13 @@ and when its worker process was up; no start-up delay is sampled.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 
 from cmdare.cloud.local import LocalProcessProvider, Server, ServerProvider, StartupDelay
 from cmdare.cloud.servers import GPU_RESOURCE_PREFIX, PS_RESOURCE, WORKER_RESOURCE, gpu_resource
+
+NODE_INFO_TRIES = 3  # lookups of a node's registration before it is left unknown (the GCS busy a moment)
 
 __all__ = ["RayClusterProvider", "node_started_at"]
 
@@ -59,10 +62,13 @@ def node_started_at(node_id: str | None) -> float | None:
     """When the node registered with the GCS (epoch seconds), or None if unknown."""
     if not node_id:
         return None
-    with contextlib.suppress(Exception):  # an older Ray, or the GCS unreachable for a moment
-        import ray
+    for attempt in range(NODE_INFO_TRIES):
+        with contextlib.suppress(Exception):  # an older Ray, or the GCS unreachable for a moment
+            import ray
 
-        for nid, info in ray._private.worker.global_worker.gcs_client.get_all_node_info().items():
-            if nid.hex() == node_id and info.start_time_ms:
-                return info.start_time_ms / 1000.0
+            for nid, info in ray._private.worker.global_worker.gcs_client.get_all_node_info().items():
+                if nid.hex() == node_id and info.start_time_ms:
+                    return info.start_time_ms / 1000.0
+        if attempt + 1 < NODE_INFO_TRIES:
+            time.sleep(0.2)
     return None

@@ -167,9 +167,9 @@ class MembershipExecutor:
         except Exception as err:  # noqa: BLE001 - its node or process died before it ran: try again
             self._replacement_failed(w, now, f"its worker failed to start ({type(err).__name__})")
             return None
-        startup_s = measured_start(w.server, node_id, up_at)
+        startup_s, registered = measured_start(w.server, node_id, up_at)
         self.emitter.server_event("replacement_started", w.server, worker_id=w.worker_id,
-                                  extra={"node_id": node_id, "startup_s": startup_s})
+                                  extra={"node_id": node_id, "startup_s": startup_s, "node_registered_at": registered})
         self.workers[w.worker_id] = w
         # the placement may have changed while it waited: adopt today's (queued before its first chunk)
         self.detached.add(w.actor.set_layout.remote(self.shards.placement, self.shards.shards))

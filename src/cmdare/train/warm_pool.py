@@ -99,17 +99,22 @@ def startup_timings(ref: Any) -> dict[str, Any]:
     return {"worker_up_at": got[1]}
 
 
-def measured_start(server: Server, node_id: str | None, up_at: float) -> float:
+def measured_start(server: Server, node_id: str | None, up_at: float) -> tuple[float, float | None]:
     """Record a real cluster's server start: request -> node registered with the GCS (Provisioning) ->
-    worker process up (Booting). Sets the phases and ``ready_at``; returns the start-up in seconds."""
+    worker process up (Booting). Sets the phases and ``ready_at``; returns the start-up in seconds and
+    when the node registered (None if the GCS did not say: the phases are then left unknown)."""
     from cmdare.cloud.ray_cluster import node_started_at
 
     registered = node_started_at(node_id)
-    # a node that was already there (an idle one) took no provisioning time for this request
-    node_at = min(max(server.requested_at, registered or server.requested_at), up_at)
-    server.phases_s = {"Provisioning": node_at - server.requested_at, "Booting": max(0.0, up_at - node_at)}
     server.ready_at = up_at
-    return up_at - server.requested_at
+    if registered is None:  # the GCS did not say when the node came: the split is unknown, not zero
+        server.phases_s = {}
+        return up_at - server.requested_at, None
+    # a node that was already there (an idle one, or one the autoscaler had launched on its own to keep
+    # the type's minimum) took no provisioning time for this request
+    node_at = min(max(server.requested_at, registered), up_at)
+    server.phases_s = {"Provisioning": node_at - server.requested_at, "Booting": max(0.0, up_at - node_at)}
+    return up_at - server.requested_at, registered
 
 
 def spare_spec(worker_specs: Sequence[ServerSpec]) -> ServerSpec:
@@ -237,8 +242,10 @@ class WarmPool:
         self._failed_starts = 0
         s.up_at = up_at
         emulated = self.provider.emulated
-        startup = up_at - s.server.requested_at if emulated else measured_start(s.server, node_id, up_at)
-        self.emitter.server_event("standby_ready", s.server, extra={"node_id": node_id, "startup_s": startup})
+        startup, registered = ((up_at - s.server.requested_at, None) if emulated
+                               else measured_start(s.server, node_id, up_at))
+        self.emitter.server_event("standby_ready", s.server, extra={"node_id": node_id, "startup_s": startup,
+                                                                     "node_registered_at": registered})
 
     def _lost(self, s: Standby, err: Exception) -> None:
         """A standby died (its server went away, or its process): end it and start another."""
