@@ -6,17 +6,23 @@ worker reaches the shard by the same-node channel), ``--ps-bandwidth`` emulating
 every byte of a push and of its reply takes bytes / bandwidth on the shard.
 
 * ``overlap``: ``TrainSpec.overlap=True`` (the default): each piece of the gradient
-  (:mod:`cmdare.train.overlap`, 4 per shard, at parameter boundaries, from the last layer) is announced to
-  the shard the moment backward has produced it, so its link time runs while backward goes on.
+  (:mod:`cmdare.train.overlap`, 4 per shard, at parameter boundaries, from the last layer) goes to the
+  shard the moment backward has produced it, so its link time runs while backward goes on; the
+  (asynchronous) shard applies it at once and sends its parameters back, so the next parameters are
+  pulled in the same order, during backward too.
 * ``after_backward``: ``overlap=False``: the whole gradient is pushed when backward is done (the path
-  before this change).
+  before overlap).
+
+``--path channel`` (the default) has the worker reach the shard by the same-node channel; ``--path ray``
+turns channels off (``CMDARE_SHM=0``) so every piece and push is a Ray call, as for a shard on another node.
 
 Rates are steady-state cluster steps/s from the ``StepReport`` callbacks (first chunks excluded), rounds
-alternate the two variants (order flipped each round). ``ideal_speedup`` is what hiding all of the push's
-link time would give: (compute + push + reply) / (compute + reply), from the after-backward run's figures.
+alternate the two variants (order flipped each round). From the after-backward run's figures:
+``ideal_speedup`` is what hiding all of the push's link time would give, (compute + push + reply) /
+(compute + reply); ``ideal_speedup_all_link`` hiding the reply's too, (compute + push + reply) / compute.
 
 Usage: .venv/bin/python bench/overlap.py [--model resnet32] [--dataset synthetic] [--bandwidth 20MB/s]
-       [--steps 40] [--rounds 3]
+       [--steps 40] [--rounds 3] [--path channel|ray]
 Prints one JSON object as its last line.
 """
 
@@ -43,8 +49,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip", type=int, default=2, help="first chunks excluded from the rate")
+    ap.add_argument("--path", choices=("channel", "ray"), default="channel",
+                    help="how the worker reaches the shard: the same-node channel, or Ray calls (CMDARE_SHM=0)")
     args = ap.parse_args()
     load_start = os.getloadavg()[0]
+    if args.path == "ray":  # before Ray starts: its worker processes inherit it
+        os.environ["CMDARE_SHM"] = "0"
 
     import ray
     import torch
@@ -77,6 +87,8 @@ def main() -> None:
         "after_backward_steps_per_s": round(med["after_backward"], 3),
         "speedup": round(med["overlap"] / med["after_backward"], 3),
         "ideal_speedup": round(step_after / max(1e-9, step_after - link_s), 3),
+        "ideal_speedup_all_link": round(step_after / max(1e-9, step_after - 2 * link_s), 3),
+        "path": args.path,
         "speedup_per_round": [round(a["steps_per_s"] / b["steps_per_s"], 3)
                               for a, b in zip(runs["overlap"], runs["after_backward"], strict=True)],
         "comm_share": {v: round(statistics.median(x["comm_share"] for x in runs[v]), 3) for v in VARIANTS},

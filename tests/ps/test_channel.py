@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -27,29 +28,43 @@ class _Adder:
         self.params = np.arange(n, dtype=np.float32)
         self.step = 0
         self.calls: list[tuple[int | None, float | None, int | None]] = []
-        self.pieces: list[tuple[int, int | None]] = []
-        self.sent_bytes: list[int] = []
+        self.pieces: list[tuple[int, int, int | None, int | None]] = []
+        self.sent: list[int] = []
+        self.closed = 0
         self.lock = threading.Lock()
 
-    def piece(self, nbytes, sender):
-        with self.lock:
-            self.pieces.append((nbytes, sender))
+    def connect(self, grad, out):
+        return _AdderSession(self, grad, out)
 
-    def serve(self, grad, out, pulled_step, sent_at, sender, sent_bytes):
-        with self.lock:
-            if grad.size != self.params.size:
-                raise ValueError(f"{grad.size} values for {self.params.size}")
-            self.params += grad
-            np.copyto(out, self.params)
-            self.step += 1
-            self.calls.append((pulled_step, sent_at, sender))
-            self.sent_bytes.append(sent_bytes)
-            return self.step, self.step <= 3
+
+class _AdderSession:
+    def __init__(self, state: _Adder, grad, out):
+        self.state, self.grad, self.out = state, grad, out
+
+    def piece(self, offset, count, pulled_step, sender):
+        with self.state.lock:
+            self.state.pieces.append((offset, count, pulled_step, sender))
+
+    def push(self, pulled_step, sent_at, sender, sent):
+        st = self.state
+        with st.lock:
+            if self.grad.size != st.params.size:
+                raise ValueError(f"{self.grad.size} values for {st.params.size}")
+            st.params += self.grad
+            np.copyto(self.out, st.params)
+            st.step += 1
+            st.calls.append((pulled_step, sent_at, sender))
+            st.sent.append(sent)
+            return st.step, st.step <= 3
+
+    def close(self):
+        with self.state.lock:
+            self.state.closed += 1
 
 
 def test_a_push_reads_the_shared_gradient_and_writes_the_parameters_in_place():
     state = _Adder(5)
-    server = ChannelServer(state.serve, state.piece)
+    server = ChannelServer(state.connect)
     memory = SharedHostMemory(8)  # the worker's model: 8 values, this shard holds [2, 7)
     client = ChannelClient(server.address, memory, 2, 5)
     memory.close()
@@ -59,15 +74,21 @@ def test_a_push_reads_the_shared_gradient_and_writes_the_parameters_in_place():
         assert client.receive() == (1, True)
         np.testing.assert_array_equal(memory.params.numpy()[2:7], np.arange(5, dtype=np.float32) + 1)
         assert memory.params.numpy()[[0, 1, 7]].tolist() == [0, 0, 0]  # outside the shard's range: untouched
-        client.send_piece(8, 1)  # announced ahead of the push: no reply of its own
-        client.send_piece(4, 1)
-        client.send(None, None, None, sent_bytes=12)
+        client.send_piece(3, 2, 1, 1)  # announced ahead of the push: no reply of its own
+        client.send_piece(0, 1, 1, 1)
+        client.send(None, None, None, sent=3)
         assert client.receive() == (2, True)
         assert state.calls == [(4, 123.5, 1), (None, None, None)]
-        assert state.pieces == [(8, 1), (4, 1)] and state.sent_bytes == [0, 12]
+        assert state.pieces == [(3, 2, 1, 1), (0, 1, 1, 1)] and state.sent == [0, 3]
         for _ in range(2):
             client.send(0, None, 0)
         assert [client.receive() for _ in range(2)] == [(3, True), (4, False)]  # not applied: the target reached
+        assert state.closed == 0
+        client.close()
+        deadline = time.monotonic() + 10
+        while state.closed == 0 and time.monotonic() < deadline:  # the shard sees the channel end
+            time.sleep(0.01)
+        assert state.closed == 1
     finally:
         client.close()
         server.close()
@@ -75,7 +96,7 @@ def test_a_push_reads_the_shared_gradient_and_writes_the_parameters_in_place():
 
 def test_a_failing_push_raises_in_the_worker_and_the_channel_stays_usable():
     state = _Adder(4)
-    server = ChannelServer(state.serve, state.piece)
+    server = ChannelServer(state.connect)
     memory = SharedHostMemory(3)
     client = ChannelClient(server.address, memory, 0, 3)  # a stale layout: 3 values for a 4-value shard
     try:
@@ -92,7 +113,7 @@ def test_a_failing_push_raises_in_the_worker_and_the_channel_stays_usable():
 
 def test_replies_of_several_channels_are_gathered_and_timed():
     states = [_Adder(2), _Adder(3)]
-    servers = [ChannelServer(s.serve, s.piece) for s in states]
+    servers = [ChannelServer(s.connect) for s in states]
     memory = SharedHostMemory(5)
     clients = {0: ChannelClient(servers[0].address, memory, 0, 2), 1: ChannelClient(servers[1].address, memory, 2, 3)}
     try:
@@ -112,7 +133,7 @@ def test_replies_of_several_channels_are_gathered_and_timed():
 
 def _serve_forever(conn) -> None:
     state = _Adder(2)
-    server = ChannelServer(state.serve, state.piece)
+    server = ChannelServer(state.connect)
     conn.send(server.address)
     threading.Event().wait()
 

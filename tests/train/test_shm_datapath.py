@@ -6,17 +6,20 @@ each push took; a shard that dies under a channel is reported as Ray reports a d
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace as dataclass_replace
 
 import numpy as np
 import pytest
 
 from cmdare.errors import ShardLostError
-from cmdare.ps.channel import channels_enabled
+from cmdare.ps.blocks import Block
+from cmdare.ps.channel import ChannelClient, SharedHostMemory, channels_enabled
 from cmdare.ps.layout import model_flat_from_shard_arrays, shard_arrays_from_model_flat
 from cmdare.ps.optimizer import OptimizerConfig
 from cmdare.ps.placement import get_placement
 from cmdare.ps.shard import AsyncShardActor, BlockData, SyncShardActor
+from cmdare.ps.shard_state import ShardState
 from cmdare.train.faults import classify
 from cmdare.train.setup import initial_state
 from cmdare.train.spec import TrainSpec
@@ -53,9 +56,10 @@ def _run(spec: TrainSpec, shard_nodes: list[str], worker_node: str, channels: bo
 
 
 def _run_with_stats(spec: TrainSpec, shard_nodes: list[str], worker_node: str, steps: int):
-    """(final parameters, pieces each shard was announced) of a run through channels."""
-    flat, _, stats = _run_full(spec, shard_nodes, worker_node, True, steps)
-    return flat, [s.pieces for s in stats]
+    """(final parameters, pieces each shard was announced, pieces it applied on arrival, the workers' data
+    paths) of a run."""
+    flat, paths, stats = _run_full(spec, shard_nodes, worker_node, True, steps)
+    return flat, [s.pieces for s in stats], [s.pieces_applied for s in stats], paths
 
 
 def _run_full(spec: TrainSpec, shard_nodes: list[str], worker_node: str, channels: bool, steps: int):
@@ -142,13 +146,72 @@ def test_a_shard_that_dies_under_a_channel_is_a_shard_loss(nodes):
 
 
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_pieces_sent_through_ray_to_another_node_change_no_value(nodes, sync):
+    """Shards on another node get the gradient's pieces as Ray calls during backward (an asynchronous shard
+    applies each and sends its parameters back); the rest goes with the push: the same values, bit for bit,
+    as one push after backward."""
+    head, other = nodes
+    spec = _spec(sync=sync, ps=2, workers=2 if sync else 1, ps_bandwidth="400MB/s")
+    overlapped = _run_with_stats(spec, [other, other], head, steps=4)
+    after = _run_with_stats(dataclass_replace(spec, overlap=False), [other, other], head, steps=4)
+    assert overlapped[3] == [{"channel": [], "ray": [0, 1]}] * spec.workers
+    np.testing.assert_array_equal(overlapped[0], after[0])
+    assert after[1] == [0, 0] and after[2] == [0, 0]
+    assert all(n >= 4 * spec.workers for n in overlapped[1])
+    assert overlapped[2] == [0, 0] if sync else all(n >= 4 for n in overlapped[2])
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
 def test_pieces_announced_during_backward_change_no_value(nodes, sync):
-    """With an emulated link the gradient's pieces go to the shards while backward runs; the update is the
-    same as when the whole gradient is pushed after backward."""
+    """With an emulated link the gradient's pieces go to the shards while backward runs (an asynchronous
+    shard applies them at once and writes their parameters back); the update is the same, bit for bit,
+    as when the whole gradient is pushed after backward."""
     head, _ = nodes
     spec = _spec(sync=sync, ps=2, workers=2 if sync else 1, ps_bandwidth="400MB/s")
     overlapped = _run_with_stats(spec, [head, head], head, steps=4)
     after = _run_with_stats(dataclass_replace(spec, overlap=False), [head, head], head, steps=4)
     np.testing.assert_array_equal(overlapped[0], after[0])
-    assert after[1] == [0, 0]
+    assert after[1] == [0, 0] and after[2] == [0, 0]
     assert all(n >= 4 * spec.workers for n in overlapped[1])  # at least a piece per shard per push
+    if sync:  # a round's update needs every worker's gradient
+        assert overlapped[2] == [0, 0]
+    else:
+        assert all(n >= 4 for n in overlapped[2])
+
+
+def test_a_snapshot_waits_for_a_push_whose_pieces_are_being_applied(nodes):
+    """An asynchronous shard applies a piece on arrival; a snapshot taken before the push completes the step
+    waits for it (a checkpoint never holds half a step), and a channel that closes mid-push releases it."""
+    import ray
+
+    head, _ = nodes
+    n = 4096
+    rng = np.random.default_rng(0)
+    start = rng.standard_normal(n).astype(np.float32)
+    shard = ray.remote(AsyncShardActor).options(num_cpus=0, max_concurrency=4, **_on(head)).remote(0, OPT)
+    ray.get(shard.load.remote(BlockData((Block(0, 0, "p", 0, n),), start, np.zeros(n, np.float32), 0)))
+    _, address = ray.get(shard.channel.remote())
+    memory = SharedHostMemory(n)
+    client = ChannelClient(address, memory, 0, n)
+    memory.grads[:] = 1.0
+    client.send_piece(n // 2, n // 2, 0, 0)  # the second half is final: applied at once
+    deadline = time.monotonic() + 30
+    while ray.get(shard.stats.remote(reset=False)).pieces_applied == 0:
+        assert time.monotonic() < deadline
+    assert np.all(memory.params.numpy()[n // 2:] != 0) and np.all(memory.params.numpy()[:n // 2] == 0)
+    snap = shard.snapshot.remote()
+    ready, _ = ray.wait([snap], timeout=1.0)
+    assert not ready  # half a step is applied: the snapshot waits
+    client.send(0, None, 0, sent=n // 2)
+    assert client.receive() == (1, True)
+    taken = ray.get(snap, timeout=30)
+    assert taken.step == 1
+    np.testing.assert_array_equal(taken.params, memory.params.numpy())
+    expected = ShardState(0, OPT)  # the same update made in one piece, off Ray
+    expected.load(BlockData((Block(0, 0, "p", 0, n),), start, np.zeros(n, np.float32), 0))
+    expected.apply(np.ones(n, np.float32))
+    np.testing.assert_array_equal(taken.params, expected.params)
+    client.send_piece(0, n, 1, 0)  # a push opened, then its worker goes away
+    client.close()
+    assert ray.get(shard.snapshot.remote(), timeout=30).step == 2  # released: its claim and piece stay
+    ray.kill(shard)

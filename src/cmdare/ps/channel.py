@@ -2,12 +2,16 @@
 
 A worker on the same Ray node as a shard keeps its flat parameter and gradient buffers in one
 anonymous shared-memory file (:class:`SharedHostMemory`, a ``memfd``) and hands the file to the shard
-once, over a Unix socket (``SCM_RIGHTS``). Each step is then a 33-byte request on that socket: the
+once, over a Unix socket (``SCM_RIGHTS``). Each step is then a 41-byte request on that socket: the
 shard reads the gradient where backward left it, updates its own buffer and copies its parameters
-straight into the worker's parameter memory, then answers 9 bytes. With an emulated link, pieces of
-the gradient may be announced while backward still runs (:meth:`ChannelClient.send_piece`): the shard
-spends their link time then, and the push that follows carries only the rest. No object is created in Ray's object
-store and no Ray call is made per step; Ray's object store is left for what crosses nodes.
+straight into the worker's parameter memory, then answers 9 bytes. Pieces of the gradient may be
+announced while backward still runs (:meth:`ChannelClient.send_piece`): the shard may update them at
+once and write their parameters back, and the push that follows completes the step. No object is
+created in Ray's object store and no Ray call is made per step; Ray's object store is left for what
+crosses nodes.
+
+The shard side is a :class:`Session` per channel (``connect(grad, out)`` makes it): the worker's
+gradient and parameter memory for the shard's range, and the state of a push whose pieces are coming.
 
 The socket lives in the abstract namespace (no file to clean up); a peer that dies closes it, which
 the other side sees at once.
@@ -27,25 +31,39 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import numpy as np
 
-__all__ = ["ChannelClient", "ChannelClosed", "ChannelServer", "SharedHostMemory", "channels_enabled",
+__all__ = ["ChannelClient", "ChannelClosed", "ChannelServer", "Session", "SharedHostMemory", "channels_enabled",
            "receive_all"]
 
 _HELLO = struct.Struct("<qqq")  # gradient offset, parameter offset, element count (float32)
-# kind, pulled step (-1: none), sent_at (nan: none), sender (-1: none), bytes (piece: its size; push: the
-# bytes already sent as pieces)
-_REQUEST = struct.Struct("<Bqdqq")
+# kind, pulled step (-1: none), sent_at (nan: none), sender (-1: none), count (piece: its elements; push:
+# the elements already sent as pieces), offset (piece: its first element in the shard's range)
+_REQUEST = struct.Struct("<Bqdqqq")
 _PUSH, _PIECE = 0, 1
 _REPLY = struct.Struct("<Bq")  # status, global step after the push
 _APPLIED, _NOT_APPLIED, _FAILED = 0, 1, 2
 
-#: ``serve(grad, out, pulled_step, sent_at, sender, sent_bytes) -> (step, applied)``: one push and pull of a
-#: shard, ``sent_bytes`` of the gradient having come as pieces before.
-Serve = Callable[[np.ndarray, np.ndarray, "int | None", "float | None", "int | None", int], tuple[int, bool]]
-#: ``piece(nbytes, sender)``: a piece of the next push's gradient (its link time; the data is shared).
-Piece = Callable[[int, "int | None"], None]
+
+class Session(Protocol):
+    """The shard's side of one channel, over the worker's ``grad`` and ``out`` (parameter) memory."""
+
+    def push(self, pulled_step: int | None, sent_at: float | None, sender: int | None,
+             sent: int) -> tuple[int, bool]:
+        """One push and pull: (global step after it, whether it was applied); ``sent`` of the gradient's
+        elements came as pieces before."""
+
+    def piece(self, offset: int, count: int, pulled_step: int | None, sender: int | None) -> None:
+        """Elements ``[offset, offset + count)`` of the next push's gradient are final."""
+
+    def close(self) -> None:
+        """The channel closed (the worker went away, possibly between a push's pieces)."""
+
+
+#: ``connect(grad, out)``: a new channel's session.
+Connect = Callable[[np.ndarray, np.ndarray], Session]
 
 
 class ChannelClosed(ConnectionError):
@@ -110,21 +128,22 @@ class ChannelClient:
             self.sock.close()
             raise
 
-    def send(self, pulled_step: int | None, sent_at: float | None, sender: int | None, sent_bytes: int = 0) -> None:
-        """Push the gradient now in the shared buffer (the reply brings the parameters); ``sent_bytes`` of it
-        were announced as pieces."""
-        self._request(_PUSH, pulled_step, sent_at, sender, sent_bytes)
+    def send(self, pulled_step: int | None, sent_at: float | None, sender: int | None, sent: int = 0) -> None:
+        """Push the gradient now in the shared buffer (the reply brings the parameters); ``sent`` of its
+        elements were announced as pieces."""
+        self._request(_PUSH, pulled_step, sent_at, sender, sent, 0)
 
-    def send_piece(self, nbytes: int, sender: int | None) -> None:
-        """Announce ``nbytes`` of the gradient as ready (no reply; the push that follows is answered)."""
-        self._request(_PIECE, None, None, sender, nbytes)
+    def send_piece(self, offset: int, count: int, pulled_step: int | None, sender: int | None) -> None:
+        """Announce elements ``[offset, offset + count)`` of the shard's gradient range as final (no reply;
+        the push that follows is answered, and by then the piece's parameters may already be in place)."""
+        self._request(_PIECE, pulled_step, None, sender, count, offset)
 
     def _request(self, kind: int, pulled_step: int | None, sent_at: float | None, sender: int | None,
-                 nbytes: int) -> None:
+                 count: int, offset: int) -> None:
         try:
             self.sock.sendall(_REQUEST.pack(kind, -1 if pulled_step is None else pulled_step,
                                             math.nan if sent_at is None else sent_at,
-                                            -1 if sender is None else sender, nbytes))
+                                            -1 if sender is None else sender, count, offset))
         except OSError as err:
             raise ChannelClosed(f"the shard's channel is gone: {err}") from err
 
@@ -170,11 +189,11 @@ def receive_all(clients: Mapping[int, ChannelClient], t_sent: float,
 
 
 class ChannelServer:
-    """The shard's end: accepts channels and serves each on a thread of its own with ``serve`` (pushes) and
-    ``piece`` (pieces announced ahead of a push)."""
+    """The shard's end: accepts channels and serves each on a thread of its own, through the
+    :class:`Session` that ``connect`` makes for it."""
 
-    def __init__(self, serve: Serve, piece: Piece):
-        self._serve, self._piece = serve, piece
+    def __init__(self, connect: Connect):
+        self._connect = connect
         self.address = f"cmdare-shard-{uuid.uuid4().hex}"
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind("\0" + self.address)
@@ -202,31 +221,40 @@ class ChannelServer:
                 finally:
                     os.close(fds[0])
                 values = np.frombuffer(memory, dtype=np.float32)
-                grad, out = values[grad_at:grad_at + count], values[params_at:params_at + count]
-                conn.sendall(_REPLY.pack(_APPLIED, 0))
-                failed: Exception | None = None  # a piece that failed is reported with the push
-                while True:
-                    kind, pulled, sent_at, sender, nbytes = _REQUEST.unpack(_recv_exact(conn, _REQUEST.size))
-                    try:
-                        if kind == _PIECE:
-                            self._piece(nbytes, None if sender < 0 else sender)
-                            continue
-                        if failed is not None:
-                            raise failed
-                        step, applied = self._serve(grad, out, None if pulled < 0 else pulled,
-                                                    None if math.isnan(sent_at) else sent_at,
-                                                    None if sender < 0 else sender, nbytes)
-                    except Exception as err:  # noqa: BLE001 - the worker raises it
-                        if kind == _PIECE:
-                            failed = err
-                            continue
-                        failed = None
-                        message = f"{type(err).__name__}: {err}".encode()
-                        conn.sendall(_REPLY.pack(_FAILED, len(message)) + message)
-                        continue
-                    conn.sendall(_REPLY.pack(_APPLIED if applied else _NOT_APPLIED, step))
+                session = self._connect(values[grad_at:grad_at + count], values[params_at:params_at + count])
             except (ChannelClosed, OSError):
                 return
+            try:
+                conn.sendall(_REPLY.pack(_APPLIED, 0))
+                self._serve(conn, session)
+            except (ChannelClosed, OSError):
+                return
+            finally:
+                session.close()
+
+    @staticmethod
+    def _serve(conn: socket.socket, session: Session) -> None:
+        failed: Exception | None = None  # a piece that failed is reported with the push
+        while True:
+            kind, pulled, sent_at, sender, count, offset = _REQUEST.unpack(_recv_exact(conn, _REQUEST.size))
+            pulled_step, who = None if pulled < 0 else pulled, None if sender < 0 else sender
+            try:
+                if kind == _PIECE:
+                    if failed is None:
+                        session.piece(offset, count, pulled_step, who)
+                    continue
+                if failed is not None:
+                    raise failed
+                step, applied = session.push(pulled_step, None if math.isnan(sent_at) else sent_at, who, count)
+            except Exception as err:  # noqa: BLE001 - the worker raises it
+                if kind == _PIECE:
+                    failed = err
+                    continue
+                failed = None
+                message = f"{type(err).__name__}: {err}".encode()
+                conn.sendall(_REPLY.pack(_FAILED, len(message)) + message)
+                continue
+            conn.sendall(_REPLY.pack(_APPLIED if applied else _NOT_APPLIED, step))
 
     def close(self) -> None:
         """Stop accepting channels (open ones end when their workers close them or exit)."""

@@ -90,14 +90,24 @@ class FlatLayout:
         if self._host_grads is not self.flat_grads:
             self._host_grads.copy_(self.flat_grads)
 
+    def grads_range_to_host(self, lo: int, hi: int) -> None:
+        """Bring elements ``[lo, hi)`` of the flat gradient to host memory (nothing to do on the CPU)."""
+        if self._host_grads is not self.flat_grads:
+            self._host_grads[lo:hi].copy_(self.flat_grads[lo:hi])
+
     def shard_grad(self, shard: int) -> np.ndarray:
         """Shard ``shard``'s gradient slice (host memory, no copy)."""
         a, b = self.shard_ranges[shard]
         return self.host_grads_np[a:b]
 
-    def set_shard_params(self, shard: int, values: np.ndarray) -> None:
-        """Copy shard ``shard``'s pulled parameters into the host flat buffer."""
+    def set_shard_params(self, shard: int, values: np.ndarray, first: int = 0) -> None:
+        """Copy shard ``shard``'s pulled parameters (from its element ``first`` on) into the host flat buffer."""
         a, b = self.shard_ranges[shard]
+        if first or values.size != b - a:
+            if first < 0 or a + first + values.size > b:
+                raise ValueError(f"{values.size} values at {first} overrun shard {shard}'s {b - a}")
+            np.copyto(self.host_params_np[a + first:a + first + values.size], values)
+            return
         np.copyto(self.host_params_np[a:b], values)
 
     def host_to_params(self) -> None:

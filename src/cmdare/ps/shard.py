@@ -9,18 +9,34 @@ A push is answered with the shard's parameters in the same exchange (push + pull
 over one of two paths: a worker on the shard's Ray node uses the shard's channel
 (:mod:`cmdare.ps.channel`: shared memory, no Ray call and no object per step); any other worker calls
 ``push_pull`` and the parameters travel as one array through Ray's object store (zero-copy on read).
+
+On a channel, pieces of a gradient announced during backward are applied by an asynchronous shard as
+they come, and their parameters written back at once (pulled in the order they were pushed): the step
+is claimed at the first piece and completed by the push (:class:`~cmdare.ps.shard_state.OpenPush`).
+Snapshots, loads and block moves wait until no push is half-applied. A synchronous shard only carries
+the pieces over its link: its update needs every worker's gradient.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 
 from cmdare.ps.channel import ChannelServer, channels_enabled
 from cmdare.ps.optimizer import OptimizerConfig
+from cmdare.ps.shard_sessions import AsyncSession, StagedGradient, SyncSession, scatter_ranges
 from cmdare.ps.shard_state import BlockData, ShardState, ShardStats
+
+log = logging.getLogger(__name__)
+
+#: Longest wait of a snapshot or block move for pushes whose pieces are being applied (a worker finishes
+#: its backward within a step; one that hangs between pieces and push is not waited for longer).
+OPEN_PUSH_WAIT_S = 30.0
 
 __all__ = ["AsyncShardActor", "BlockData", "ShardState", "ShardStats", "SyncShardActor"]
 
@@ -43,13 +59,28 @@ class _ShardActorBase:
 
     def _init_base(self) -> None:
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when an open push completes or is abandoned
+        self._gate = 0  # callers waiting for whole steps: no push opens early meanwhile
+
+    @contextlib.contextmanager
+    def _whole_steps(self) -> Iterator[None]:
+        """Hold the lock at a point where every push is either applied in full or not at all."""
+        with self._lock:
+            self._gate += 1
+            try:
+                if not self._idle.wait_for(lambda: self.state.open_pushes == 0, timeout=OPEN_PUSH_WAIT_S):
+                    log.warning("shard %d: %d push(es) still half-applied after %.0f s; going on",
+                                self.state.shard_id, self.state.open_pushes, OPEN_PUSH_WAIT_S)
+                yield
+            finally:
+                self._gate -= 1
 
     def _params_out(self) -> np.ndarray:
         """The parameters to return through Ray: the buffer itself, or a copy once channels serve pushes."""
         return self.state.params if self._channel is None else self.state.params.copy()
 
     def load(self, data: BlockData) -> int:
-        with self._lock:
+        with self._whole_steps():
             self.state.load(data)
             return self.state.step
 
@@ -59,15 +90,15 @@ class _ShardActorBase:
             return self._params_out(), self.state.step
 
     def snapshot(self) -> BlockData:
-        with self._lock:
+        with self._whole_steps():
             return self.state.snapshot()
 
     def take(self, block_ids: list[int]) -> BlockData:
-        with self._lock:
+        with self._whole_steps():
             return self.state.take(set(block_ids))
 
     def add(self, data: BlockData) -> int:
-        with self._lock:
+        with self._whole_steps():
             self.state.add(data)
             return self.state.step
 
@@ -101,14 +132,10 @@ class _ShardActorBase:
         """(this shard's Ray node, its channel address): workers on that node push through the channel;
         the address is None where channels are off (``CMDARE_SHM=0``, not Linux)."""
         if self._channel is None and channels_enabled():
-            self._channel = ChannelServer(self._serve_channel, self._piece)
+            self._channel = ChannelServer(self._session)
         return _node_id(), self._channel.address if self._channel is not None else None
 
-    def _serve_channel(self, grad: np.ndarray, out: np.ndarray, pulled_step: int | None,
-                       sent_at: float | None, sender: int | None, sent_bytes: int) -> tuple[int, bool]:
-        raise NotImplementedError
-
-    def _piece(self, nbytes: int, sender: int | None) -> None:
+    def _session(self, grad: np.ndarray, out: np.ndarray):
         raise NotImplementedError
 
 
@@ -118,6 +145,7 @@ class AsyncShardActor(_ShardActorBase):
     def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None):
         self._init_base()
         self.state = ShardState(shard_id, cfg, max_step)
+        self._ray_sessions: dict[int, AsyncSession] = {}  # per worker on another node that sends pieces
 
     def push_pull(self, grad: np.ndarray, pulled_step: int | None = None,
                   sent_at: float | None = None, sender: int | None = None) -> tuple[np.ndarray, int, bool]:
@@ -128,15 +156,49 @@ class AsyncShardActor(_ShardActorBase):
             # Without channels returned without a copy: Ray serialises it before this actor runs the next call.
             return self._params_out(), self.state.step, applied
 
-    def _serve_channel(self, grad: np.ndarray, out: np.ndarray, pulled_step: int | None,
-                       sent_at: float | None, sender: int | None, sent_bytes: int) -> tuple[int, bool]:
-        with self._lock:
-            applied = self.state.serve(grad, pulled_step, sent_at, out, sent_bytes)
-            return self.state.step, applied
+    def _session(self, grad: np.ndarray, out: np.ndarray) -> AsyncSession:
+        return AsyncSession(self, grad, out)
 
-    def _piece(self, nbytes: int, sender: int | None) -> None:
-        with self._lock:  # the link carries one transfer at a time
-            self.state.piece(nbytes)
+    # -- the Ray path's pieces (a worker on another node) -----------------------------------
+    def push_piece(self, worker: int, offset: int, values: np.ndarray, count: int, pulled_step: int | None,
+                   sender: int | None) -> tuple[int, np.ndarray] | None:
+        """Elements ``[offset, offset + len(values))`` of worker ``worker``'s next gradient (``count``: the
+        shard's size in its layout); returns (first element, parameters) of what was updated at once."""
+        session = self._ray_session(worker, count)
+        session.grad[offset:offset + values.size] = values
+        session.count_ray_piece(pulled_step)
+        return session.piece_returned(offset, values.size, pulled_step, sender)
+
+    def push_rest(self, worker: int, pieces: int, ranges: list[tuple[int, int]], values: np.ndarray, count: int,
+                  pulled_step: int | None = None, sent_at: float | None = None,
+                  sender: int | None = None) -> tuple[list[tuple[int, np.ndarray]], int, bool]:
+        """The rest of a gradient whose ``pieces`` pieces came by :meth:`push_piece` (``values``: ``ranges``
+        one after the other); returns the parameters not yet sent back as (first element, values)
+        segments, the global step and whether the push was applied."""
+        session = self._ray_session(worker, count)
+        if session.ray_pieces != (pulled_step, pieces):  # this actor runs one call at a time, in order
+            raise RuntimeError(f"shard {self.state.shard_id}: the push of worker {worker} came after "
+                               f"{session.ray_pieces[1]} of its {pieces} pieces")
+        sent = session.stage_rest(ranges, values)
+        step, applied = session.push(pulled_step, sent_at, sender, sent)
+        return session.unreturned(), step, applied
+
+    def forget(self, worker: int) -> None:
+        """Worker ``worker`` is gone: release its Ray-path push, if one is half-applied."""
+        session = self._ray_sessions.pop(worker, None)
+        if session is not None:
+            session.close()
+
+    def _ray_session(self, worker: int, count: int) -> AsyncSession:
+        with self._lock:
+            self.state.check_size(count)
+            session = self._ray_sessions.get(worker)
+            if session is None or session.grad.size != count:
+                if session is not None:
+                    session.close()
+                session = self._ray_sessions[worker] = AsyncSession(self, np.zeros(count, np.float32),
+                                                                    np.zeros(count, np.float32))
+            return session
 
 
 class SyncShardActor(_ShardActorBase):
@@ -160,6 +222,7 @@ class SyncShardActor(_ShardActorBase):
         self._round: asyncio.Event | None = None  # created in the actor's event loop, on the first push
         self._link_lock: asyncio.Lock | None = None  # the emulated link carries one transfer at a time
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._staging: dict[int, StagedGradient] = {}  # per worker on another node: its gradient's pieces
 
     async def push_pull(self, grad: np.ndarray, pulled_step: int | None = None,
                         sent_at: float | None = None, sender: int | None = None) -> tuple[np.ndarray, int, bool]:
@@ -191,16 +254,39 @@ class SyncShardActor(_ShardActorBase):
         await self._transfer(params.nbytes)
         return params, step, applied
 
-    def _serve_channel(self, grad: np.ndarray, out: np.ndarray, pulled_step: int | None,
-                       sent_at: float | None, sender: int | None, sent_bytes: int) -> tuple[int, bool]:
-        assert self._loop is not None
-        _, step, applied = asyncio.run_coroutine_threadsafe(self._push(grad, sent_at, sender, out, sent_bytes),
-                                                            self._loop).result()
-        return step, applied
+    def _session(self, grad: np.ndarray, out: np.ndarray) -> SyncSession:
+        return SyncSession(self, grad, out)
 
-    def _piece(self, nbytes: int, sender: int | None) -> None:
-        assert self._loop is not None
-        asyncio.run_coroutine_threadsafe(self._announced(nbytes), self._loop).result()
+    # -- the Ray path's pieces: gathered per worker, the round takes the whole gradient ------------
+    async def push_piece(self, worker: int, offset: int, values: np.ndarray, count: int,
+                         pulled_step: int | None, sender: int | None) -> None:
+        staged = self._staging_for(worker, count)
+        staged.grad[offset:offset + values.size] = values
+        async with staged.arrived:
+            staged.count(pulled_step)
+            staged.arrived.notify_all()
+        await self._announced(values.nbytes)
+
+    async def push_rest(self, worker: int, pieces: int, ranges: list[tuple[int, int]], values: np.ndarray,
+                        count: int, pulled_step: int | None = None, sent_at: float | None = None,
+                        sender: int | None = None) -> tuple[list[tuple[int, np.ndarray]], int, bool]:
+        staged = self._staging_for(worker, count)
+        async with staged.arrived:  # an asyncio actor may start calls out of order: wait for every piece
+            await staged.arrived.wait_for(lambda: staged.pieces == (pulled_step, pieces))
+        sent = count - scatter_ranges(staged.grad, ranges, values)
+        # the round holds the gradient until it completes; the worker's next pieces come after its reply
+        params, step, applied = await self._push(staged.grad, sent_at, sender, None, 4 * sent)
+        return [(0, params)], step, applied
+
+    async def forget(self, worker: int) -> None:
+        self._staging.pop(worker, None)
+
+    def _staging_for(self, worker: int, count: int) -> StagedGradient:
+        self.state.check_size(count)
+        staged = self._staging.get(worker)
+        if staged is None or staged.grad.size != count:
+            staged = self._staging[worker] = StagedGradient(np.zeros(count, np.float32), asyncio.Condition())
+        return staged
 
     async def _announced(self, nbytes: int) -> None:
         self.state.count_piece()
@@ -280,3 +366,4 @@ class SyncShardActor(_ShardActorBase):
 
     async def node_id(self) -> str:  # type: ignore[override]
         return _node_id()
+

@@ -5,7 +5,7 @@ optimizer applied there, and its load counters. No Ray in here (the actors are i
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,6 +30,7 @@ class ShardStats:
     queue_s: float = 0.0  # summed over pushes: worker's send to the start of service (queue + transfer)
     wait_s: float = 0.0  # summed over pushes: worker-observed send-to-reply time (filled in by the coordinator)
     pieces: int = 0  # gradient pieces announced ahead of their pushes (communication overlapped with backward)
+    pieces_applied: int = 0  # of those, pieces updated on arrival, their parameters sent back at once
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,32 @@ class BlockData:
     params: np.ndarray
     momentum: np.ndarray
     step: int
+
+
+#: Early-applied pieces start and end on multiples of this many elements (of the shard's buffer), so each
+#: element goes through the same vector or scalar code as in a whole-buffer update on any CPU.
+PIECE_ALIGN = 64
+
+
+@dataclass
+class OpenPush:
+    """A push whose gradient comes in pieces (:meth:`ShardState.open_push`): its step is claimed and its
+    learning rate fixed when the first piece arrives; ``applied`` are the ranges updated so far."""
+
+    lr: float
+    applied: list[tuple[int, int]] = field(default_factory=list)
+    returned: int = 0  # bytes of parameters that went back over the link with the pieces
+
+    def rest(self, n: int) -> list[tuple[int, int]]:
+        """The ranges of ``[0, n)`` not updated yet."""
+        out, pos = [], 0
+        for lo, hi in sorted(self.applied):
+            if lo > pos:
+                out.append((pos, lo))
+            pos = max(pos, hi)
+        if pos < n:
+            out.append((pos, n))
+        return out
 
 
 class ShardState:
@@ -58,6 +85,7 @@ class ShardState:
         self.params = np.zeros(0, np.float32)
         self.momentum = np.zeros(0, np.float32)
         self._scratch = np.zeros(0, np.float32)
+        self.open_pushes = 0  # pushes whose pieces are being applied (async shards)
         self._reset_counters()
 
     # -- contents -------------------------------------------------------------------------
@@ -126,23 +154,82 @@ class ShardState:
         """
         if self.done:
             return False
-        if grad.size != self.params.size:
-            raise ValueError(f"shard {self.shard_id}: gradient of {grad.size} for {self.params.size} params")
-        t0 = time.perf_counter()
-        lr = self.cfg.lr_at(self.step, self.lr_scale)
-        if self.staleness_damping and pulled_step is not None:
-            lr /= 1 + max(0, self.step - pulled_step)
-        sgd_update(self.params, grad, self.momentum, lr, self.cfg, self._scratch, out)
+        self._check_grad(grad)
+        lr = self._lr(pulled_step)
+        self._update(0, self.params.size, grad, lr, out)
         self.step += 1
-        elapsed = time.perf_counter() - t0
-        if self.slowdown > 1.0:
-            time.sleep(elapsed * (self.slowdown - 1.0))
-        spent = time.perf_counter() - t0
-        self._busy_s += spent
-        self._apply_s += spent
         self._pushes += 1
         self._bytes_in += grad.nbytes
         return True
+
+    def _lr(self, pulled_step: int | None) -> float:
+        lr = self.cfg.lr_at(self.step, self.lr_scale)
+        if self.staleness_damping and pulled_step is not None:
+            lr /= 1 + max(0, self.step - pulled_step)
+        return lr
+
+    def _check_grad(self, grad: np.ndarray) -> None:
+        if grad.size != self.params.size:
+            raise ValueError(f"shard {self.shard_id}: gradient of {grad.size} for {self.params.size} params")
+
+    def _update(self, lo: int, hi: int, grad: np.ndarray, lr: float, out: np.ndarray | None) -> None:
+        """The optimizer on elements ``[lo, hi)`` (``out``, if given, receives them), slowdown and time counted."""
+        t0 = time.perf_counter()
+        sgd_update(self.params[lo:hi], grad[lo:hi], self.momentum[lo:hi], lr, self.cfg, self._scratch,
+                   None if out is None else out[lo:hi])
+        if self.slowdown > 1.0:
+            time.sleep((time.perf_counter() - t0) * (self.slowdown - 1.0))
+        spent = time.perf_counter() - t0
+        self._busy_s += spent
+        self._apply_s += spent
+
+    # -- pushes that come in pieces (asynchronous shards) ------------------------------------
+    def open_push(self, grad: np.ndarray, pulled_step: int | None) -> OpenPush | None:
+        """Claim the next step for a push whose pieces are coming (None when the step budget is reached).
+
+        The claim counts as a step at once, so a step budget is never overrun; the learning rate is the
+        one :meth:`apply` would use now. Until :meth:`close_push` the shard holds part of an update:
+        whoever needs a whole-step state waits for ``open_pushes`` to reach 0.
+        """
+        if self.done:
+            return None
+        self._check_grad(grad)
+        push = OpenPush(self._lr(pulled_step))
+        self.step += 1
+        self.open_pushes += 1
+        return push
+
+    def apply_piece(self, push: OpenPush, grad: np.ndarray, out: np.ndarray, lo: int, hi: int) -> int:
+        """Update elements ``[lo, hi)`` (trimmed to :data:`PIECE_ALIGN`) of an open push and write them into
+        ``out``; returns how many were updated (the rest waits for the push)."""
+        self._check_grad(grad)
+        self._check_out(out)
+        lo = -(-max(0, lo) // PIECE_ALIGN) * PIECE_ALIGN
+        hi = min(hi, self.params.size)
+        if hi < self.params.size:
+            hi = hi // PIECE_ALIGN * PIECE_ALIGN
+        if hi <= lo:
+            return 0
+        self._update(lo, hi, grad, push.lr, out)
+        push.applied.append((lo, hi))
+        self._pieces_applied += 1
+        return hi - lo
+
+    def close_push(self, push: OpenPush, grad: np.ndarray, out: np.ndarray | None) -> None:
+        """Complete an open push: update what its pieces did not."""
+        try:
+            self._check_grad(grad)
+            for lo, hi in push.rest(self.params.size):
+                self._update(lo, hi, grad, push.lr, out)
+            self._pushes += 1
+            self._bytes_in += grad.nbytes
+        finally:
+            self.open_pushes -= 1
+
+    def abandon_push(self, push: OpenPush) -> None:
+        """An open push whose worker went away: its step stays counted and its pieces applied (a partial
+        gradient, as asynchronous training may see from a worker that dies mid-push)."""
+        self.open_pushes -= 1
 
     def count_pull(self) -> None:
         self._bytes_out += self.params.nbytes
@@ -154,22 +241,32 @@ class ShardState:
         return nbytes / self.link_bytes_per_s * self.slowdown
 
     def serve(self, grad: np.ndarray, pulled_step: int | None, sent_at: float | None,
-              out: np.ndarray | None = None, sent_bytes: int = 0) -> bool:
+              out: np.ndarray | None = None, sent_bytes: int = 0, push: OpenPush | None = None) -> bool:
         """One push and pull: queueing delay, the update, the reply and the emulated link time.
 
         ``sent_at`` is the worker's wall clock at sending (``time.time()``); the gap to the start of
         service is the push's queueing delay (it includes the transfer of the gradient). ``out``
         receives the parameters (a same-node worker's memory), also when the push is not applied.
-        ``sent_bytes`` of the gradient crossed the link before, as pieces (:meth:`transfer`).
+        ``sent_bytes`` of the gradient crossed the link before, as pieces (:meth:`transfer`); ``push``
+        is the open push those pieces started (they were applied and their parameters went back).
         """
         self.note_arrival(sent_at)
         if out is not None:
-            self._check_out(out)
-        applied = self.apply(grad, pulled_step, out)
+            try:
+                self._check_out(out)
+            except ValueError:
+                if push is not None:
+                    self.abandon_push(push)
+                raise
+        if push is None:
+            applied = self.apply(grad, pulled_step, out)
+        else:
+            self.close_push(push, grad, out)
+            applied = True
         if out is not None and not applied:
             np.copyto(out, self.params)
         self.count_pull()
-        self.transfer(max(0, grad.nbytes - sent_bytes) + self.params.nbytes)
+        self.transfer(max(0, grad.nbytes - sent_bytes) + max(0, self.params.nbytes - (push.returned if push else 0)))
         return applied
 
     def piece(self, nbytes: int) -> None:
@@ -186,9 +283,13 @@ class ShardState:
         np.copyto(out, self.params)
 
     def _check_out(self, out: np.ndarray) -> None:
-        if out.size != self.params.size:
+        self.check_size(out.size)
+
+    def check_size(self, count: int) -> None:
+        """Raise ValueError unless a worker's view of this shard (``count`` values) matches it."""
+        if count != self.params.size:
             raise ValueError(f"shard {self.shard_id} holds {self.params.size} values, the worker's buffer "
-                             f"{out.size}: its layout is stale")
+                             f"{count}: its layout is stale")
 
     def transfer(self, nbytes: int) -> None:
         """``nbytes`` cross the shard's emulated link (a sleep, counted as serving time); nothing without one."""
@@ -210,14 +311,14 @@ class ShardState:
         now = time.perf_counter()
         s = ShardStats(self.shard_id, self.step, now - self._window_start, self._pushes, self._bytes_in,
                        self._bytes_out, self._busy_s, int(self.params.size), len(self.blocks), self._apply_s,
-                       self._queue_s, pieces=self._pieces)
+                       self._queue_s, pieces=self._pieces, pieces_applied=self._pieces_applied)
         if reset:
             self._reset_counters()
         return s
 
     def _reset_counters(self) -> None:
         self._window_start = time.perf_counter()
-        self._pushes = self._bytes_in = self._bytes_out = self._pieces = 0
+        self._pushes = self._bytes_in = self._bytes_out = self._pieces = self._pieces_applied = 0
         self._busy_s = self._apply_s = self._queue_s = 0.0
 
 

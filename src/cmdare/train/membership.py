@@ -347,6 +347,7 @@ class MembershipExecutor:
 
     def _depart(self, w: WorkerHandle, decisions: list[Decision]) -> None:
         self.shards.set_num_workers(len(self.workers))
+        self.shards.forget_worker(w.worker_id)
         lost = {"revoked_at": w.revoked_at, "worker_id": w.worker_id, "server_id": w.server.server_id,
                 "speed_before": self._speed(), "step_at_loss": self._step()}
         self._execute(decisions, lost)

@@ -151,6 +151,12 @@ class ShardGroup:
             for ref in refs:
                 self.detached.add(ref)
 
+    def forget_worker(self, worker_id: int) -> None:
+        """A worker left: every shard drops what it holds of its gradient pieces sent through Ray (an
+        asynchronous shard releases the push they half-applied, so snapshots need not wait for it)."""
+        for s in self.shards:
+            self.detached.add(s.forget.remote(worker_id))
+
     # -- shard loss -------------------------------------------------------------------------------
     def restore(self, storage: Storage, initial: tuple[np.ndarray, np.ndarray, int], global_step: int,
                 workers: Sequence[Any]) -> tuple[int, dict[str, Any]]:

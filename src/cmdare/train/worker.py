@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from cmdare.ps.channel import ChannelClient, ChannelClosed, SharedHostMemory, channels_enabled, receive_all
 from cmdare.ps.layout import FlatLayout, model_flat_from_shard_arrays
 from cmdare.ps.placement import Placement
+from cmdare.ps.shard_sessions import complement
 from cmdare.train.checkpoint import Checkpoint
-from cmdare.train.overlap import GradientPieces
+from cmdare.train.overlap import GradientPieces, pieced_shard
 from cmdare.train.spec import TrainSpec
 
 
@@ -116,6 +117,7 @@ class Worker:
         self.node_id = _ray_node_id()  # None outside Ray (a plain object in tests)
         self.channels: dict[int, ChannelClient] = {}  # shard index -> same-node channel
         self.pieces: GradientPieces | None = None  # gradient pieces announced during backward
+        self.ray_pieces: list[tuple[int, Any]] = []  # (shard, ref) of pieces sent through Ray this step
         self._bind(placement, shards)
         self.step = -1  # global step of the parameters held; -1 before the first pull
         # emulating a slower GPU type on this machine: every step takes `stretch` times as long (>= 1)
@@ -145,19 +147,41 @@ class Worker:
         memory = SharedHostMemory(sum(p.numel() for p in params)) if self.node_id and channels_enabled() else None
         self.layout = FlatLayout(params, placement, self.device,
                                  host=(memory.params, memory.grads) if memory is not None else None)
-        if memory is None:
-            return
         live = self._live_shards()
-        for k, (node, address) in zip(live, ray.get([self.shards[k].channel.remote() for k in live]), strict=True):
-            if address is not None and node == self.node_id:
-                a, b = self.layout.shard_ranges[k]
-                with contextlib.suppress(OSError):  # e.g. another network namespace: reached through Ray
-                    self.channels[k] = ChannelClient(address, memory, a, b - a)
-        memory.close()  # the shards hold their own descriptors; the buffers stay mapped
+        if memory is not None:
+            replies = ray.get([self.shards[k].channel.remote() for k in live])
+            for k, (node, address) in zip(live, replies, strict=True):
+                if address is not None and node == self.node_id:
+                    a, b = self.layout.shard_ranges[k]
+                    with contextlib.suppress(OSError):  # e.g. another network namespace: reached through Ray
+                        self.channels[k] = ChannelClient(address, memory, a, b - a)
+            memory.close()  # the shards hold their own descriptors; the buffers stay mapped
         spans = self.layout.param_spans()
-        if self.spec.overlap and self.spec.ps_bandwidth and self.channels and spans is not None:
-            self.pieces = GradientPieces(params, spans, self.layout.shard_ranges, sorted(self.channels),
-                                         lambda k, nbytes: self.channels[k].send_piece(nbytes, self.slot))
+        pieced = [k for k in live if pieced_shard(self.spec, k in self.channels, self.layout.shard_ranges[k])]
+        if pieced and spans is not None:
+            self.pieces = GradientPieces(params, spans, self.layout.shard_ranges, pieced, self._announce_piece)
+
+    def _announce_piece(self, shard: int, lo: int, hi: int) -> None:
+        """From backward: elements ``[lo, hi)`` of ``shard``'s range are final (brought to host memory
+        first); a channel's shard reads them in place, another node's gets a copy through Ray."""
+        a, b = self.layout.shard_ranges[shard]
+        self.layout.grads_range_to_host(a + lo, a + hi)
+        if shard in self.channels:
+            self.channels[shard].send_piece(lo, hi - lo, self.step, self.slot)
+        else:
+            self.ray_pieces.append((shard, self.shards[shard].push_piece.remote(
+                self.worker_id, lo, self.layout.host_grads_np[a + lo:a + hi], b - a, self.step, self.slot)))
+
+    def _push_ref(self, k: int, sent_at: float):
+        """Push shard ``k``'s gradient through Ray: whole, or what its pieces left (``push_rest``)."""
+        sent = self.pieces.sent_ranges(k) if self.pieces is not None else []
+        if not sent:
+            return self.shards[k].push_pull.remote(self.layout.shard_grad(k), self.step, sent_at, self.slot)
+        grad = self.layout.shard_grad(k)
+        rest = complement(sent, grad.size)
+        values = np.concatenate([grad[lo:hi] for lo, hi in rest]) if rest else np.zeros(0, np.float32)
+        return self.shards[k].push_rest.remote(self.worker_id, len(sent), rest, values, grad.size, self.step,
+                                               sent_at, self.slot)
 
     def _close_channels(self) -> None:
         for channel in self.channels.values():
@@ -226,6 +250,7 @@ class Worker:
             self.layout.zero_grads()
             loss = F.cross_entropy(self.model(x), y)
             if self.pieces is not None:
+                self.ray_pieces = []
                 self.pieces.arm()
             loss.backward()
             announced = self.pieces.finish() if self.pieces is not None else {}
@@ -235,15 +260,20 @@ class Worker:
             try:
                 for k, channel in local.items():  # the shard reads the gradient where backward left it
                     channel.send(self.step, sent_at, self.slot, announced.get(k, 0))
-                refs = [self.shards[k].push_pull.remote(self.layout.shard_grad(k), self.step, sent_at, self.slot)
-                        for k in remote]
+                refs = [self._push_ref(k, sent_at) for k in remote]
                 replies = receive_all(local, t1, wait_s if timed else None) if local else {}
             except ChannelClosed as err:
                 self._channel_lost(err)
+            if self.ray_pieces:  # parameters the pieces' shards sent back during backward
+                pieces, self.ray_pieces = self.ray_pieces, []
+                for (k, _), got in zip(pieces, ray.get([r for _, r in pieces]), strict=True):
+                    if got is not None:
+                        self.layout.set_shard_params(k, got[1], got[0])
             if refs:
                 remote_replies = _gather_timed(refs, remote, wait_s, t1) if timed else ray.get(refs)
                 for k, (values, step_k, applied_k) in zip(remote, remote_replies, strict=True):
-                    self.layout.set_shard_params(k, values)  # a channel's shard wrote its values in place
+                    for first, part in values if isinstance(values, list) else [(0, values)]:
+                        self.layout.set_shard_params(k, part, first)  # a channel's shard wrote in place
                     replies[k] = (step_k, applied_k)
             sampled += timed
             self.layout.host_to_params()

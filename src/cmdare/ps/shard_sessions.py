@@ -1,0 +1,143 @@
+"""A worker's session with a shard: the gradient and parameter memory of one worker's view of the shard,
+and the push whose pieces are arriving.
+
+A same-node worker's session works on its shared memory (:mod:`cmdare.ps.channel`); a worker on
+another node that sends pieces through Ray gets one over buffers of the shard's own (its pieces are
+copied in as they come, the parameters sent back from there). An asynchronous shard applies each piece
+on arrival (:class:`~cmdare.ps.shard_state.OpenPush`) unless someone waits for whole steps or the
+layout is stale; a synchronous shard only carries it over its link, its round needing every worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cmdare.ps.shard_state import OpenPush
+
+__all__ = ["AsyncSession", "StagedGradient", "SyncSession", "complement", "next_count", "scatter_ranges"]
+
+
+def complement(ranges: Sequence[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """The ranges of ``[0, n)`` that ``ranges`` leave out, in order."""
+    return OpenPush(0.0, list(ranges)).rest(n)
+
+
+def scatter_ranges(target: np.ndarray, ranges: Sequence[tuple[int, int]], values: np.ndarray) -> int:
+    """Copy ``values`` (the ranges' elements one after the other) into ``target``; returns their number."""
+    pos = 0
+    for lo, hi in ranges:
+        target[lo:hi] = values[pos:pos + hi - lo]
+        pos += hi - lo
+    if pos != values.size:
+        raise ValueError(f"{values.size} values for ranges of {pos} elements")
+    return pos
+
+
+def next_count(counted: tuple[int | None, int], pulled_step: int | None) -> tuple[int | None, int]:
+    """Pieces counted per push: (pulled step, pieces so far); a piece of a newer push starts again at 1."""
+    return (pulled_step, counted[1] + 1) if counted[0] == pulled_step else (pulled_step, 1)
+
+
+@dataclass
+class StagedGradient:
+    """A synchronous shard's copy of a Ray-path worker's gradient, and the pieces of its push so far."""
+
+    grad: np.ndarray
+    arrived: asyncio.Condition
+    pieces: tuple[int | None, int] = (None, 0)  # (pulled step of the push, pieces received)
+
+    def count(self, pulled_step: int | None) -> None:
+        self.pieces = next_count(self.pieces, pulled_step)
+
+
+class AsyncSession:
+    """A worker's session with an asynchronous shard (``actor``: its ``state``, ``_lock``, ``_gate``, ``_idle``)."""
+
+    def __init__(self, actor: Any, grad: np.ndarray, out: np.ndarray):
+        self.actor, self.grad, self.out = actor, grad, out
+        self.open: OpenPush | None = None
+        self.returned: list[tuple[int, int]] = []  # ranges of ``out`` the pieces of this push sent back
+        self._last_returned: list[tuple[int, int]] = []
+        self.ray_pieces: tuple[int | None, int] = (None, 0)  # Ray path: (pulled step, pieces received)
+
+    def count_ray_piece(self, pulled_step: int | None) -> None:
+        self.ray_pieces = next_count(self.ray_pieces, pulled_step)
+
+    def piece(self, offset: int, count: int, pulled_step: int | None, sender: int | None) -> None:
+        a, state = self.actor, self.actor.state
+        with a._lock:  # the link carries one transfer at a time
+            state.piece(4 * count)
+            if self.open is None and a._gate == 0 and self.grad.size == state.params.size == self.out.size:
+                self.open = state.open_push(self.grad, pulled_step)
+            if self.open is not None:
+                updated = state.apply_piece(self.open, self.grad, self.out, offset, offset + count)
+                if updated:
+                    self.returned.append(self.open.applied[-1])
+                    state.transfer(4 * updated)  # the piece's parameters go back now
+                    self.open.returned += 4 * updated
+
+    def piece_returned(self, offset: int, count: int, pulled_step: int | None,
+                       sender: int | None) -> tuple[int, np.ndarray] | None:
+        """:meth:`piece`, then (first element, a copy of the parameters) it sent back, if any."""
+        before = len(self.returned)
+        self.piece(offset, count, pulled_step, sender)
+        if len(self.returned) == before:
+            return None
+        lo, hi = self.returned[-1]
+        return lo, self.out[lo:hi].copy()
+
+    def push(self, pulled_step: int | None, sent_at: float | None, sender: int | None,
+             sent: int) -> tuple[int, bool]:
+        a = self.actor
+        with a._lock:
+            push, self.open = self.open, None
+            self._last_returned, self.returned = self.returned, []
+            try:
+                applied = a.state.serve(self.grad, pulled_step, sent_at, self.out, 4 * sent, push)
+            finally:
+                if push is not None:
+                    a._idle.notify_all()
+            return a.state.step, applied
+
+    def stage_rest(self, ranges: Sequence[tuple[int, int]], values: np.ndarray) -> int:
+        """Copy the rest of a Ray-path push into the gradient; returns the elements that came as pieces."""
+        return self.grad.size - scatter_ranges(self.grad, ranges, values)
+
+    def unreturned(self) -> list[tuple[int, np.ndarray]]:
+        """After :meth:`push`: (first element, copy) of every parameter range its pieces did not send back."""
+        return [(lo, self.out[lo:hi].copy()) for lo, hi in complement(self._last_returned, self.out.size)]
+
+    def close(self) -> None:
+        a = self.actor
+        with a._lock:
+            if self.open is not None:
+                a.state.abandon_push(self.open)
+                self.open = None
+                a._idle.notify_all()
+
+
+class SyncSession:
+    """A channel of a synchronous shard: its pushes and pieces are handed to the actor's event loop."""
+
+    def __init__(self, actor: Any, grad: np.ndarray, out: np.ndarray):
+        self.actor, self.grad, self.out = actor, grad, out
+
+    def push(self, pulled_step: int | None, sent_at: float | None, sender: int | None,
+             sent: int) -> tuple[int, bool]:
+        a = self.actor
+        assert a._loop is not None
+        _, step, applied = asyncio.run_coroutine_threadsafe(a._push(self.grad, sent_at, sender, self.out, 4 * sent),
+                                                            a._loop).result()
+        return step, applied
+
+    def piece(self, offset: int, count: int, pulled_step: int | None, sender: int | None) -> None:
+        assert self.actor._loop is not None
+        asyncio.run_coroutine_threadsafe(self.actor._announced(4 * count), self.actor._loop).result()
+
+    def close(self) -> None:
+        pass
