@@ -93,8 +93,9 @@ class TrainSpec:
     # Emulated network link of every PS server, e.g. "1Gbit/s": each push and its reply take
     # bytes / bandwidth on the shard (one transfer at a time), so local runs can be PS-bound like cloud PSs.
     ps_bandwidth: str | None = None
-    # With an emulated link: announce each piece of a gradient to its (same-node) shard as soon as backward
-    # has produced it, so the link time overlaps backward (cmdare.train.overlap); False pushes after backward.
+    # Send each piece of a gradient to its shard as soon as backward has produced it (with an emulated link,
+    # or through Ray to a shard of >= 4 MiB); an asynchronous shard applies it and sends its parameters back
+    # at once, so communication overlaps backward (cmdare.train.overlap); False pushes after backward.
     overlap: bool = True
 
     def __post_init__(self) -> None:
