@@ -100,14 +100,9 @@ class FlatLayout:
         a, b = self.shard_ranges[shard]
         return self.host_grads_np[a:b]
 
-    def set_shard_params(self, shard: int, values: np.ndarray, first: int = 0) -> None:
-        """Copy shard ``shard``'s pulled parameters (from its element ``first`` on) into the host flat buffer."""
+    def set_shard_params(self, shard: int, values: np.ndarray) -> None:
+        """Copy shard ``shard``'s pulled parameters into the host flat buffer."""
         a, b = self.shard_ranges[shard]
-        if first or values.size != b - a:
-            if first < 0 or a + first + values.size > b:
-                raise ValueError(f"{values.size} values at {first} overrun shard {shard}'s {b - a}")
-            np.copyto(self.host_params_np[a + first:a + first + values.size], values)
-            return
         np.copyto(self.host_params_np[a:b], values)
 
     def host_to_params(self) -> None:

@@ -145,7 +145,7 @@ class AsyncShardActor(_ShardActorBase):
     def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None):
         self._init_base()
         self.state = ShardState(shard_id, cfg, max_step)
-        self._ray_sessions: dict[int, AsyncSession] = {}  # per worker on another node that sends pieces
+        self._staging: dict[int, StagedGradient] = {}  # per worker on another node: its gradient's pieces
 
     def push_pull(self, grad: np.ndarray, pulled_step: int | None = None,
                   sent_at: float | None = None, sender: int | None = None) -> tuple[np.ndarray, int, bool]:
@@ -160,45 +160,44 @@ class AsyncShardActor(_ShardActorBase):
         return AsyncSession(self, grad, out)
 
     # -- the Ray path's pieces (a worker on another node) -----------------------------------
+    # Staged, not applied on arrival: this actor runs one Ray call at a time, so a snapshot waiting for a
+    # half-applied push would wait for the very ``push_rest`` queued behind it.
     def push_piece(self, worker: int, offset: int, values: np.ndarray, count: int, pulled_step: int | None,
-                   sender: int | None) -> tuple[int, np.ndarray] | None:
+                   sender: int | None) -> None:
         """Elements ``[offset, offset + len(values))`` of worker ``worker``'s next gradient (``count``: the
-        shard's size in its layout); returns (first element, parameters) of what was updated at once."""
-        session = self._ray_session(worker, count)
-        session.grad[offset:offset + values.size] = values
-        session.count_ray_piece(pulled_step)
-        return session.piece_returned(offset, values.size, pulled_step, sender)
+        shard's size in its layout); they cross the link now and wait for :meth:`push_rest`."""
+        with self._lock:
+            staged = self._staging_for(worker, count)
+            staged.grad[offset:offset + values.size] = values
+            staged.count(pulled_step)
+            self.state.piece(values.nbytes)
 
     def push_rest(self, worker: int, pieces: int, ranges: list[tuple[int, int]], values: np.ndarray, count: int,
                   pulled_step: int | None = None, sent_at: float | None = None,
-                  sender: int | None = None) -> tuple[list[tuple[int, np.ndarray]], int, bool]:
+                  sender: int | None = None) -> tuple[np.ndarray, int, bool]:
         """The rest of a gradient whose ``pieces`` pieces came by :meth:`push_piece` (``values``: ``ranges``
-        one after the other); returns the parameters not yet sent back as (first element, values)
-        segments, the global step and whether the push was applied."""
-        session = self._ray_session(worker, count)
-        if session.ray_pieces != (pulled_step, pieces):  # this actor runs one call at a time, in order
-            raise RuntimeError(f"shard {self.state.shard_id}: the push of worker {worker} came after "
-                               f"{session.ray_pieces[1]} of its {pieces} pieces")
-        sent = session.stage_rest(ranges, values)
-        step, applied = session.push(pulled_step, sent_at, sender, sent)
-        return session.unreturned(), step, applied
+        one after the other); applies the whole of it and returns what :meth:`push_pull` returns."""
+        with self._lock:
+            staged = self._staging_for(worker, count)
+            got, staged.pieces = staged.pieces, (None, 0)
+            if got != (pulled_step, pieces):  # this actor runs one call at a time, in order
+                raise RuntimeError(f"shard {self.state.shard_id}: the push of worker {worker} came after "
+                                   f"{got[1] if got[0] == pulled_step else 0} of its {pieces} pieces")
+            sent = count - scatter_ranges(staged.grad, ranges, values)
+            applied = self.state.serve(staged.grad, pulled_step, sent_at, sent_bytes=4 * sent)
+            return self._params_out(), self.state.step, applied
 
     def forget(self, worker: int) -> None:
-        """Worker ``worker`` is gone: release its Ray-path push, if one is half-applied."""
-        session = self._ray_sessions.pop(worker, None)
-        if session is not None:
-            session.close()
-
-    def _ray_session(self, worker: int, count: int) -> AsyncSession:
+        """Worker ``worker`` is gone: drop its staged gradient pieces."""
         with self._lock:
-            self.state.check_size(count)
-            session = self._ray_sessions.get(worker)
-            if session is None or session.grad.size != count:
-                if session is not None:
-                    session.close()
-                session = self._ray_sessions[worker] = AsyncSession(self, np.zeros(count, np.float32),
-                                                                    np.zeros(count, np.float32))
-            return session
+            self._staging.pop(worker, None)
+
+    def _staging_for(self, worker: int, count: int) -> StagedGradient:
+        self.state.check_size(count)
+        staged = self._staging.get(worker)
+        if staged is None or staged.grad.size != count:
+            staged = self._staging[worker] = StagedGradient(np.zeros(count, np.float32))
+        return staged
 
 
 class SyncShardActor(_ShardActorBase):
@@ -269,14 +268,14 @@ class SyncShardActor(_ShardActorBase):
 
     async def push_rest(self, worker: int, pieces: int, ranges: list[tuple[int, int]], values: np.ndarray,
                         count: int, pulled_step: int | None = None, sent_at: float | None = None,
-                        sender: int | None = None) -> tuple[list[tuple[int, np.ndarray]], int, bool]:
+                        sender: int | None = None) -> tuple[np.ndarray, int, bool]:
         staged = self._staging_for(worker, count)
         async with staged.arrived:  # an asyncio actor may start calls out of order: wait for every piece
             await staged.arrived.wait_for(lambda: staged.pieces == (pulled_step, pieces))
+            staged.pieces = (None, 0)
         sent = count - scatter_ranges(staged.grad, ranges, values)
         # the round holds the gradient until it completes; the worker's next pieces come after its reply
-        params, step, applied = await self._push(staged.grad, sent_at, sender, None, 4 * sent)
-        return [(0, params)], step, applied
+        return await self._push(staged.grad, sent_at, sender, None, 4 * sent)
 
     async def forget(self, worker: int) -> None:
         self._staging.pop(worker, None)

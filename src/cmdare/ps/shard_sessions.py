@@ -1,11 +1,11 @@
-"""A worker's session with a shard: the gradient and parameter memory of one worker's view of the shard,
-and the push whose pieces are arriving.
+"""A worker's session with a shard over a same-node channel: the worker's gradient and parameter
+memory for the shard's range, and the push whose pieces are arriving; and the staged gradient of a
+worker that sends pieces through Ray.
 
-A same-node worker's session works on its shared memory (:mod:`cmdare.ps.channel`); a worker on
-another node that sends pieces through Ray gets one over buffers of the shard's own (its pieces are
-copied in as they come, the parameters sent back from there). An asynchronous shard applies each piece
-on arrival (:class:`~cmdare.ps.shard_state.OpenPush`) unless someone waits for whole steps or the
-layout is stale; a synchronous shard only carries it over its link, its round needing every worker.
+An asynchronous shard applies each channel piece on arrival (:class:`~cmdare.ps.shard_state.OpenPush`)
+unless someone waits for whole steps or the layout is stale; a synchronous shard only carries it over
+its link, its round needing every worker. Pieces through Ray are staged until the rest of the push
+comes, then applied whole.
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ def next_count(counted: tuple[int | None, int], pulled_step: int | None) -> tupl
 
 @dataclass
 class StagedGradient:
-    """A synchronous shard's copy of a Ray-path worker's gradient, and the pieces of its push so far."""
+    """A shard's copy of a Ray-path worker's gradient, and the pieces of its push so far (``arrived``: a
+    synchronous shard's condition, notified per piece)."""
 
     grad: np.ndarray
-    arrived: asyncio.Condition
+    arrived: asyncio.Condition | None = None
     pieces: tuple[int | None, int] = (None, 0)  # (pulled step of the push, pieces received)
 
     def count(self, pulled_step: int | None) -> None:
@@ -61,12 +62,6 @@ class AsyncSession:
     def __init__(self, actor: Any, grad: np.ndarray, out: np.ndarray):
         self.actor, self.grad, self.out = actor, grad, out
         self.open: OpenPush | None = None
-        self.returned: list[tuple[int, int]] = []  # ranges of ``out`` the pieces of this push sent back
-        self._last_returned: list[tuple[int, int]] = []
-        self.ray_pieces: tuple[int | None, int] = (None, 0)  # Ray path: (pulled step, pieces received)
-
-    def count_ray_piece(self, pulled_step: int | None) -> None:
-        self.ray_pieces = next_count(self.ray_pieces, pulled_step)
 
     def piece(self, offset: int, count: int, pulled_step: int | None, sender: int | None) -> None:
         a, state = self.actor, self.actor.state
@@ -76,41 +71,20 @@ class AsyncSession:
                 self.open = state.open_push(self.grad, pulled_step)
             if self.open is not None:
                 updated = state.apply_piece(self.open, self.grad, self.out, offset, offset + count)
-                if updated:
-                    self.returned.append(self.open.applied[-1])
-                    state.transfer(4 * updated)  # the piece's parameters go back now
-                    self.open.returned += 4 * updated
-
-    def piece_returned(self, offset: int, count: int, pulled_step: int | None,
-                       sender: int | None) -> tuple[int, np.ndarray] | None:
-        """:meth:`piece`, then (first element, a copy of the parameters) it sent back, if any."""
-        before = len(self.returned)
-        self.piece(offset, count, pulled_step, sender)
-        if len(self.returned) == before:
-            return None
-        lo, hi = self.returned[-1]
-        return lo, self.out[lo:hi].copy()
+                state.transfer(4 * updated)  # the piece's parameters go back now
+                self.open.returned += 4 * updated
 
     def push(self, pulled_step: int | None, sent_at: float | None, sender: int | None,
              sent: int) -> tuple[int, bool]:
         a = self.actor
         with a._lock:
             push, self.open = self.open, None
-            self._last_returned, self.returned = self.returned, []
             try:
                 applied = a.state.serve(self.grad, pulled_step, sent_at, self.out, 4 * sent, push)
             finally:
                 if push is not None:
                     a._idle.notify_all()
             return a.state.step, applied
-
-    def stage_rest(self, ranges: Sequence[tuple[int, int]], values: np.ndarray) -> int:
-        """Copy the rest of a Ray-path push into the gradient; returns the elements that came as pieces."""
-        return self.grad.size - scatter_ranges(self.grad, ranges, values)
-
-    def unreturned(self) -> list[tuple[int, np.ndarray]]:
-        """After :meth:`push`: (first element, copy) of every parameter range its pieces did not send back."""
-        return [(lo, self.out[lo:hi].copy()) for lo, hi in complement(self._last_returned, self.out.size)]
 
     def close(self) -> None:
         a = self.actor

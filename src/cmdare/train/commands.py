@@ -96,9 +96,10 @@ def train_command(
                                      "(each push and reply take bytes/bandwidth on the shard)."),
     overlap: bool = typer.Option(True, "--overlap/--no-overlap",
                                  help="Send each piece of a gradient as soon as backward has produced it "
-                                 "(with --ps-bandwidth, or through Ray to shards of 4 MiB or more); an "
-                                 "asynchronous shard sends the piece's parameters back at once, so the "
-                                 "push and pull overlap backward. --no-overlap pushes after backward."),
+                                 "(with --ps-bandwidth, or through Ray to shards of 4 MiB or more); on a "
+                                 "same-node channel an asynchronous shard sends the piece's parameters back "
+                                 "at once, so push and pull overlap backward. --no-overlap pushes after "
+                                 "backward."),
     record: bool = typer.Option(True, "--record/--no-record", help="Record measurements in the store."),
     tensorboard: str = typer.Option(None, help="TensorBoard directory (default: the data directory's "
                                     "tensorboard/RUN); 'none' to skip."),

@@ -4,14 +4,16 @@ Backward computes gradients from the last layer to the first. Each shard's range
 cut, at parameter boundaries, into pieces of about equal size; a hook on every parameter
 (``register_post_accumulate_grad_hook``) counts the piece's parameters done, and the moment a piece is
 complete it is announced to its shard, which carries it over its link while backward goes on (as
-BytePS and Poseidon push layer by layer). An asynchronous shard also applies the piece at once and
-writes its parameters back, so the next parameters are pulled in the same order, during backward
-too: a parameter whose gradient is final is not read again by this backward. The push after backward
+BytePS and Poseidon push layer by layer). On a channel an asynchronous shard also applies the piece
+at once and writes its parameters back, so the next parameters are pulled in the same order, during
+backward too: a parameter whose gradient is final is not read again by this backward. The push after backward
 then carries only what is left. The update of every element is the one a whole push makes, so
 training is unchanged.
 
-Pieces are announced on same-node channels (:mod:`cmdare.ps.channel`), where the gradient already lies
-in shared memory and the emulated link (``--ps-bandwidth``) is what takes time.
+On same-node channels (:mod:`cmdare.ps.channel`) a piece is an announcement: the gradient already lies
+in shared memory and the emulated link (``--ps-bandwidth``) is what takes time. A shard reached
+through Ray gets the piece's values in a ``push_piece`` call and stages them until the push, which
+applies the whole gradient (see :func:`pieced_shard` for when pieces are sent).
 """
 
 from __future__ import annotations

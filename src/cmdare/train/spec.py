@@ -94,8 +94,9 @@ class TrainSpec:
     # bytes / bandwidth on the shard (one transfer at a time), so local runs can be PS-bound like cloud PSs.
     ps_bandwidth: str | None = None
     # Send each piece of a gradient to its shard as soon as backward has produced it (with an emulated link,
-    # or through Ray to a shard of >= 4 MiB); an asynchronous shard applies it and sends its parameters back
-    # at once, so communication overlaps backward (cmdare.train.overlap); False pushes after backward.
+    # or through Ray to a shard of >= 4 MiB); on a channel an asynchronous shard applies it and sends its
+    # parameters back at once, so communication overlaps backward (cmdare.train.overlap); False pushes after
+    # backward.
     overlap: bool = True
 
     def __post_init__(self) -> None:

@@ -117,7 +117,7 @@ class Worker:
         self.node_id = _ray_node_id()  # None outside Ray (a plain object in tests)
         self.channels: dict[int, ChannelClient] = {}  # shard index -> same-node channel
         self.pieces: GradientPieces | None = None  # gradient pieces announced during backward
-        self.ray_pieces: list[tuple[int, Any]] = []  # (shard, ref) of pieces sent through Ray this step
+        self.ray_pieces: list[Any] = []  # refs of the pieces sent through Ray this step
         self._bind(placement, shards)
         self.step = -1  # global step of the parameters held; -1 before the first pull
         # emulating a slower GPU type on this machine: every step takes `stretch` times as long (>= 1)
@@ -163,14 +163,15 @@ class Worker:
 
     def _announce_piece(self, shard: int, lo: int, hi: int) -> None:
         """From backward: elements ``[lo, hi)`` of ``shard``'s range are final (brought to host memory
-        first); a channel's shard reads them in place, another node's gets a copy through Ray."""
+        first); a channel's shard reads them in place, another node's gets a copy through Ray (staged there
+        until the push)."""
         a, b = self.layout.shard_ranges[shard]
         self.layout.grads_range_to_host(a + lo, a + hi)
         if shard in self.channels:
             self.channels[shard].send_piece(lo, hi - lo, self.step, self.slot)
         else:
-            self.ray_pieces.append((shard, self.shards[shard].push_piece.remote(
-                self.worker_id, lo, self.layout.host_grads_np[a + lo:a + hi], b - a, self.step, self.slot)))
+            self.ray_pieces.append(self.shards[shard].push_piece.remote(
+                self.worker_id, lo, self.layout.host_grads_np[a + lo:a + hi], b - a, self.step, self.slot))
 
     def _push_ref(self, k: int, sent_at: float):
         """Push shard ``k``'s gradient through Ray: whole, or what its pieces left (``push_rest``)."""
@@ -264,16 +265,13 @@ class Worker:
                 replies = receive_all(local, t1, wait_s if timed else None) if local else {}
             except ChannelClosed as err:
                 self._channel_lost(err)
-            if self.ray_pieces:  # parameters the pieces' shards sent back during backward
+            if self.ray_pieces:  # staged by their shards long ago; a failure (a dead shard) is raised here
                 pieces, self.ray_pieces = self.ray_pieces, []
-                for (k, _), got in zip(pieces, ray.get([r for _, r in pieces]), strict=True):
-                    if got is not None:
-                        self.layout.set_shard_params(k, got[1], got[0])
+                ray.get(pieces)
             if refs:
                 remote_replies = _gather_timed(refs, remote, wait_s, t1) if timed else ray.get(refs)
                 for k, (values, step_k, applied_k) in zip(remote, remote_replies, strict=True):
-                    for first, part in values if isinstance(values, list) else [(0, values)]:
-                        self.layout.set_shard_params(k, part, first)  # a channel's shard wrote in place
+                    self.layout.set_shard_params(k, values)  # a channel's shard wrote its values in place
                     replies[k] = (step_k, applied_k)
             sampled += timed
             self.layout.host_to_params()
