@@ -61,6 +61,19 @@ class _ShardActorBase:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when an open push completes or is abandoned
         self._gate = 0  # callers waiting for whole steps: no push opens early meanwhile
+        self._staging: dict[int, StagedGradient] = {}  # per worker on another node: its gradient's pieces
+
+    def _staging_for(self, worker: int, count: int) -> StagedGradient:
+        """Worker ``worker``'s staged gradient (a new one for a new layout; ``count``: its view of the shard)."""
+        self.state.check_size(count)
+        staged = self._staging.get(worker)
+        if staged is None or staged.grad.size != count:
+            staged = self._staging[worker] = StagedGradient(np.zeros(count, np.float32), self._piece_signal())
+        return staged
+
+    def _piece_signal(self) -> asyncio.Condition | None:
+        """What a staged gradient notifies per piece (a synchronous shard's push waits on it)."""
+        return None
 
     @contextlib.contextmanager
     def _whole_steps(self) -> Iterator[None]:
@@ -145,7 +158,6 @@ class AsyncShardActor(_ShardActorBase):
     def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None):
         self._init_base()
         self.state = ShardState(shard_id, cfg, max_step)
-        self._staging: dict[int, StagedGradient] = {}  # per worker on another node: its gradient's pieces
 
     def push_pull(self, grad: np.ndarray, pulled_step: int | None = None,
                   sent_at: float | None = None, sender: int | None = None) -> tuple[np.ndarray, int, bool]:
@@ -192,13 +204,6 @@ class AsyncShardActor(_ShardActorBase):
         with self._lock:
             self._staging.pop(worker, None)
 
-    def _staging_for(self, worker: int, count: int) -> StagedGradient:
-        self.state.check_size(count)
-        staged = self._staging.get(worker)
-        if staged is None or staged.grad.size != count:
-            staged = self._staging[worker] = StagedGradient(np.zeros(count, np.float32))
-        return staged
-
 
 class SyncShardActor(_ShardActorBase):
     """Synchronous training: one averaged gradient per step from ``num_workers`` pushes.
@@ -221,7 +226,6 @@ class SyncShardActor(_ShardActorBase):
         self._round: asyncio.Event | None = None  # created in the actor's event loop, on the first push
         self._link_lock: asyncio.Lock | None = None  # the emulated link carries one transfer at a time
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._staging: dict[int, StagedGradient] = {}  # per worker on another node: its gradient's pieces
 
     async def push_pull(self, grad: np.ndarray, pulled_step: int | None = None,
                         sent_at: float | None = None, sender: int | None = None) -> tuple[np.ndarray, int, bool]:
@@ -280,12 +284,8 @@ class SyncShardActor(_ShardActorBase):
     async def forget(self, worker: int) -> None:
         self._staging.pop(worker, None)
 
-    def _staging_for(self, worker: int, count: int) -> StagedGradient:
-        self.state.check_size(count)
-        staged = self._staging.get(worker)
-        if staged is None or staged.grad.size != count:
-            staged = self._staging[worker] = StagedGradient(np.zeros(count, np.float32), asyncio.Condition())
-        return staged
+    def _piece_signal(self) -> asyncio.Condition:
+        return asyncio.Condition()
 
     async def _announced(self, nbytes: int) -> None:
         self.state.count_piece()
@@ -365,4 +365,3 @@ class SyncShardActor(_ShardActorBase):
 
     async def node_id(self) -> str:  # type: ignore[override]
         return _node_id()
-

@@ -19,12 +19,7 @@ import numpy as np
 
 from cmdare.ps.shard_state import OpenPush
 
-__all__ = ["AsyncSession", "StagedGradient", "SyncSession", "complement", "next_count", "scatter_ranges"]
-
-
-def complement(ranges: Sequence[tuple[int, int]], n: int) -> list[tuple[int, int]]:
-    """The ranges of ``[0, n)`` that ``ranges`` leave out, in order."""
-    return OpenPush(0.0, list(ranges)).rest(n)
+__all__ = ["AsyncSession", "StagedGradient", "SyncSession", "scatter_ranges"]
 
 
 def scatter_ranges(target: np.ndarray, ranges: Sequence[tuple[int, int]], values: np.ndarray) -> int:
@@ -38,11 +33,6 @@ def scatter_ranges(target: np.ndarray, ranges: Sequence[tuple[int, int]], values
     return pos
 
 
-def next_count(counted: tuple[int | None, int], pulled_step: int | None) -> tuple[int | None, int]:
-    """Pieces counted per push: (pulled step, pieces so far); a piece of a newer push starts again at 1."""
-    return (pulled_step, counted[1] + 1) if counted[0] == pulled_step else (pulled_step, 1)
-
-
 @dataclass
 class StagedGradient:
     """A shard's copy of a Ray-path worker's gradient, and the pieces of its push so far (``arrived``: a
@@ -53,7 +43,9 @@ class StagedGradient:
     pieces: tuple[int | None, int] = (None, 0)  # (pulled step of the push, pieces received)
 
     def count(self, pulled_step: int | None) -> None:
-        self.pieces = next_count(self.pieces, pulled_step)
+        """One more piece of the push on parameters of ``pulled_step`` (a newer push starts again at 1)."""
+        seen = self.pieces[1] if self.pieces[0] == pulled_step else 0
+        self.pieces = (pulled_step, seen + 1)
 
 
 class AsyncSession:
@@ -67,7 +59,7 @@ class AsyncSession:
         a, state = self.actor, self.actor.state
         with a._lock:  # the link carries one transfer at a time
             state.piece(4 * count)
-            if self.open is None and a._gate == 0 and self.grad.size == state.params.size == self.out.size:
+            if self.open is None and a._gate == 0 and self.grad.size == state.params.size:
                 self.open = state.open_push(self.grad, pulled_step)
             if self.open is not None:
                 updated = state.apply_piece(self.open, self.grad, self.out, offset, offset + count)

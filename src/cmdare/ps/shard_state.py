@@ -59,14 +59,19 @@ class OpenPush:
 
     def rest(self, n: int) -> list[tuple[int, int]]:
         """The ranges of ``[0, n)`` not updated yet."""
-        out, pos = [], 0
-        for lo, hi in sorted(self.applied):
-            if lo > pos:
-                out.append((pos, lo))
-            pos = max(pos, hi)
-        if pos < n:
-            out.append((pos, n))
-        return out
+        return complement(self.applied, n)
+
+
+def complement(ranges: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """The ranges of ``[0, n)`` that ``ranges`` leave out, in order."""
+    out, pos = [], 0
+    for lo, hi in sorted(ranges):
+        if lo > pos:
+            out.append((pos, lo))
+        pos = max(pos, hi)
+    if pos < n:
+        out.append((pos, n))
+    return out
 
 
 class ShardState:

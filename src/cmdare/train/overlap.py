@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from cmdare.train.spec import TrainSpec
+
 #: Pieces each shard's range is cut into (fewer when it holds fewer parameters).
 PIECES_PER_SHARD = 4
 #: A shard reached through Ray gets pieces only from this size on (each piece is a Ray call), or over an
@@ -30,7 +32,7 @@ PIECES_PER_SHARD = 4
 RAY_PIECES_MIN_BYTES = 4 << 20
 
 
-def pieced_shard(spec: Any, by_channel: bool, shard_range: tuple[int, int]) -> bool:
+def pieced_shard(spec: TrainSpec, by_channel: bool, shard_range: tuple[int, int]) -> bool:
     """Whether a worker sends shard ``shard_range``'s gradient in pieces during backward: with overlap on,
     over an emulated link (``--ps-bandwidth``), or through Ray for a shard of at least
     :data:`RAY_PIECES_MIN_BYTES` (a same-node channel's gradient is already in shared memory)."""
@@ -74,7 +76,6 @@ class GradientPieces:
                     piece, size = [], 0
         self._remaining = list(self._members)
         self._armed = False
-        self._sent: dict[int, int] = {}
         self._ranges: dict[int, list[tuple[int, int]]] = {}  # shard -> ranges announced this backward
         self.error: BaseException | None = None  # an announcement that failed (the push raises it again)
         self._hooks: list[Any] = [params[i].register_post_accumulate_grad_hook(self._hook(owner[i]))
@@ -92,19 +93,18 @@ class GradientPieces:
                 except Exception as err:  # noqa: BLE001 - not raised through autograd; the push raises
                     self.error = err
                     return
-                self._sent[shard] = self._sent.get(shard, 0) + hi - lo
                 self._ranges.setdefault(shard, []).append((lo, hi))
         return ready
 
     def arm(self) -> None:
         """Before backward: every piece waits for its parameters."""
         self._remaining = list(self._members)
-        self._sent, self._ranges, self.error, self._armed = {}, {}, None, True
+        self._ranges, self.error, self._armed = {}, None, True
 
     def finish(self) -> dict[int, int]:
         """After backward: elements announced per shard (pieces not announced go with the push)."""
         self._armed = False
-        return self._sent
+        return {k: sum(hi - lo for lo, hi in ranges) for k, ranges in self._ranges.items()}
 
     def sent_ranges(self, shard: int) -> list[tuple[int, int]]:
         """The ranges of ``shard`` announced in the last backward."""

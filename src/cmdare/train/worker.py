@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from cmdare.ps.channel import ChannelClient, ChannelClosed, SharedHostMemory, channels_enabled, receive_all
 from cmdare.ps.layout import FlatLayout, model_flat_from_shard_arrays
 from cmdare.ps.placement import Placement
-from cmdare.ps.shard_sessions import complement
+from cmdare.ps.shard_state import complement
 from cmdare.train.checkpoint import Checkpoint
 from cmdare.train.overlap import GradientPieces, pieced_shard
 from cmdare.train.spec import TrainSpec
