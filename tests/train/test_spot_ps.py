@@ -39,11 +39,13 @@ def _params(path) -> np.ndarray:
 
 
 def test_sync_run_with_ps_evacuations_equals_the_fault_free_run(local_ray, tmp_path):
-    plain = Trainer(_spec(), checkpoint_dir=tmp_path / "plain").run()
+    # 300 steps (about 2 s of training here) with a notice every second: the schedule is in seconds, so
+    # a run much shorter than its first revocation would see none (80 steps did once steps got faster)
+    plain = Trainer(_spec(steps=300, checkpoint_every=300), checkpoint_dir=tmp_path / "plain").run()
     log = _Events()
-    spot = _spec(ps_transient=True, revocations="every=3,first=1,notice=300,hit=ps")
+    spot = _spec(steps=300, checkpoint_every=300, ps_transient=True, revocations="every=1,first=0.3,notice=300,hit=ps")
     summary = Trainer(spot, [log], checkpoint_dir=tmp_path / "spot").run()
-    assert plain.global_step == summary.global_step == 80 and summary.status == "finished"
+    assert plain.global_step == summary.global_step == 300 and summary.status == "finished"
     evacuated = log.kinds("shard_evacuated")
     assert len(evacuated) >= 1 and summary.details["shards_evacuated"] == len(evacuated)
     assert not log.kinds("shard_restored") and summary.details["steps_lost"] == 0
@@ -86,9 +88,10 @@ def test_a_short_notice_parks_the_last_shards_blocks_until_its_replacement_is_up
 
 def test_without_notice_the_shards_roll_back_and_the_lost_steps_are_reported(local_ray, tmp_path):
     log = _Events()
-    # 400 steps: with the same-node channel 120 async steps took under the 1.5 s to the first revocation
+    # the first revocation 0.3 s after the first step: 400 asynchronous steps take 1.5-3 s here, and the
+    # schedule is in seconds (a first revocation at 1.5 s came after the end once steps got faster)
     spec = _spec(sync=False, steps=400, checkpoint_every=20, ps_transient=True,
-                 revocations="every=6,first=1.5,notice=0,hit=ps")
+                 revocations="every=2,first=0.3,notice=0,hit=ps")
     summary = Trainer(spec, [log], checkpoint_dir=tmp_path).run()
     assert summary.status == "finished" and summary.global_step == 400
     killed = log.kinds("ps_revocation")
