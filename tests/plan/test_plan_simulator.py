@@ -129,7 +129,11 @@ def test_revocations_slow_and_add_revocations_with_more_workers():
     revs = [m.revocations_mean for m in means]
     assert revs == sorted(revs)
     for n, m in zip((1, 2, 4, 8), means, strict=True):
-        assert m.time_mean_s > 20000 / min(n, 1.5)  # revocations only slow down
+        base = 20000 / min(n, 1.5)
+        if n < 8:  # revocations only slow down
+            assert m.time_mean_s > base
+        else:  # the 7 workers left after a loss still reach the PS's cap: revocations cost no time
+            assert m.time_mean_s == pytest.approx(base, rel=1e-12)
         assert m.time_p95_s >= m.time_p50_s
 
 

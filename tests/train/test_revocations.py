@@ -90,9 +90,10 @@ def test_notice_checkpoints_leaves_and_loses_no_step(local_ray, tmp_path):
     assert summary.status == "finished" and summary.global_step == 200
     notice = log.kinds("notice")[0]
     assert notice.worker_id == 0 and notice.details["chief"] is True
-    # the chief checkpointed on the notice (between the periodic ones), then handed the role over
-    on_notice = [c for c in log.ckpts if c.worker_id == 0 and c.global_step not in (100, 200)]
-    assert on_notice and on_notice[0].global_step >= notice.global_step
+    # the chief checkpointed on the notice (between the periodic ones), then handed the role over: its
+    # last checkpoint is the notice's (a periodic one may be taken a few steps after its multiple of 100)
+    mine = [c.global_step for c in log.ckpts if c.worker_id == 0]
+    assert mine and notice.global_step <= max(mine) < 200
     assert log.kinds("chief_change")[0].details == {"from": 0, "to": 1}
     ended = [e for e in log.kinds("server_ended") if e.details.get("reason") == "notice"]
     assert len(ended) == 1

@@ -276,6 +276,12 @@ class RunResult:
     evacuations: int = 0  # spot PS shards evacuated within their notice
 
 
+def _mean(x: np.ndarray) -> float:
+    """The mean, exactly the value when every run gives the same one (``x.mean()`` may be an ulp off, by
+    the order its SIMD sum takes, which depends on the array's alignment)."""
+    return float(x[0] + np.mean(x - x[0])) if x.size else math.nan
+
+
 def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if values.size else math.nan
 
@@ -304,10 +310,10 @@ class SimSummary:
         c = np.array([r.cost_usd for r in results], dtype=float)
         return cls(
             runs=len(results),
-            time_mean_s=float(t.mean()),
+            time_mean_s=_mean(t),
             time_p50_s=_pct(t, 50),
             time_p95_s=_pct(t, 95),
-            cost_mean_usd=float(c.mean()),
+            cost_mean_usd=_mean(c),
             cost_p50_usd=_pct(c, 50),
             cost_p95_usd=_pct(c, 95),
             revocations_mean=float(np.mean([r.revocations for r in results])),
