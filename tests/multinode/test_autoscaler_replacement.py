@@ -111,7 +111,9 @@ def test_lost_and_drained_worker_nodes_are_replaced_by_the_autoscaler_and_the_ru
         netns: NetnsCluster) -> None:
     storage = netns.tmp / "storage"
     _cluster(netns, 2, storage, _HEAD_ENV)
-    proc = _train(netns, storage, "--steps", "2500")
+    # long enough for two replacements in turn (each 15-25 s here: the dead node timed out, a node launched,
+    # its worker process up) at ~100 steps/s; 2,500 steps ended before the first came
+    proc = _train(netns, storage, "--steps", "6000")
     killed, drained = _kill_a_worker_node_after_first_checkpoint(netns, storage, proc)
     _wait_for("the replacement", lambda: len(_alive_workers(netns) - {killed}) == 2, proc)
     # Ray's preemption drain of the other worker's node, 30 s before the cloud takes it
@@ -128,7 +130,7 @@ def test_lost_and_drained_worker_nodes_are_replaced_by_the_autoscaler_and_the_ru
     summary = re.search(r"servers: (\d+) revoked, (\d+) replaced, ([\d.]+) s of cluster time lost", out)
     assert summary and summary.groups()[:2] == ("2", "2"), out[-3000:]
     assert float(summary.group(3)) > 0
-    assert "finished: step 2500" in out and "emulated" not in out.split("servers:")[1].splitlines()[0]
+    assert "finished: step 6000" in out and "emulated" not in out.split("servers:")[1].splitlines()[0]
     assert not {killed, drained} & _alive_workers(netns)
     servers = _servers(netns)
     assert sorted(s["end_reason"] for s in servers if s["end_reason"] in ("revoked", "notice")) == ["notice", "revoked"]

@@ -53,6 +53,9 @@ class TrainSpec:
     seed: int = 0
     chunk_steps: int = 10  # steps a worker runs per call before reporting back
     chunk_s: float = 0.5  # ... or this many seconds, whichever comes first
+    # Asynchronous workers: chunks queued on each worker, so it starts the next the moment one ends instead of
+    # waiting for the coordinator to read the result and send more (1: one at a time; synchronous runs: 1).
+    chunks_ahead: int = 2
     gpus_per_worker: float | str = "auto"  # Ray num_gpus per worker; "auto": 1 when the cluster has GPUs, else 0
     cpus_per_worker: float = 1.0
     cpus_per_shard: float = 1.0
@@ -100,7 +103,7 @@ class TrainSpec:
     overlap: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("workers", "ps", "steps", "batch_size", "chunk_steps"):
+        for name in ("workers", "ps", "steps", "batch_size", "chunk_steps", "chunks_ahead"):
             if getattr(self, name) < 1:
                 raise UserInputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         for name in ("checkpoint_every", "eval_every", "seed"):
