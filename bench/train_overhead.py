@@ -105,6 +105,8 @@ def main() -> None:
     ap.add_argument("--configs", default="small,big")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip", type=int, default=3, help="first chunks excluded from the cmdare rate")
+    ap.add_argument("--chunks-ahead", type=int, default=None,
+                    help="chunks queued per worker (TrainSpec.chunks_ahead; default: the spec's, 1: one at a time)")
     args = ap.parse_args()
     load_start = os.getloadavg()[0]  # the 2 cores are shared: say how busy they were
 
@@ -122,7 +124,8 @@ def main() -> None:
             before = plain_steps_per_s(model, dataset, batch, warm, timed)
             for _ in range(args.rounds):
                 # plain runs sandwich each cmdare run; the round's plain figure is their mean
-                runs.append(cmdare_steps_per_s(model, dataset, batch, steps, args.skip))
+                options = {} if args.chunks_ahead is None else {"chunks_ahead": args.chunks_ahead}
+                runs.append(cmdare_steps_per_s(model, dataset, batch, steps, args.skip, **options))
                 after = plain_steps_per_s(model, dataset, batch, warm, timed)
                 plain.append((before + after) / 2)
                 before = after
@@ -143,7 +146,10 @@ def main() -> None:
             print(name, json.dumps(out[name]), flush=True)
     finally:
         ray.shutdown()
-    result = {"benchmark": "train_overhead", "target_ratio": 0.85, "rounds": args.rounds,
+    from cmdare.train import TrainSpec
+
+    ahead = TrainSpec().chunks_ahead if args.chunks_ahead is None else args.chunks_ahead
+    result = {"benchmark": "train_overhead", "target_ratio": 0.85, "rounds": args.rounds, "chunks_ahead": ahead,
               "wall_s": round(time.perf_counter() - t_start, 1)}
     for name, r in out.items():
         result[f"ratio_{name}"] = r["ratio"]
