@@ -72,12 +72,13 @@ def test_the_last_shard_moves_to_its_replacement_within_the_notice(local_ray, tm
 
 
 def test_a_short_notice_parks_the_last_shards_blocks_until_its_replacement_is_up(local_ray, tmp_path):
-    plain = Trainer(_spec(ps=1, steps=100, checkpoint_every=100), checkpoint_dir=tmp_path / "plain").run()
+    # 300 steps (2-3 s here; 100 took under 1 s, close to the first notice at 0.5 s)
+    plain = Trainer(_spec(ps=1, steps=300, checkpoint_every=300), checkpoint_dir=tmp_path / "plain").run()
     log = _Events()
-    spot = _spec(ps=1, steps=100, checkpoint_every=100, ps_transient=True,
+    spot = _spec(ps=1, steps=300, checkpoint_every=300, ps_transient=True,
                  revocations="every=4,first=0.5,notice=1,hit=ps")  # shorter than any replacement's start-up
     summary = Trainer(spot, [log], checkpoint_dir=tmp_path / "spot").run()
-    assert summary.status == "finished" and summary.global_step == plain.global_step == 100
+    assert summary.status == "finished" and summary.global_step == plain.global_step == 300
     parked = log.kinds("shard_parked")
     evacuated = log.kinds("shard_evacuated")
     assert parked and all(e.details["margin_s"] > 0 for e in parked)  # taken before the deadline
@@ -105,7 +106,7 @@ def test_without_notice_the_shards_roll_back_and_the_lost_steps_are_reported(loc
 def test_cli_summary_reports_evacuations_and_no_lost_steps(tmp_path):
     env = dict(os.environ, CMDARE_HOME=str(tmp_path))
     cmd = [str(Path(sys.executable).parent / "cmdare"), "train", "--model", "resnet8", "--sync", "--workers", "2",
-           "--ps", "2", "--ps-transient", "--revocations", "every=5,notice=2", "--steps", "800", "--no-record",
+           "--ps", "2", "--ps-transient", "--revocations", "every=5,first=1,notice=2", "--steps", "800", "--no-record",
            "--tensorboard", "none"]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
