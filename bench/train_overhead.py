@@ -108,6 +108,8 @@ def main() -> None:
     ap.add_argument("--chunks-ahead", type=int, default=None,
                     help="chunks queued per worker (TrainSpec.chunks_ahead; default: the spec's, 1: one at a time)")
     args = ap.parse_args()
+    if args.chunks_ahead is not None and args.chunks_ahead < 1:
+        ap.error(f"--chunks-ahead must be at least 1, got {args.chunks_ahead}")
     load_start = os.getloadavg()[0]  # the 2 cores are shared: say how busy they were
 
     import ray

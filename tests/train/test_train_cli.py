@@ -159,3 +159,21 @@ def test_a_joined_cluster_gets_no_injected_revocations_by_default():
     assert default_revocations(None, None) == DEFAULT_REVOCATIONS  # a local run: emulated servers
     assert default_revocations(None, "auto") == "none"  # real servers: revoked by their cloud only
     assert default_revocations("every=5", "auto") == "every=5"  # injection on real servers only when asked
+
+
+def test_a_spec_without_a_queued_chunk_is_refused_in_one_line():
+    from cmdare.errors import UserInputError
+    from cmdare.train.spec import TrainSpec
+
+    for bad in (0, -1):
+        with pytest.raises(UserInputError, match="chunks-ahead must be at least 1"):
+            TrainSpec(chunks_ahead=bad)
+    assert TrainSpec(chunks_ahead=1).chunks_ahead == 1 and TrainSpec().chunks_ahead == 2
+
+
+def test_train_overhead_bench_refuses_no_queued_chunk_in_one_line():
+    bench = Path(__file__).resolve().parents[2] / "bench" / "train_overhead.py"
+    res = subprocess.run([sys.executable, str(bench), "--chunks-ahead", "0"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "--chunks-ahead must be at least 1" in res.stderr.strip().splitlines()[-1]
