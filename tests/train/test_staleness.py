@@ -19,8 +19,8 @@ class _Staleness(TrainCallback):
             self.workers.add(report.worker_id)
 
 
-def _run(workers: int, tmp_path, recorder=None) -> tuple[_Staleness, object]:
-    spec = TrainSpec(model="resnet8", dataset="digits", workers=workers, ps=1, steps=60, batch_size=16,
+def _run(workers: int, tmp_path, recorder=None, steps: int = 60) -> tuple[_Staleness, object]:
+    spec = TrainSpec(model="resnet8", dataset="digits", workers=workers, ps=1, steps=steps, batch_size=16,
                      optimizer=OptimizerConfig(lr=0.05), checkpoint_every=0, eval_every=0, seed=0, chunk_steps=3)
     log = _Staleness()
     summary = Trainer(spec, [log] + ([recorder] if recorder else []), checkpoint_dir=tmp_path / str(workers)).run()
@@ -31,11 +31,13 @@ def test_staleness_grows_with_async_workers(local_ray, tmp_path):
     url = f"sqlite:///{tmp_path / 'store.db'}"
     one, s1 = _run(1, tmp_path)
     recorder = StoreRecorder(url)
-    four, s4 = _run(4, tmp_path, recorder)
+    # Workers join as their actors come up; at ~150 steps/s the first one alone finished 60 steps
+    # before any other joined, so the four-worker run is long enough for the others to arrive.
+    four, s4 = _run(4, tmp_path, recorder, steps=600)
     recorder.close()
     assert s1.status == s4.status == "finished"
     assert one.values and set(one.values) == {0}  # a lone worker is never stale
-    assert len(four.values) >= 60 and len(four.workers) >= 2
+    assert len(four.values) >= 600 and len(four.workers) >= 2
     mean4 = sum(four.values) / len(four.values)
     assert mean4 > 0 and max(four.values) >= 1  # others push between a worker's pull and its push
     # The per-worker histogram reaches the store and agrees with the pushes seen by the callbacks.
