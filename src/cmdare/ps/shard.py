@@ -221,6 +221,7 @@ class SyncShardActor(_ShardActorBase):
         self._init_base()
         self.state = ShardState(shard_id, cfg, max_step)
         self.num_workers = num_workers
+        self._size_epoch = -1  # the newest round-size change applied (they may arrive out of order)
         self._grads: list[tuple[int, int, np.ndarray]] = []  # (sender, arrival, gradient) of the round
         self._count = 0
         self._round: asyncio.Event | None = None  # created in the actor's event loop, on the first push
@@ -314,8 +315,16 @@ class SyncShardActor(_ShardActorBase):
         event, self._round = self._round, asyncio.Event()
         event.set()
 
-    async def set_num_workers(self, num_workers: int) -> None:
-        """Change the barrier size (a worker left or joined); completes a waiting round if due."""
+    async def set_num_workers(self, num_workers: int, epoch: int | None = None) -> None:
+        """Change the barrier size (a worker left or joined); completes a waiting round if due.
+
+        ``epoch`` numbers the changes in the order the coordinator made them: Ray does not keep an async
+        actor's calls in submission order, so a change older than one already applied is ignored (a loss's
+        shrink arriving after the replacement's growth would otherwise leave rounds one push short)."""
+        if epoch is not None:
+            if epoch < self._size_epoch:
+                return
+            self._size_epoch = epoch
         self.num_workers = max(1, int(num_workers))
         if self._count and self._count >= self.num_workers:
             self._finish_round()

@@ -48,6 +48,7 @@ class ShardGroup:
         self.placement: Placement | None = None
         self.lr_scale = 1.0
         self.num_workers = spec.workers
+        self.size_epoch = 0  # numbers round-size changes, so shards apply them in the order made
         self.waits: list[float] = []  # per shard: workers' send-to-reply seconds since the last stats
         self.spares: list[Server] = []  # started shard actors not yet holding blocks (ready ones first)
 
@@ -142,8 +143,9 @@ class ShardGroup:
         import ray
 
         self.num_workers = max(1, n)
+        self.size_epoch += 1
         if self.spec.sync:
-            refs = [s.set_num_workers.remote(self.num_workers) for s in self.shards]
+            refs = [s.set_num_workers.remote(self.num_workers, self.size_epoch) for s in self.shards]
             if wait:  # a dead shard is handled where pushes fail
                 with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                     ray.get(refs, timeout=30)
@@ -224,7 +226,7 @@ class ShardGroup:
         t0 = time.perf_counter()
         ray.get([w.set_layout.remote(self.placement, self.shards) for w in workers])
         if self.spec.sync:
-            ray.get([s.set_num_workers.remote(self.num_workers) for s in self.shards])
+            ray.get([s.set_num_workers.remote(self.num_workers, self.size_epoch) for s in self.shards])
         ray.get([s.stats.remote() for s in self.shards])  # fresh load windows under the new placement
         self.waits = [0.0] * len(self.shards)
         return result, result.pause_s + time.perf_counter() - t0
