@@ -145,13 +145,17 @@ class ShardGroup:
         self.num_workers = max(1, n)
         self.size_epoch += 1
         if self.spec.sync:
-            refs = [s.set_num_workers.remote(self.num_workers, self.size_epoch) for s in self.shards]
+            refs = self._send_round_size()
             if wait:  # a dead shard is handled where pushes fail
                 with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                     ray.get(refs, timeout=30)
                 return
             for ref in refs:
                 self.detached.add(ref)
+
+    def _send_round_size(self) -> list[Any]:
+        """Tell every shard the round size with its change's number (shards apply the newest they saw)."""
+        return [s.set_num_workers.remote(self.num_workers, self.size_epoch) for s in self.shards]
 
     def forget_worker(self, worker_id: int) -> None:
         """A worker left: every shard drops what it holds of its gradient pieces sent through Ray (an
@@ -226,7 +230,7 @@ class ShardGroup:
         t0 = time.perf_counter()
         ray.get([w.set_layout.remote(self.placement, self.shards) for w in workers])
         if self.spec.sync:
-            ray.get([s.set_num_workers.remote(self.num_workers, self.size_epoch) for s in self.shards])
+            ray.get(self._send_round_size())
         ray.get([s.stats.remote() for s in self.shards])  # fresh load windows under the new placement
         self.waits = [0.0] * len(self.shards)
         return result, result.pause_s + time.perf_counter() - t0
