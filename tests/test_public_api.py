@@ -53,13 +53,13 @@ PINNED: dict[str, list[str]] = {
         "moved_bytes", "plan_drain", "plan_rebalance", "predict_after", "shard_costs",
     ],
     "cmdare.control": [
-        "CHIEF_POLICIES", "ChiefChange", "ChiefPolicy", "Clock", "Decision", "Evacuate", "LR_POLICIES",
-        "LifetimeRevocations", "LongestServing", "LrChange", "LrPolicy", "ManualClock", "Membership",
+        "CHIEF_POLICIES", "ChiefChange", "ChiefPolicy", "Decision", "DutySchedule", "EmulatedClock", "Evacuate",
+        "LR_POLICIES", "LifetimeRevocations", "LongestServing", "LrChange", "LrPolicy", "Membership",
         "MembershipEvent", "MembershipKernel", "NoReplace", "NoRevocations", "NoWorkersLeft", "Offer",
         "PendingReplacement", "PeriodicRevocations", "PsServerInfo", "PsServerKernel", "REPLACEMENT_POLICIES",
         "REVOCATION_SOURCES", "Registry", "Replace", "ReplacementPolicy", "RequestPsReplacement",
-        "RequestReplacement", "RestoreShards", "RevocationPlan", "RevocationSource", "TraceRevocations",
-        "WallClock", "WorkerInfo", "build_revocation_source",
+        "RequestReplacement", "RestoreShards", "RevocationPlan", "RevocationSource", "RunConfig", "RunController",
+        "RunState", "TraceRevocations", "WorkerInfo", "build_revocation_source",
     ],
     "cmdare.public_data": [
         "BUNDLED_DIR", "DATA_ENV", "LIFETIME_FILES", "PUBLIC_SOURCES", "is_bundled", "lifetime_files",

@@ -15,7 +15,6 @@ from cmdare.control import (
     ChiefChange,
     LifetimeRevocations,
     LrChange,
-    ManualClock,
     MembershipKernel,
     NoReplace,
     NoWorkersLeft,
@@ -62,13 +61,12 @@ def test_replacement_policies():
 
 
 def test_kernel_loss_reelects_and_requests_replacement_into_the_same_slot():
-    clock = ManualClock()
     k = MembershipKernel(3, replacement="same", lr_policy="linear")
-    assert k.start([worker(i) for i in range(3)], clock.now()) == [ChiefChange(None, 0)]  # full strength: LR 1
-    out = k.lose(0, clock.advance(5))
+    assert k.start([worker(i) for i in range(3)], 0.0) == [ChiefChange(None, 0)]  # full strength: LR 1
+    out = k.lose(0, 5.0)
     assert out == [ChiefChange(0, 1), LrChange(1.0, 2 / 3, 2), RequestReplacement(0, K80, 0)]
     assert k.state.chief == 1 and [p.slot for p in k.state.pending] == [0]
-    out = k.join(worker(3, slot=0, ready_at=clock.advance(7)), clock.now())
+    out = k.join(worker(3, slot=0, ready_at=12.0), 12.0)
     assert out == [LrChange(2 / 3, 1.0, 3)]  # the chief stays with worker 1
     assert k.state.pending == () and k.state.chief == 1
     kinds = [e.kind for e in k.timeline]
@@ -147,20 +145,16 @@ def test_revocation_specs_and_the_one_vocabulary():
         REPLACEMENT_POLICIES.create("fastest")
 
 
-def test_the_kernel_reads_the_drivers_clock():
-    clock = ManualClock(100.0)
-    k = MembershipKernel(2, replacement="same", lr_policy="linear", clock=clock,
-                         revocations=LifetimeRevocations(lambda w: 10.0))
-    k.start([worker(0, ready_at=100.0), worker(1, ready_at=100.0)])
-    k.trained(0)
-    k.trained(1)
-    clock.advance(9.0)
-    assert k.due(None, 100.0) == []
-    clock.advance(1.0)
-    assert k.due(None, 100.0) == [0, 1]
+def test_the_kernel_takes_the_drivers_time_with_each_call():
+    k = MembershipKernel(2, replacement="same", lr_policy="linear", revocations=LifetimeRevocations(lambda w: 10.0))
+    k.start([worker(0, ready_at=100.0), worker(1, ready_at=100.0)], 100.0)
+    k.trained(0, 100.0)
+    k.trained(1, 100.0)
+    assert k.due(109.0, 100.0) == []
+    assert k.due(110.0, 100.0) == [0, 1]
     k.mark_revoked(0)
-    assert k.due(None, 100.0) == [1]  # revoked, loss not yet reported: not revoked twice
-    k.lose(0)
+    assert k.due(110.0, 100.0) == [1]  # revoked, loss not yet reported: not revoked twice
+    k.lose(0, 110.0)
     assert [(e.kind, e.time) for e in k.timeline if e.kind in ("loss", "replacement_requested")] == [
         ("loss", 110.0), ("replacement_requested", 110.0)]
 

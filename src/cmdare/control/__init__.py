@@ -1,8 +1,11 @@
-"""The control kernel: policies and membership state that neither Ray nor SimPy appears in.
+"""The control kernel: a run's decisions, with neither Ray nor SimPy (nor a clock) in them.
 
-The Ray trainer (:mod:`cmdare.train`) and the SimPy simulator (:mod:`cmdare.plan`) are two
-executors of the same decisions: both build a :class:`MembershipKernel` from the same registries,
-tell it what happened and act on what it returns.
+:class:`RunController` is a training run's whole decision logic: typed events in
+(:mod:`cmdare.control.run_events`), typed commands out (:mod:`cmdare.control.run_commands`). The Ray
+trainer (:mod:`cmdare.train`) and the SimPy simulator (:mod:`cmdare.plan`) are two drivers of the same
+controller class, which builds on the policy kernels here: :class:`MembershipKernel` (chief election,
+learning rate, replacements) and :class:`PsServerKernel` (parameter servers on transient servers).
+In local emulation cloud time advances with training (:class:`EmulatedClock`).
 
 Registries (one vocabulary for ``cmdare train`` and ``cmdare plan``): :data:`REPLACEMENT_POLICIES`
 (``same``, ``cheapest``, ``none``), :data:`LR_POLICIES` (``unchanged``, ``linear``, ``sqrt``,
@@ -11,7 +14,9 @@ Registries (one vocabulary for ``cmdare train`` and ``cmdare plan``): :data:`REP
 """
 
 from cmdare.control.chief import CHIEF_POLICIES, ChiefPolicy, LongestServing
-from cmdare.control.clock import Clock, ManualClock, WallClock
+from cmdare.control.controller import RunController
+from cmdare.control.duties import DutySchedule
+from cmdare.control.emulated_clock import EmulatedClock
 from cmdare.control.kernel import (
     ChiefChange,
     Decision,
@@ -41,6 +46,8 @@ from cmdare.control.revocation import (
     TraceRevocations,
     build_revocation_source,
 )
+from cmdare.control.run_config import RunConfig
+from cmdare.control.run_state import RunState
 
 __all__ = [
     "CHIEF_POLICIES",
@@ -49,14 +56,14 @@ __all__ = [
     "REVOCATION_SOURCES",
     "ChiefChange",
     "ChiefPolicy",
-    "Clock",
     "Decision",
+    "DutySchedule",
+    "EmulatedClock",
     "Evacuate",
     "LifetimeRevocations",
     "LongestServing",
     "LrChange",
     "LrPolicy",
-    "ManualClock",
     "Membership",
     "MembershipEvent",
     "MembershipKernel",
@@ -76,8 +83,10 @@ __all__ = [
     "RestoreShards",
     "RevocationPlan",
     "RevocationSource",
+    "RunConfig",
+    "RunController",
+    "RunState",
     "TraceRevocations",
-    "WallClock",
     "WorkerInfo",
     "build_revocation_source",
 ]

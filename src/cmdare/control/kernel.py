@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from cmdare.cloud.servers import ServerSpec
 from cmdare.control.chief import CHIEF_POLICIES, ChiefPolicy
-from cmdare.control.clock import Clock, WallClock
 from cmdare.control.lr import LR_POLICIES, LrPolicy
 from cmdare.control.membership import Membership, MembershipEvent, PendingReplacement, WorkerInfo
 from cmdare.control.replacement import REPLACEMENT_POLICIES, Offer, Replace, ReplacementPolicy
@@ -65,20 +64,19 @@ class MembershipKernel:
         replacement, lr_policy, chief: policies or their registered names.
         revocations: the revocation source (default: none).
         offers: what a replacement could run on, given the lost server (for ``cheapest``).
-        clock: the driver's time (wall clock for the trainer, SimPy's for the simulator); every method
-            takes ``now`` from it unless given.
+
+    Every method takes ``now``, the driver's cloud time (emulated, simulated or the wall clock).
     """
 
     def __init__(self, planned: int, *, replacement: ReplacementPolicy | str = "same",
                  lr_policy: LrPolicy | str = "unchanged", chief: ChiefPolicy | str = "longest-serving",
                  revocations: RevocationSource | None = None,
-                 offers: Callable[[ServerSpec], Sequence[Offer]] | None = None, clock: Clock | None = None):
+                 offers: Callable[[ServerSpec], Sequence[Offer]] | None = None):
         self.replacement = REPLACEMENT_POLICIES.create(replacement) if isinstance(replacement, str) else replacement
         self.lr_policy = LR_POLICIES.create(lr_policy) if isinstance(lr_policy, str) else lr_policy
         self.chief_policy = CHIEF_POLICIES.create(chief) if isinstance(chief, str) else chief
         self.revocations = revocations or NoRevocations()
         self.offers = offers or (lambda _lost: ())
-        self.clock = clock or WallClock()
         self.state = Membership(planned)
         self.timeline: list[MembershipEvent] = []
         self.deadlines: dict[int, float] = {}
@@ -86,17 +84,15 @@ class MembershipKernel:
         self._tried: dict[int, list[ServerSpec]] = {}  # slot -> specs requested for it that did not come
 
     # -- what happened ---------------------------------------------------------------------------
-    def start(self, workers: Sequence[WorkerInfo], now: float | None = None) -> list[Decision]:
+    def start(self, workers: Sequence[WorkerInfo], now: float) -> list[Decision]:
         """The first wave of workers, all at once (one chief election, one learning-rate decision)."""
-        now = self.clock.now() if now is None else now
         for w in workers:
             self._add(w, now)
         decisions: list[Decision] = [self._set_chief(self.chief_policy.elect(self.state.workers), now)]
         return decisions + self._apply_lr(now)
 
-    def join(self, worker: WorkerInfo, now: float | None = None) -> list[Decision]:
+    def join(self, worker: WorkerInfo, now: float) -> list[Decision]:
         """A worker's server is ready and its worker started (a replacement takes its slot)."""
-        now = self.clock.now() if now is None else now
         self._add(worker, now)
         decisions: list[Decision] = []
         if self.state.chief is None:
@@ -104,9 +100,8 @@ class MembershipKernel:
         decisions += self._apply_lr(now)
         return decisions
 
-    def trained(self, worker_id: int, now: float | None = None) -> None:
+    def trained(self, worker_id: int, now: float) -> None:
         """The worker finished its first step (from now on injected revocations may hit it)."""
-        now = self.clock.now() if now is None else now
         w = self.state.worker(worker_id)
         if w is not None and w.trained_at is None:
             self.state = self.state.with_worker(dataclasses.replace(w, trained_at=now))
@@ -116,9 +111,8 @@ class MembershipKernel:
         self._revoking.add(worker_id)
         self.deadlines.pop(worker_id, None)
 
-    def lose(self, worker_id: int, now: float | None = None, replace: bool = True) -> list[Decision]:
+    def lose(self, worker_id: int, now: float, replace: bool = True) -> list[Decision]:
         """A worker is gone (revoked, failed, or left after a notice); ``replace=False`` at the end."""
-        now = self.clock.now() if now is None else now
         lost = self.state.worker(worker_id)
         if lost is None:
             return []
@@ -142,10 +136,9 @@ class MembershipKernel:
             decisions.append(NoWorkersLeft())
         return decisions
 
-    def replacement_failed(self, slot: int, now: float | None = None) -> list[Decision]:
+    def replacement_failed(self, slot: int, now: float) -> list[Decision]:
         """The server requested for ``slot`` did not come (no node in time, or its worker failed to start):
         the replacement policy falls back to another spec or gives the slot up."""
-        now = self.clock.now() if now is None else now
         pending = next((p for p in self.state.pending if p.slot == slot), None)
         if pending is None:
             return []
@@ -165,14 +158,13 @@ class MembershipKernel:
             decisions.append(NoWorkersLeft())
         return decisions
 
-    def due(self, now: float | None, started_at: float, *, workers: bool = True,
+    def due(self, now: float, started_at: float, *, workers: bool = True,
             others: Sequence[WorkerInfo] = ()) -> list[int]:
         """Workers the revocation source revokes at ``now``: expired lifetimes, then scheduled picks.
 
         ``others`` are more servers a periodic or scripted source picks among (transient PS servers, with
         negative ids, see :class:`~cmdare.control.ps_servers.PsServerInfo`); ``workers=False`` leaves the
         workers out (``hit=ps``)."""
-        now = self.clock.now() if now is None else now
         trained = [w for w in self.state.workers if w.trained_at is not None and w.worker_id not in self._revoking]
         trained = trained if workers else []
         out = [w.worker_id for w in trained if self.deadlines.get(w.worker_id, float("inf")) <= now]

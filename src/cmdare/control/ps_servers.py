@@ -90,9 +90,14 @@ class PsServerKernel:
         self.noticed: dict[int, float] = {}  # key -> deadline, once the notice came
         self._keys = itertools.count()
 
-    def add(self, spec: ServerSpec, now: float) -> PsServerInfo:
-        """A PS server is up; its lifetime is drawn now (transient servers only)."""
-        info = PsServerInfo(-1 - next(self._keys), spec, now)
+    def next_key(self) -> int:
+        """A new server key (negative, never a worker id), for a server about to be started."""
+        return -1 - next(self._keys)
+
+    def add(self, spec: ServerSpec, now: float, key: int | None = None) -> PsServerInfo:
+        """A PS server is up (``key``: given by :meth:`next_key` when it was started); its lifetime is drawn now
+        (transient servers only)."""
+        info = PsServerInfo(self.next_key() if key is None else key, spec, now)
         self.servers[info.worker_id] = info
         deadline = self.revocations.deadline(info)  # type: ignore[arg-type]  # duck-typed WorkerInfo
         if deadline is not None:

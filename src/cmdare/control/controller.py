@@ -1,0 +1,537 @@
+"""The run controller: a training run's whole decision logic as one object, typed events in, typed commands out.
+
+No Ray, SimPy, threads, sleeps or clocks in here: time comes in with each event (or, in emulation, from the
+training progress events report), so a test steps a run in milliseconds and the Ray trainer
+(:mod:`cmdare.train.ray_driver`) and the simulator (:mod:`cmdare.plan.sim_driver`) drive the very same object.
+
+How a pass goes (:meth:`RunController.handle`): the event updates the records; then cloud events due by now
+are decided (revocations, PS notices and deadlines, replacements that are ready or too late), the run ends
+if it must (no worker left, a worker that cannot start, no progress), actions that need quiesced shards run
+one at a time while training holds (restore, evacuate, park, unpark, fill, placement changes, a synchronous
+round that grows), and otherwise training goes on up to the *fence*: the next step something is due at (a
+duty, a balancing step, the target; in emulation also the step at which the next cloud event falls). When
+every worker has stopped at the fence (a barrier) the duties of that step start on the chief and the next
+fence is set.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from cmdare.cloud.servers import ServerSpec
+from cmdare.control.duties import DutySchedule
+from cmdare.control.emulated_clock import EmulatedClock
+from cmdare.control.kernel import MembershipKernel
+from cmdare.control.ps_servers import PsServerKernel
+from cmdare.control.run_commands import (
+    Balance,
+    CancelWorker,
+    Command,
+    EndRun,
+    Fence,
+    HoldAll,
+    Probe,
+    SetRoundSize,
+    StartDuty,
+    Train,
+)
+from cmdare.control.run_config import RunConfig
+from cmdare.control.run_events import (
+    ActionDone,
+    CheckpointFailed,
+    CheckpointStored,
+    ChunkDone,
+    ChunkFailed,
+    ClusterLost,
+    DutyDone,
+    Event,
+    PlacementRequested,
+    ProbeDone,
+    PsNotice,
+    PsStartFailed,
+    PsUp,
+    ServerStarting,
+    ShardLost,
+    Tick,
+    WorkerNotice,
+    WorkerStartFailed,
+    WorkerStopped,
+    WorkerUp,
+)
+from cmdare.control.run_state import Ended, Finishing, Holding, Phase, RunState, RunStateMachine, Starting, Training
+from cmdare.control.shard_control import ShardControl
+from cmdare.control.worker_control import WorkerControl
+
+__all__ = ["RunController"]
+
+
+class RunController:
+    """Decides a run: feed it events with :meth:`handle`, carry out the commands it returns.
+
+    Args:
+        config: the run (target, workers, duties, time-outs; :class:`~cmdare.control.run_config.RunConfig`).
+        kernel: the membership kernel (policies: replacement, chief, LR; the revocation source).
+        ps_kernel: the PS-server kernel (notice lead, evacuation policy; the same revocation source when
+            injected revocations hit PS servers).
+        clock: an emulated clock: cloud time advances with the training progress events report (local
+            emulation); None: every event brings cloud time as ``now`` (the simulator, a real cluster).
+    """
+
+    def __init__(self, config: RunConfig, kernel: MembershipKernel, ps_kernel: PsServerKernel | None = None,
+                 clock: EmulatedClock | None = None):
+        self.config, self.clock = config, clock
+        self.out: list[Command] = []
+        self.workers = WorkerControl(config, kernel, self.out)
+        self.shards = ShardControl(config, ps_kernel or PsServerKernel(), self.out)
+        self.duties = DutySchedule(config.checkpoint_every, config.eval_every, config.steps)
+        self.machine = RunStateMachine()
+        self.phase: Phase = Starting()
+        self.step: float = 0
+        self.fence = 0
+        self.now = 0.0
+        self.wall = 0.0
+        self.round_size = config.workers
+        self.holding = False
+        self.action: Command | None = None  # the action on quiesced shards under way
+        self.balance_at = 0  # the next balancing step (0: none)
+        self.balancing = False  # a Balance is out, not answered yet
+        self.heard_wall = 0.0  # the last news from training workers
+        self.progress_wall = 0.0  # the last time the step went up (or an action ended)
+        self.probe_wall: float | None = None  # a Probe is out since then
+        self.transitions: list[tuple[float, RunState, RunState]] = []
+
+    # -- views ----------------------------------------------------------------------------------------
+    @property
+    def state(self) -> RunState:
+        return self.machine.state
+
+    @property
+    def ended(self) -> bool:
+        return isinstance(self.phase, Ended)
+
+    @property
+    def kernel(self) -> MembershipKernel:
+        return self.workers.kernel
+
+    def rate(self) -> float:
+        """The emulated cluster's steps per cloud second now."""
+        return self.workers.rate(self.config.sync)
+
+    # -- the run -------------------------------------------------------------------------------------
+    def start(self, worker_specs: Sequence[ServerSpec], ps_spec: ServerSpec, num_ps: int, step: int,
+              wall: float, now: float | None = None) -> list[Command]:
+        """The run starts at ``step``: the first wave of workers (one per data slot) and ``num_ps`` shards."""
+        self.out.clear()
+        self.wall = self.heard_wall = self.progress_wall = self.workers.wall = self.shards.wall = wall
+        if self.clock is not None:
+            self.clock.rebase(step)
+            now = self.clock.time
+        self.now = float(now if now is not None else wall)
+        self.step = self.fence = step
+        self.duties.restart(step)
+        if self.config.balance_every:
+            self.balance_at = (step // self.config.balance_every + 1) * self.config.balance_every
+        self.shards.start(ps_spec, num_ps, self.now)
+        self.workers.start_wave(worker_specs, self.now, wall)
+        self._settle()
+        return list(self.out)
+
+    def handle(self, event: Event) -> list[Command]:
+        """Take one event; returns the commands to carry out, in order."""
+        self.out.clear()
+        if self.ended:
+            return []
+        self._time(event)
+        handler = getattr(self, "_on_" + type(event).__name__, None)
+        if handler is None:
+            raise TypeError(f"the run controller takes no {type(event).__name__}")
+        handler(event)
+        self._settle()
+        return list(self.out)
+
+    def next_wakeup(self) -> float:
+        """When the driver should wake the controller (a Tick) at the latest, on its own clock: cloud events
+        (for drivers that keep cloud time) and deadlines on real waits (inf: none)."""
+        times = [self.workers.next_wall(), self.shards.next_wall()]
+        if self.probe_wall is not None:
+            times.append(self.probe_wall + self.config.probe_after_s)
+        elif self.workers.training():
+            times.append(self.heard_wall + self.config.probe_after_s)
+        if self.clock is None:
+            times.append(self._next_cloud_time())
+        return min(times)
+
+    # -- time ----------------------------------------------------------------------------------------
+    def _time(self, event: Event) -> None:
+        self.wall = self.workers.wall = self.shards.wall = event.wall
+        if self.clock is None:
+            if event.now is not None:
+                self.now = max(self.now, float(event.now))
+            return
+        step = getattr(event, "global_step", None)
+        if step is not None and step > self.clock.step:
+            self.now = self.clock.advance(step, self.rate())
+        elif isinstance(event, Tick):
+            at = self._jump_target()
+            if at is not None:
+                self.now = self.clock.jump(at)
+
+    def _jump_target(self) -> float | None:
+        """Emulation: when the emulated cluster cannot train until a cloud time (no member left until a
+        replacement is ready; the last shard parked, or a dead one, until its replacement is ready), cloud
+        time jumps to the next cloud event. None while training could go on, or while what it waits for is
+        real (a process starting, an action under way)."""
+        if self.action is not None:
+            return None
+        if self.rate() == 0:
+            ready = [r.ready_at for r in self.workers.recs.values() if not r.member and not r.gone]
+        elif self.shards.blocked(self.now):
+            ready = [s.ready_at for s in self.shards.spares.values()]
+        else:
+            return None
+        future = [t for t in ready if t is not None and t > self.now]
+        if not future:
+            return None
+        return min(min(future), self._next_cloud_time())
+
+    def _next_cloud_time(self) -> float:
+        return min(self.workers.next_time(), self.shards.next_time())
+
+    def _progress(self, step: float) -> None:
+        if step > self.step:
+            self.step = step
+            self.progress_wall = self.wall
+
+    # -- events --------------------------------------------------------------------------------------
+    def _on_Tick(self, ev: Tick) -> None:
+        pass
+
+    def _on_ChunkDone(self, ev: ChunkDone) -> None:
+        self._progress(ev.global_step)
+        self.heard_wall = self.wall
+        rec = self.workers.rec(ev.worker_id)
+        if rec is not None and rec.active and ev.steps:
+            info = self.kernel.state.worker(ev.worker_id)
+            if info is not None and info.trained_at is None:
+                self.workers.trained(ev.worker_id, self.now)
+
+    def _on_WorkerStopped(self, ev: WorkerStopped) -> None:
+        self._progress(ev.global_step)
+        self.heard_wall = self.wall
+        rec = self.workers.rec(ev.worker_id)
+        if rec is not None:
+            rec.training = False
+
+    def _on_WorkerNotice(self, ev: WorkerNotice) -> None:
+        rec = self.workers.notice(ev.worker_id)
+        if rec is None:
+            return
+        self.kernel.mark_revoked(ev.worker_id)
+        if ev.worker_id == self.workers.chief and self.config.checkpoint_every and rec.up:
+            duty = self.duties.add("checkpoint", int(self.step), reason="notice")
+            self._run_duty(duty, rec)
+        else:
+            self.workers.release(ev.worker_id, self.now)
+            self._after_loss()
+
+    def _on_ChunkFailed(self, ev: ChunkFailed) -> None:
+        self.heard_wall = self.wall
+        rec = self.workers.rec(ev.worker_id)
+        if rec is None:
+            return
+        rec.training = False
+        if not ev.shard_lost and self.workers.lose(ev.worker_id, self.now, "failed"):
+            self._after_loss(ev.worker_id)
+
+    def _on_ServerStarting(self, ev: ServerStarting) -> None:
+        if ev.worker_id is not None:
+            self.workers.server_starting(ev.worker_id, ev.startup_s, self.now)
+        elif ev.key is not None:
+            self.shards.spare_starting(ev.key, ev.startup_s, self.now)
+
+    def _on_WorkerUp(self, ev: WorkerUp) -> None:
+        self.workers.process_up(ev.worker_id, self.now)
+
+    def _on_WorkerStartFailed(self, ev: WorkerStartFailed) -> None:
+        if ev.deterministic:
+            self._end("failed", f"worker {ev.worker_id} could not start: {ev.error}")
+            return
+        self.workers.start_failed(ev.worker_id, self.now, ev.error)
+        self._after_loss(ev.worker_id)
+
+    def _on_PsNotice(self, ev: PsNotice) -> None:
+        self.shards.notice(ev.key, ev.deadline, self.now)
+
+    def _on_PsUp(self, ev: PsUp) -> None:
+        self.shards.spare_up(ev.key)
+
+    def _on_PsStartFailed(self, ev: PsStartFailed) -> None:
+        self.shards.spare_failed(ev.key)
+
+    def _on_ShardLost(self, ev: ShardLost) -> None:
+        self.shards.lost(ev.keys)
+
+    def _on_DutyDone(self, ev: DutyDone) -> None:
+        rec = self.workers.rec(ev.worker_id)
+        if rec is not None and rec.duties:
+            rec.duties -= 1
+        duty = self.duties.finished(ev.kind, ev.step, ev.ok, ev.worker_id)
+        if ev.ok:
+            if duty is not None and duty.reason == "notice":
+                self.workers.release(ev.worker_id, self.now)
+                self._after_loss(ev.worker_id)
+            return
+        if ev.shard_lost:
+            if isinstance(self.phase, Finishing):
+                self._end("failed", f"a parameter shard died during the final {ev.kind}; the latest stored "
+                                    f"checkpoint is kept ({self.config.resume_hint()})")
+                return
+            self.shards.lost(())
+        elif self.workers.lose(ev.worker_id, self.now, "failed"):
+            self._after_loss(ev.worker_id)
+
+    def _on_CheckpointStored(self, ev: CheckpointStored) -> None:
+        self.duties.stored(ev.step)
+
+    def _on_CheckpointFailed(self, ev: CheckpointFailed) -> None:
+        self.duties.upload_failed(ev.step)
+
+    def _on_ActionDone(self, ev: ActionDone) -> None:
+        command, self.action = self.action, None
+        self.progress_wall = self.heard_wall = self.wall
+        if command is None:
+            return
+        self.shards.done(command, ev.ok, self.now, ev.num_shards, ev.removed_keys)
+        if ev.ok and ev.action == "restore" and ev.step is not None:
+            self.step = ev.step
+            if self.clock is not None:
+                self.clock.rebase(ev.step)
+            self.duties.restart(ev.step)
+            self.fence = ev.step
+
+    def _on_PlacementRequested(self, ev: PlacementRequested) -> None:
+        self.balancing = False
+        if ev.decisions:
+            self.shards.request_placement(tuple(ev.decisions))
+
+    def _on_ProbeDone(self, ev: ProbeDone) -> None:
+        self.probe_wall = None
+        if ev.ok:
+            self.heard_wall = self.wall
+
+    def _on_ClusterLost(self, ev: ClusterLost) -> None:
+        self._end("failed", ev.message)
+
+    # -- decisions -----------------------------------------------------------------------------------
+    def _after_loss(self, worker_id: int | None = None) -> None:
+        """A worker left: its duties go to the next chief; a synchronous round shrinks at once."""
+        if worker_id is not None:
+            self.duties.chief_lost(worker_id)
+        self._shrink_round()
+
+    def _counted(self) -> int:
+        """Workers a synchronous round waits for: members whose process is up (or, in the first wave, will be)."""
+        return sum(1 for r in self.workers.members() if not r.leaving and (r.up or r.replaces is None))
+
+    def _shrink_round(self) -> None:
+        n = max(1, self._counted())
+        if self.config.sync and n < self.round_size:
+            self.round_size = n
+            self.out.append(SetRoundSize(n))
+
+    def _settle(self) -> None:
+        if self.ended:
+            return
+        picked = self.workers.revoke_due(self.now, self.shards.candidates())
+        self.shards.tick(self.now, picked)
+        self.workers.admit_ready(self.now)
+        self.workers.expire(self.now, self.wall)
+        self.shards.expire(self.wall)
+        self._shrink_round()
+        if self.shards.failure is not None:
+            self._end("failed", f"{self.shards.failure}; {self.config.resume_hint()}")
+            return
+        if self.workers.no_workers_left and not self.workers.members():
+            self._end("failed", "every worker was lost and no replacement is coming: no worker left to train "
+                                f"({self.config.resume_hint()})")
+            return
+        self._liveness()
+        if self.ended:
+            return
+        if self.config.virtual_duties:
+            self.duties.catch_up(self.step)
+        if isinstance(self.phase, Finishing) or (self.step >= self.config.steps and self._quiesced()):
+            self._finishing()
+            return
+        if self._hold():
+            return
+        self._barrier()
+        self._start_duties()
+        self._feed()
+        self._report()
+
+    def _quiesced(self) -> bool:
+        return not self.workers.training()
+
+    def _hold(self) -> bool:
+        """Actions on quiesced shards: hold training, run them one at a time. True while holding."""
+        if self.action is not None:
+            return True
+        action = self.shards.next_action(self.now)
+        grow = self.config.sync and self._counted() > self.round_size
+        if action is None and not grow and not self.shards.blocked(self.now):
+            if self.holding:
+                self.holding = False
+            return False
+        why = type(action).__name__ if action is not None else "round" if grow else "shards"
+        if not self.holding:
+            self.holding = True
+            self.out.append(HoldAll(why))
+        if self._quiesced():
+            if action is not None:
+                self.action = action
+                self.out.append(action)
+            elif grow:
+                self.round_size = self._counted()
+                self.out.append(SetRoundSize(self.round_size, wait=True))
+                self.holding = False
+                return False
+        self._report()
+        return True
+
+    def _barrier(self) -> None:
+        """At the fence with every worker stopped: queue the step's duties, ask the balancers, set the next fence."""
+        if not self._quiesced():
+            wanted = self._fence_wanted()
+            if wanted < self.fence:  # something new falls due sooner (a notice, a replacement): stop there
+                self.fence = max(wanted, int(math.ceil(self.step)))
+                self.out.append(Fence(self.fence))
+            return
+        if self.step >= self.fence:
+            step = int(self.step)
+            if not self.config.virtual_duties:
+                self.duties.due(step)
+            if self.balance_at and step >= self.balance_at:
+                self.balance_at = (step // self.config.balance_every + 1) * self.config.balance_every
+                self.balancing = True
+                self.out.append(Balance(step))
+        fence = self._fence_wanted()
+        if fence != self.fence:
+            self.fence = fence
+            self.out.append(Fence(fence))
+
+    def _fence_wanted(self) -> int:
+        """The next step training must stop at: a duty, a balancing step, the target; in emulation also the step
+        at which the next cloud event falls. Never below the next whole step."""
+        steps = [self.config.steps]
+        if not self.config.virtual_duties and (at := self.duties.next_step()) is not None:
+            steps.append(at)
+        if self.balance_at:
+            steps.append(self.balance_at)
+        if self.clock is not None:
+            at = self.clock.step_at(self._next_cloud_time(), self.rate())
+            if at is not None:
+                steps.append(at)
+        return max(min(steps), int(math.floor(self.step)) + 1)
+
+    def _start_duties(self) -> None:
+        """Start every waiting duty on the chief, once it is stopped (it runs them in order)."""
+        chief = self.workers.chief
+        rec = self.workers.rec(chief) if chief is not None else None
+        if rec is None or not rec.active or rec.training or rec.leaving:
+            return
+        for duty in self.duties.waiting():
+            if duty.reason == "notice":
+                continue
+            self._run_duty(duty, rec)
+
+    def _run_duty(self, duty, rec) -> None:
+        self.duties.started(duty, rec.worker_id)
+        rec.duties += 1
+        self.out.append(StartDuty(duty.kind, rec.worker_id, duty.step, duty.final, duty.reason))
+
+    def _feed(self) -> None:
+        """Every idle member trains on, if the fence is ahead and no balancing answer is awaited."""
+        if self.balancing or self.step >= self.fence:
+            return
+        if not self.workers.training():  # training (re)starts: the silence and progress deadlines too
+            self.heard_wall = self.progress_wall = self.wall
+        for rec in self.workers.trainable():
+            rec.training = True
+            self.out.append(Train(rec.worker_id))
+
+    def _finishing(self) -> None:
+        """The target step: the final evaluation and checkpoint on the chief, then the end."""
+        if not isinstance(self.phase, Finishing):
+            self.phase = Finishing(int(self.step))
+            self._to(RunState.FINISHING)
+            self.workers.replace_lost = False  # a worker lost now is not replaced: the run is over
+            for rec in list(self.workers.recs.values()):
+                if not rec.member and not rec.gone:  # a replacement still on its way is not needed now
+                    rec.gone = True
+                    self.out.append(CancelWorker(rec.worker_id, "cancelled"))
+            step = int(self.step)
+            if not self.config.virtual_duties:
+                self.duties.add("eval", step, final=True)
+                if self.config.final_checkpoint:
+                    self.duties.add("checkpoint", step, final=True)
+        if self.config.virtual_duties:
+            self.duties.catch_up(self.step)
+            self._end("finished")
+            return
+        if not self._quiesced():
+            return
+        self._start_duties()
+        if not self.duties.pending:
+            self._end("finished")
+        elif self.workers.chief is None and not any(not r.gone for r in self.workers.recs.values()):
+            self._end("finished", "no worker was left for the final evaluation and checkpoint")
+
+    def _liveness(self) -> None:
+        """Deadlines on real waits: no news from training workers (probe them), no answer to a probe, no
+        progress though everything answers."""
+        wall, cfg = self.wall, self.config
+        if self.probe_wall is not None and wall - self.probe_wall >= cfg.probe_after_s:
+            self._end("failed", f"no answer from the cluster for {wall - self.probe_wall:.0f} s (a probe of the "
+                                f"workers and shards did not return); {cfg.resume_hint()}")
+            return
+        if not self.workers.training() and self.action is None:
+            return
+        if wall - self.progress_wall >= cfg.stuck_after_s:
+            self._end("failed", f"no training progress for {wall - self.progress_wall:.0f} s at step "
+                                f"{int(self.step)}, though the workers and shards answer; {cfg.resume_hint()}")
+        elif self.probe_wall is None and wall - self.heard_wall >= cfg.probe_after_s:
+            self.probe_wall = wall
+            self.out.append(Probe(wall - self.heard_wall))
+
+    def _end(self, status: str, message: str = "") -> None:
+        if self.ended:
+            return
+        self._to(RunState.FINISHED if status == "finished" else RunState.FAILED)
+        self.phase = Ended(status, message)
+        self.out.append(EndRun(status, message))
+
+    def _report(self) -> None:
+        """The phase and reported state after a pass: running, degraded (fewer workers than planned) or
+        restoring; holding while actions on quiesced shards run."""
+        if isinstance(self.phase, Finishing | Ended):
+            return
+        if self.holding:
+            name = type(self.action).__name__ if self.action is not None else None
+            self.phase = Holding((name or "quiesce",), name)
+        else:
+            self.phase = Training(self.fence)
+        if self.shards.dead or self.shards.restore_reason is not None:
+            self._to(RunState.RESTORING)
+        elif len(self.workers.members()) < self.config.workers:
+            self._to(RunState.DEGRADED)
+        else:
+            self._to(RunState.RUNNING)
+
+    def _to(self, state: RunState) -> None:
+        if self.machine.state == RunState.STARTING and state not in (RunState.RUNNING, RunState.FAILED):
+            self._to(RunState.RUNNING)  # training starts before it can degrade or restore
+        previous = self.machine.state
+        if self.machine.to(state, self.now):
+            self.transitions.append((self.now, previous, state))

@@ -1,0 +1,249 @@
+"""What to do, as the run controller decides it: the typed commands
+:meth:`~cmdare.control.controller.RunController.handle` returns, in the order a driver carries them out.
+
+A driver acts and reports back with events (:mod:`cmdare.control.run_events`): most commands are done
+when issued (a setting pushed, a server killed); those that take time answer with an event of their own
+(``StartWorker`` -> ``ServerStarting`` then ``WorkerUp``; ``StartDuty`` -> ``DutyDone``; an action on the
+shards -> ``ActionDone``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cmdare.cloud.servers import ServerSpec
+
+__all__ = [
+    "Balance",
+    "CancelWorker",
+    "ChangePlacement",
+    "Command",
+    "EndRun",
+    "EvacuatePs",
+    "Fence",
+    "FillPs",
+    "HoldAll",
+    "KillPs",
+    "LoseWorker",
+    "ParkPs",
+    "Probe",
+    "ReleaseWorker",
+    "Restore",
+    "Revoke",
+    "SetChief",
+    "SetLrScale",
+    "SetRoundSize",
+    "StartDuty",
+    "StartPs",
+    "StartWorker",
+    "Train",
+    "UnparkPs",
+]
+
+
+@dataclass(frozen=True)
+class Command:
+    """Base of every command."""
+
+
+@dataclass(frozen=True)
+class Fence(Command):
+    """No push may take the shards past ``step``: every chunk stops there (the next barrier)."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class Train(Command):
+    """Keep worker ``worker_id`` training, chunk after chunk, until the fence (then report it stopped)."""
+
+    worker_id: int
+
+
+@dataclass(frozen=True)
+class HoldAll(Command):
+    """Hand out no more chunks; report each worker stopped once its chunks in flight are back (an
+    action on quiesced shards follows). ``why`` says what waits."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Revoke(Command):
+    """Revoke worker ``worker_id``'s (emulated or injected) server now, abruptly."""
+
+    worker_id: int
+    source: str = "injected"
+
+
+@dataclass(frozen=True)
+class LoseWorker(Command):
+    """Worker ``worker_id`` is no member any more (``reason``: revoked, failed, notice, unresponsive): end
+    its server, forget its gradient pieces. ``replaced``: a replacement was asked for."""
+
+    worker_id: int
+    reason: str
+    replaced: bool
+    detected: bool = True
+
+
+@dataclass(frozen=True)
+class ReleaseWorker(Command):
+    """Worker ``worker_id`` leaves cleanly after its notice: stop it, end its server."""
+
+    worker_id: int
+    reason: str = "notice"
+
+
+@dataclass(frozen=True)
+class StartWorker(Command):
+    """Ask for a server of ``spec`` and start worker ``worker_id`` on it for data slot ``slot``
+    (``replaces``: the worker it replaces, None for the first wave). Answered by ``ServerStarting``."""
+
+    worker_id: int
+    slot: int
+    spec: ServerSpec
+    replaces: int | None = None
+
+
+@dataclass(frozen=True)
+class CancelWorker(Command):
+    """Give up the replacement worker ``worker_id`` that did not come (``reason``)."""
+
+    worker_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetChief(Command):
+    """The chief role moves to ``worker_id`` (None: no worker left); ``announce``: report the handover."""
+
+    worker_id: int | None
+    previous: int | None
+    announce: bool = True
+
+
+@dataclass(frozen=True)
+class SetLrScale(Command):
+    """Multiply the configured learning rate by ``scale`` on every shard (``active`` workers now)."""
+
+    scale: float
+    previous: float
+    active: int
+
+
+@dataclass(frozen=True)
+class SetRoundSize(Command):
+    """Synchronous rounds take ``n`` pushes; ``wait``: until every shard knows (a newcomer pushes next)."""
+
+    n: int
+    wait: bool = False
+
+
+@dataclass(frozen=True)
+class StartDuty(Command):
+    """The chief ``worker_id`` checkpoints or evaluates (``kind``) the parameters of ``step``. The shards'
+    state of ``step`` must be taken before any other worker trains on (a driver that snapshots in the
+    background takes it when this command runs). Answered by ``DutyDone``."""
+
+    kind: str
+    worker_id: int
+    step: int
+    final: bool = False
+    reason: str = "schedule"
+
+
+@dataclass(frozen=True)
+class StartPs(Command):
+    """Start a replacement PS server (an empty shard actor) for the server ``replaces`` leaves; it gets key
+    ``key``. Answered by ``ServerStarting`` and ``PsUp``."""
+
+    key: int
+    replaces: int
+
+
+@dataclass(frozen=True)
+class EvacuatePs(Command):
+    """On quiesced shards: move every block of PS server ``key`` onto the other shards (``onto`` is
+    ``survivors``) or onto the replacement ``spare`` (``replacement``), then release the server."""
+
+    key: int
+    onto: str
+    deadline: float
+    spare: int | None = None
+
+
+@dataclass(frozen=True)
+class ParkPs(Command):
+    """On quiesced shards: take the last shard's blocks (server ``key``) into the coordinator and release
+    the server before its deadline; training waits for the replacement."""
+
+    key: int
+    deadline: float
+
+
+@dataclass(frozen=True)
+class UnparkPs(Command):
+    """The replacement ``spare`` is up: it takes the parked blocks of server ``key``."""
+
+    key: int
+    spare: int
+
+
+@dataclass(frozen=True)
+class FillPs(Command):
+    """On quiesced shards: the replacement PS ``spare`` joins and takes its share of blocks."""
+
+    spare: int
+
+
+@dataclass(frozen=True)
+class KillPs(Command):
+    """Revoke PS server ``key`` now (``reason``: ``no_notice`` or ``deadline_passed``): its shard dies with
+    its updates; a :class:`RestoreShards` follows."""
+
+    key: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Restore(Command):
+    """On quiesced shards: replace dead shards (``spares``: replacement PS servers that are up) and roll
+    every shard back to the latest stored checkpoint. Answered by ``ActionDone('restore', step=...)``."""
+
+    reason: str
+    spares: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChangePlacement(Command):
+    """On quiesced shards: carry out placement changes (block moves, shards added or removed); the servers of
+    added shards get the keys ``new_keys``, in order."""
+
+    decisions: tuple[Any, ...]
+    new_keys: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Balance(Command):
+    """A balancing step: ask the placement balancers (and ``cmdare ps`` requests) for changes now;
+    answered by ``PlacementRequested`` (possibly empty)."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class Probe(Command):
+    """Nothing was heard for a while: ask every worker and shard whether it is alive, and the cluster
+    whether it still stands. Answered by ``ProbeDone`` (and loss events)."""
+
+    silent_s: float
+
+
+@dataclass(frozen=True)
+class EndRun(Command):
+    """The run ends with ``status`` (``finished`` or ``failed``); ``message`` says why it failed."""
+
+    status: str
+    message: str = ""

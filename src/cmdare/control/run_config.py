@@ -1,0 +1,83 @@
+"""What the run controller needs to know about a run (a pure value, built from a ``TrainSpec`` by the trainer
+and from a job and cluster by the simulator)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from cmdare.errors import UserInputError
+
+__all__ = ["RunConfig"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A run as the controller sees it.
+
+    Attributes:
+        steps: the target global step.
+        workers: the planned number of workers (data slots).
+        sync: synchronous rounds (one push per worker per step).
+        checkpoint_every, eval_every: the chief's duties (0: never; an evaluation always ends the run).
+        balance_every: steps between balancing steps (0: no balancer asks).
+        virtual_duties: duties are taken and stored the moment their step is passed (the simulator, which
+            charges their cost in its speed model); else the chief runs them at fences.
+        admit_on_up: a replacement joins when its process is up (a real cluster, where the server's start-up
+            is what the cloud does); else when its emulated start-up ends (local emulation, the simulator).
+        trained_on_join: a worker may be revoked by injection from the moment it joins; else from its first
+            chunk (a real cluster's worker that never trained is not revoked by injection).
+        hit_workers, hit_ps: whether injected revocations hit worker servers and PS servers.
+        ps_notice_s: cloud seconds from a PS server's notice to its revocation (0: no notice).
+        replace_ps: start a replacement PS after an evacuation onto survivors.
+        park_margin_s: the last shard parks at least this long before its deadline (time the move takes).
+        replacement_timeout_s: cloud seconds a replacement may take to be up (a real cluster's node); None:
+            no limit.
+        start_timeout_s: wall seconds a worker process may take to start (local emulation).
+        probe_after_s: wall seconds without news from training workers before they are probed.
+        stuck_after_s: wall seconds without progress, though everything answers, before the run fails.
+        step_s: emulated cloud seconds per step of one worker, per GPU type (lower case); ``"*"``: any type.
+        run_id: named in error messages (how to resume).
+    """
+
+    steps: int
+    workers: int
+    sync: bool = False
+    checkpoint_every: int = 0
+    eval_every: int = 0
+    balance_every: int = 0
+    virtual_duties: bool = False
+    admit_on_up: bool = False
+    trained_on_join: bool = True
+    hit_workers: bool = True
+    hit_ps: bool = False
+    ps_notice_s: float = 0.0
+    replace_ps: bool = True
+    park_margin_s: float = 0.0
+    replacement_timeout_s: float | None = None
+    start_timeout_s: float = 300.0
+    probe_after_s: float = 60.0
+    stuck_after_s: float = 600.0
+    step_s: Mapping[str, float] = field(default_factory=lambda: {"*": 1.0})
+    run_id: str = "run"
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.workers < 1:
+            raise UserInputError(f"a run needs steps >= 1 and workers >= 1, got {self.steps} and {self.workers}")
+        bad = {k: v for k, v in self.step_s.items() if not (isinstance(v, int | float) and math.isfinite(v) and v > 0)}
+        if bad:
+            raise UserInputError(f"emulated seconds per step must be positive numbers, got {bad}")
+
+    def seconds_per_step(self, gpu: str | None) -> float:
+        """Emulated cloud seconds one step of a worker on ``gpu`` takes."""
+        key = (gpu or "").lower()
+        return float(self.step_s.get(key, self.step_s.get("*", 1.0)))
+
+    @property
+    def final_checkpoint(self) -> bool:
+        return self.checkpoint_every > 0
+
+    def resume_hint(self) -> str:
+        """What to run to continue this run."""
+        return f"resume with --resume {self.run_id}"

@@ -1,0 +1,265 @@
+"""The parameter-server side of a run as the controller sees it: PS servers, their notices and revocations,
+replacements, and the actions on quiesced shards (evacuate, park, unpark, fill, restore, placement changes).
+
+The PS kernel (:class:`~cmdare.control.ps_servers.PsServerKernel`) says when a transient PS server's notice
+comes and whether its blocks can leave (onto the other shards, or the last shard's onto a replacement);
+this part keeps the replacements (spares) and the work waiting for quiesced shards, and decides, at each
+pass, which action runs next:
+
+1. a **restore** (a shard died: every shard rolls back to the latest stored checkpoint), once the
+   replacement servers of the dead shards are ready;
+2. an **evacuation** of a noticed server (onto the survivors; the last shard's onto a ready replacement);
+3. a **park** of the last shard whose replacement is not ready by half its notice (at least
+   ``park_margin_s`` before the deadline): its blocks wait in the coordinator, training pauses;
+4. an **unpark** once the replacement is ready; a **fill** of a replacement that joins a run whose other
+   shards took the evacuated blocks;
+5. **placement changes** (``cmdare ps`` requests, balancers).
+
+The initial shards' servers have keys ``-1, -2, ...`` in shard order; every later PS server gets its key
+from the command that starts it (:class:`~cmdare.control.run_commands.StartPs`, or the ``new_keys`` of a
+placement change).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cmdare.cloud.servers import ServerSpec
+from cmdare.control.ps_servers import Evacuate, PsServerKernel, RequestPsReplacement, RestoreShards
+from cmdare.control.run_commands import (
+    ChangePlacement,
+    Command,
+    EvacuatePs,
+    FillPs,
+    KillPs,
+    ParkPs,
+    Restore,
+    StartPs,
+    UnparkPs,
+)
+from cmdare.control.run_config import RunConfig
+
+__all__ = ["MAX_SPARE_TRIES", "ShardControl", "Spare"]
+
+MAX_SPARE_TRIES = 3  # replacement PS servers started for one lost server before the run gives up
+
+
+@dataclass
+class Spare:
+    """A replacement PS server: asked for, ready in cloud time at ``ready_at``, its actor up or not."""
+
+    key: int
+    replaces: int
+    requested_wall: float = 0.0
+    ready_at: float | None = None  # None: when its actor is up
+    up: bool = False
+    attempt: int = 1
+
+    def ready(self, now: float) -> bool:
+        return self.up and (self.ready_at is None or self.ready_at <= now)
+
+
+class ShardControl:
+    """PS servers, spares and the actions waiting for quiesced shards; appends commands to ``out``."""
+
+    def __init__(self, config: RunConfig, kernel: PsServerKernel, out: list[Command]):
+        self.config, self.kernel, self.out = config, kernel, out
+        self.spec: ServerSpec | None = None
+        self.num_shards = 0
+        self.planned = 0  # the PS count replacements restore
+        self.evacuations: dict[int, Evacuate] = {}
+        self.noticed_at: dict[int, float] = {}
+        self.spares: dict[int, Spare] = {}
+        self.parked: dict[int, float] = {}  # key -> deadline of the parked shard's server
+        self.dead: set[int] = set()  # keys of shards lost with their updates (a restore is due)
+        self.restore_reason: str | None = None
+        self.placements: list[tuple[tuple, tuple[int, ...]]] = []  # (decisions, keys of added shards), waiting
+        self.evacuated = 0
+        self.wall = 0.0  # the driver's clock at the event being handled (set by the controller)
+        self.failure: str | None = None  # why the run cannot go on (replacements that never come up)
+
+    def start(self, spec: ServerSpec, num_shards: int, now: float) -> None:
+        """The initial shards' servers (keys -1, -2, ... in shard order)."""
+        self.spec, self.num_shards, self.planned = spec, num_shards, num_shards
+        for _ in range(num_shards):
+            self.kernel.add(spec, now)
+
+    # -- what happened ----------------------------------------------------------------------------
+    def candidates(self) -> list:
+        """PS servers a periodic or scripted revocation source may pick now."""
+        return self.kernel.candidates() if self.config.hit_ps else []
+
+    def tick(self, now: float, picked: list[int]) -> None:
+        """Notices due now (lifetimes ending within the notice lead, and the source's picks); deadlines passed."""
+        for key in [*self.kernel.notices_due(now), *self.kernel.pick(picked)]:
+            self._act(self.kernel.revoke(key, now, self.num_shards), now)
+        for d in self.kernel.deadline_passed(now):
+            if d.key in self.kernel.servers:
+                self._kill(d.key, d.reason)
+
+    def notice(self, key: int, deadline: float, now: float) -> None:
+        """A drain (a real notice) of PS server ``key``'s node."""
+        self._act(self.kernel.revoke(key, now, self.num_shards, deadline=deadline), now)
+
+    def lost(self, keys: tuple[int, ...]) -> None:
+        """Shards died (found dead by the driver): a restore is due, with replacements for their servers."""
+        for key in keys or ():
+            if key in self.kernel.servers:
+                self._kill(key, "lost", command=False)
+        if not keys:
+            self.restore_reason = self.restore_reason or "lost"
+
+    def request_placement(self, decisions: tuple) -> None:
+        """Placement changes to carry out on quiesced shards (each added shard's server gets a key now)."""
+        adds = sum(type(d).__name__ == "AddShard" for d in decisions)
+        self.placements.append((tuple(decisions), tuple(self.kernel.next_key() for _ in range(adds))))
+
+    def spare_starting(self, key: int, startup_s: float | None, now: float) -> None:
+        spare = self.spares.get(key)
+        if spare is not None:
+            spare.ready_at = None if startup_s is None else now + max(0.0, startup_s)
+
+    def spare_up(self, key: int) -> None:
+        spare = self.spares.get(key)
+        if spare is not None:
+            spare.up = True
+
+    def spare_failed(self, key: int, why: str = "it died while starting") -> None:
+        """A replacement did not come up: ask for another one (three tries per server replaced)."""
+        spare = self.spares.pop(key, None)
+        if spare is None:
+            return
+        if spare.attempt >= MAX_SPARE_TRIES:
+            self.failure = f"no replacement parameter server came up in {MAX_SPARE_TRIES} tries ({why})"
+            return
+        self._request(spare.replaces, spare.attempt + 1)
+
+    def expire(self, wall: float) -> None:
+        """Replacements whose actor is not up within the start time-out are tried again."""
+        for spare in list(self.spares.values()):
+            if not spare.up and wall - spare.requested_wall >= self.config.start_timeout_s:
+                self.spare_failed(spare.key, f"not up within {self.config.start_timeout_s:g} s")
+
+    def next_wall(self) -> float:
+        return min((s.requested_wall + self.config.start_timeout_s for s in self.spares.values() if not s.up),
+                   default=math.inf)
+
+    # -- decisions --------------------------------------------------------------------------------
+    def _act(self, decisions: list, now: float) -> None:
+        for d in decisions:
+            if isinstance(d, Evacuate):
+                self.evacuations[d.key] = d
+                self.noticed_at[d.key] = now
+            elif isinstance(d, RequestPsReplacement) and self._missing() > 0:
+                self._request(d.replaces)
+            elif isinstance(d, RestoreShards):
+                self._kill(d.key, d.reason)
+
+    def _request(self, replaces: int, attempt: int = 1) -> None:
+        key = self.kernel.next_key()
+        self.spares[key] = Spare(key, replaces, self.wall, attempt=attempt)
+        self.out.append(StartPs(key, replaces))
+
+    def _missing(self) -> int:
+        """PS servers the run lacks: planned, less the shards that stay and the spares on their way."""
+        staying = self.num_shards - len(self.evacuations) - len(self.dead)
+        return max(self.planned, 1) - staying - len(self.spares)
+
+    def _kill(self, key: int, reason: str, command: bool = True) -> None:
+        """Server ``key`` dies with its shard: a restore from the checkpoint is due (with a replacement)."""
+        if command:
+            self.out.append(KillPs(key, reason))
+        self.kernel.remove(key)
+        self.evacuations.pop(key, None)
+        self.dead.add(key)
+        self.restore_reason = self.restore_reason or reason
+        if self._missing() > 0:
+            self._request(key)
+
+    # -- actions on quiesced shards ---------------------------------------------------------------
+    def _ready_spares(self, now: float) -> list[Spare]:
+        return [s for s in self.spares.values() if s.ready(now)]
+
+    def _park_at(self, key: int, d: Evacuate) -> float:
+        lead = d.deadline - self.noticed_at.get(key, d.deadline)
+        return d.deadline - max(lead / 2, self.config.park_margin_s)
+
+    def blocked(self, now: float) -> bool:
+        """Whether no training can happen: a shard is dead (restore due) or parked."""
+        return bool(self.dead) or self.restore_reason is not None or bool(self.parked)
+
+    def next_action(self, now: float) -> Command | None:
+        """The action to carry out on quiesced shards now, or None (the caller holds training while
+        :meth:`blocked`)."""
+        ready = self._ready_spares(now)
+        if self.dead or self.restore_reason is not None:
+            if len(ready) >= len(self.dead):
+                return Restore(self.restore_reason or "lost", tuple(s.key for s in ready[:len(self.dead)]))
+            return None
+        for key, d in self.evacuations.items():
+            if d.onto == "survivors" and self.num_shards > 1:
+                return EvacuatePs(key, "survivors", d.deadline)
+            if ready:
+                return EvacuatePs(key, "replacement", d.deadline, ready[0].key)
+            if now >= self._park_at(key, d):
+                return ParkPs(key, d.deadline)
+        if self.parked and ready:
+            return UnparkPs(next(iter(self.parked)), ready[0].key)
+        if ready:  # wanted by no dead, noticed or parked shard: it joins and takes its share of blocks
+            return FillPs(ready[0].key)
+        if self.placements:
+            return ChangePlacement(*self.placements[0])
+        return None
+
+    def done(self, command: Command, ok: bool, now: float, num_shards: int | None,
+             removed: tuple[int, ...] = ()) -> None:
+        """The action ``command`` ended (``ok`` or not); ``num_shards``: shards holding blocks now."""
+        if num_shards is not None:
+            self.num_shards = num_shards
+        if isinstance(command, ChangePlacement):
+            self.placements.pop(0)
+            if ok:
+                for key in command.new_keys:
+                    self.kernel.add(self.spec, now, key=key)  # type: ignore[arg-type]
+            for key in removed:
+                self.kernel.remove(key)
+            return
+        if not ok:
+            return  # a destination died meanwhile: the notice's deadline (or the next pass) decides
+        if isinstance(command, Restore):
+            for key in command.spares:
+                self._join(key, now)
+            self.dead.clear()
+            self.restore_reason = None
+        elif isinstance(command, EvacuatePs):
+            self.evacuations.pop(command.key, None)
+            self.kernel.remove(command.key)
+            self.evacuated += 1
+            if command.spare is not None:
+                self._join(command.spare, now)
+        elif isinstance(command, ParkPs):
+            self.evacuations.pop(command.key, None)
+            self.kernel.remove(command.key)
+            self.parked[command.key] = command.deadline
+        elif isinstance(command, UnparkPs):
+            self.parked.pop(command.key, None)
+            self.evacuated += 1
+            self._join(command.spare, now)
+        elif isinstance(command, FillPs):
+            self._join(command.spare, now)
+
+    def _join(self, key: int, now: float) -> None:
+        """A spare holds blocks now: it is one of the run's PS servers (its lifetime counts from now)."""
+        self.spares.pop(key, None)
+        self.kernel.add(self.spec, now, key=key)  # type: ignore[arg-type]
+
+    # -- time -------------------------------------------------------------------------------------
+    def next_time(self) -> float:
+        """The next cloud time something is due for the PS servers (inf: nothing)."""
+        lead = self.kernel.notice_s
+        times = [at - lead for key, at in self.kernel.deadlines.items() if key not in self.kernel.noticed]
+        times += list(self.kernel.noticed.values())
+        times += [s.ready_at for s in self.spares.values() if s.ready_at is not None]
+        times += [self._park_at(k, d) for k, d in self.evacuations.items() if d.onto == "replacement"]
+        return min(times, default=math.inf)

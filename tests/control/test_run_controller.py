@@ -1,0 +1,265 @@
+"""The run controller driven by a fake driver: whole runs in milliseconds, no Ray, no SimPy, no sleep.
+
+Emulated time: every worker step is ``STEP_S`` cloud seconds, so with two workers cloud time is
+``global step / 2`` (revocation schedules below are in cloud seconds and fall at known steps).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fake_driver import FakeDriver
+
+from cmdare.cloud.servers import ServerSpec
+from cmdare.control import MembershipKernel, PsServerKernel, RevocationPlan, build_revocation_source
+from cmdare.control import run_commands as C
+from cmdare.control import run_events as E
+from cmdare.control.controller import RunController
+from cmdare.control.emulated_clock import EmulatedClock
+from cmdare.control.run_config import RunConfig
+from cmdare.control.run_state import RunState
+
+K80 = ServerSpec("k80", "gcp", "us-east1", True, 0.14)
+V100 = ServerSpec("v100", "gcp", "us-east1", True, 0.74)
+PS = ServerSpec(None, "gcp", "us-east1", False, 0.05, role="ps")
+SPOT_PS = ServerSpec(None, "gcp", "us-east1", True, 0.02, role="ps")
+
+
+def make(steps=200, workers=2, revocations="none", replacement="same", sync=False, checkpoint_every=50,
+         eval_every=0, ps=1, ps_transient=False, emulated=True, specs=None, ps_spec=None, start_step=0,
+         lr_policy="unchanged", offers=None, driver_kw=None, **config_kw) -> FakeDriver:
+    plan = RevocationPlan.parse(revocations, seed=1)
+    source = build_revocation_source(plan, np.random.default_rng(plan.seed))
+    kernel = MembershipKernel(workers, replacement=replacement, lr_policy=lr_policy, revocations=source,
+                              offers=offers)
+    ps_kernel = PsServerKernel(source if ps_transient and plan.hits("ps") else None,
+                               notice_s=plan.notice_lead_s(), replace=replacement != "none")
+    config = RunConfig(steps=steps, workers=workers, sync=sync, checkpoint_every=checkpoint_every,
+                       eval_every=eval_every, hit_workers=plan.hits("worker"), hit_ps=ps_transient and plan.hits("ps"),
+                       ps_notice_s=plan.notice_lead_s(), step_s={"*": 1.0}, run_id="r", **config_kw)
+    controller = RunController(config, kernel, ps_kernel, EmulatedClock() if emulated else None)
+    driver = FakeDriver(controller, **(driver_kw or {}))
+    driver.start(specs or [K80] * workers, ps_spec or (SPOT_PS if ps_transient else PS), ps, start_step)
+    return driver
+
+
+def finished(d: FakeDriver) -> None:
+    assert d.ended is not None and d.ended.status == "finished", d.ended
+    assert d.step == d.controller.config.steps
+
+
+def duty_steps(d: FakeDriver, kind: str) -> list[int]:
+    return [c.step for c in d.of(C.StartDuty) if c.kind == kind]
+
+
+# -- duties ---------------------------------------------------------------------------------------------
+def test_duties_run_at_the_steps_the_schedule_names_and_the_run_ends_with_the_final_ones():
+    d = make(steps=200, checkpoint_every=50, eval_every=40)
+    d.run()
+    finished(d)
+    assert duty_steps(d, "checkpoint") == [50, 100, 150, 200]
+    assert duty_steps(d, "eval") == [40, 80, 120, 160, 200]
+    # each periodic duty saw exactly its step: the workers were stopped there
+    assert [s for s, c in d.at(C.StartDuty) if not c.final] == [c.step for c in d.of(C.StartDuty) if not c.final]
+    assert d.stored == [50, 100, 150, 200]
+    assert [s for _, _, s in d.controller.transitions] == [RunState.RUNNING, RunState.FINISHING, RunState.FINISHED]
+
+
+def test_resume_counts_duties_from_the_checkpoint_step():
+    d = make(steps=300, checkpoint_every=80, start_step=120)
+    d.run()
+    finished(d)
+    assert duty_steps(d, "checkpoint") == [160, 240, 300]
+
+
+def test_a_duty_cut_short_by_the_chiefs_loss_is_run_by_the_next_chief_for_the_same_step():
+    d = make(steps=120, checkpoint_every=50, driver_kw={"action_wall_s": 1.0})
+    d.on_step[50] = lambda d: d.later(0.5, lambda: d.kill(0))  # the chief dies during its checkpoint
+    d.run()
+    finished(d)
+    ckpts = [(c.worker_id, c.step) for c in d.of(C.StartDuty) if c.kind == "checkpoint"]
+    assert ckpts[0] == (0, 50) and (1, 50) in ckpts
+    assert 50 in d.stored and [s for s, c in d.at(C.LoseWorker)] and d.of(C.LoseWorker)[0].worker_id == 0
+
+
+# -- workers ----------------------------------------------------------------------------------------------
+def test_a_revoked_worker_is_replaced_and_the_chief_moves():
+    d = make(steps=200, revocations="trace=20@0")  # slot 0 (the chief) at cloud 20 s = step 40
+    d.run()
+    finished(d)
+    (revoke_step, revoke), = d.at(C.Revoke)
+    assert revoke.worker_id == 0 and revoke_step == 40
+    chiefs = [c.worker_id for c in d.of(C.SetChief)]
+    assert chiefs == [0, 1]
+    (start,) = [c for c in d.of(C.StartWorker) if c.replaces is not None]
+    assert (start.slot, start.replaces, start.spec) == (0, 0, K80)
+    kinds = [e.kind for e in d.controller.kernel.timeline]
+    assert kinds.count("join") == 3 and kinds.count("loss") == 1
+
+
+def test_revocations_fall_at_the_same_steps_however_slow_the_emulator_is():
+    def revocation_steps(**driver_kw):
+        d = make(steps=600, workers=3, revocations="lifetime=exponential,speedup=2000", driver_kw=driver_kw)
+        d.run()
+        finished(d)
+        return [(s, c.worker_id) for s, c in d.at(C.Revoke)]
+
+    fast = revocation_steps(step_wall_s=0.001, up_wall_s=0.1)
+    slow = revocation_steps(step_wall_s=0.05, up_wall_s=8.0)  # 50x slower steps, 80x slower process starts
+    assert len(fast) >= 2 and fast == slow
+
+
+def test_a_worker_notice_checkpoints_on_the_chief_then_it_leaves_and_is_replaced():
+    d = make(steps=200, checkpoint_every=100)
+    d.on_step[60] = lambda d: d.notice(0)
+    d.run()
+    finished(d)
+    notice_ckpt = [c for c in d.of(C.StartDuty) if c.reason == "notice"]
+    assert [(c.worker_id, c.kind) for c in notice_ckpt] == [(0, "checkpoint")]
+    released = d.of(C.ReleaseWorker)
+    assert [c.worker_id for c in released] == [0]
+    # it left after its checkpoint, then the chief moved and a replacement came for its slot
+    order = [type(c).__name__ for c in d.commands if isinstance(c, C.StartDuty | C.ReleaseWorker | C.SetChief)]
+    assert order.index("ReleaseWorker") > order.index("StartDuty")
+    assert [c.slot for c in d.of(C.StartWorker) if c.replaces == 0] == [0]
+
+
+def test_no_worker_left_and_no_replacement_ends_the_run_with_one_line():
+    d = make(steps=200, workers=1, revocations="trace=20@0", replacement="none")
+    end = d.run()
+    assert end.status == "failed" and "no worker left" in end.message and "--resume r" in end.message
+    assert "\n" not in end.message
+
+
+def test_a_worker_that_cannot_start_ends_the_run_with_its_own_message():
+    d = make(steps=200, revocations="trace=10@0", driver_kw={"fail_start": {2: "--batch-size 5000 is larger "
+                                                                              "than the 1437 training samples"}})
+    end = d.run()
+    assert end.status == "failed" and "worker 2 could not start" in end.message and "--batch-size 5000" in end.message
+    assert len(d.of(C.StartWorker)) == 3  # no second replacement after a deterministic failure
+
+
+def test_both_synchronous_workers_revoked_at_once_recover():
+    d = make(steps=120, sync=True, revocations="trace=5@0+5@1", checkpoint_every=0)
+    d.run()
+    finished(d)
+    assert len(d.of(C.Revoke)) == 2 and len([c for c in d.of(C.StartWorker) if c.replaces is not None]) == 2
+    sizes = [c.n for c in d.of(C.SetRoundSize)]
+    assert sizes[0] == 1 and sizes[-1] == 2  # shrunk to one, grown back (with a wait) when both were up
+    assert any(c.wait for c in d.of(C.SetRoundSize))
+
+
+def test_replacement_timeout_falls_back_to_the_cheapest_other_type_on_a_real_cluster():
+    from cmdare.control import Offer
+
+    offers = [Offer(ServerSpec("k80", "gcp", "us-east1", True, 0.14), 1.0),
+              Offer(ServerSpec("t4", "gcp", "us-east1", True, 0.11), 2.0)]
+    d = make(steps=20000, revocations="trace=5@0", replacement="cheapest", emulated=False, admit_on_up=True,
+             trained_on_join=False, replacement_timeout_s=30.0, offers=lambda lost: offers,
+             driver_kw={"replacement_up_wall_s": 60.0, "real_time": True})  # nodes come after a minute: too late
+    d.run(max_wall=1000)
+    starts = [c for c in d.of(C.StartWorker) if c.replaces is not None]
+    assert [c.spec.gpu_type for c in starts][:2] == ["t4", "k80"]
+    assert [c.worker_id for c in d.of(C.CancelWorker)][:1] == [starts[0].worker_id]
+
+
+# -- parameter servers ------------------------------------------------------------------------------------
+def test_ps_notice_with_survivors_evacuates_then_a_replacement_fills():
+    d = make(steps=300, ps=2, ps_transient=True, revocations="trace=30@ps,notice=10,hit=ps")
+    d.run()
+    finished(d)
+    names = [type(c).__name__ for c in d.commands if isinstance(c, C.EvacuatePs | C.StartPs | C.FillPs | C.HoldAll)]
+    assert "EvacuatePs" in names and "StartPs" in names and "FillPs" in names
+    (evac,) = d.of(C.EvacuatePs)
+    assert evac.onto == "survivors" and d.steps_lost == 0
+
+
+def test_last_shard_moves_onto_its_replacement_when_it_is_ready_in_time():
+    d = make(steps=300, ps=1, ps_transient=True, revocations="trace=30@ps,notice=100,hit=ps",
+             driver_kw={"ps_startup_s": 5.0})
+    d.run()
+    finished(d)
+    (evac,) = d.of(C.EvacuatePs)
+    assert evac.onto == "replacement" and evac.spare is not None and not d.of(C.ParkPs)
+
+
+def test_a_late_replacement_parks_the_last_shard_and_nothing_is_lost():
+    d = make(steps=300, ps=1, ps_transient=True, revocations="trace=30@ps,notice=10,hit=ps",
+             driver_kw={"ps_startup_s": 60.0})
+    d.run()
+    finished(d)
+    (park,) = d.of(C.ParkPs)
+    (unpark,) = d.of(C.UnparkPs)
+    assert unpark.key == park.key and d.steps_lost == 0 and not d.of(C.Restore)
+    # parked at half the notice: cloud 30 + 5 s (step 70)
+    assert [s for s, c in d.at(C.ParkPs)] == [70]
+
+
+def test_without_notice_the_shards_roll_back_to_the_latest_checkpoint():
+    d = make(steps=300, ps=1, ps_transient=True, checkpoint_every=40, revocations="trace=45@ps,notice=0,hit=ps")
+    d.run()
+    finished(d)
+    (kill,) = d.of(C.KillPs)
+    assert kill.reason == "no_notice"
+    (restore,) = d.of(C.Restore)
+    assert len(restore.spares) == 1 and d.steps_lost == 90 - 80
+    # duties start again after the checkpoint the shards rolled back to
+    assert duty_steps(d, "checkpoint") == [40, 80, 120, 160, 200, 240, 280, 300]
+
+
+def test_placement_changes_wait_for_quiesced_shards():
+    d = make(steps=200)
+    d.on_step[50] = lambda d: d.feed(E.PlacementRequested(wall=d.wall, decisions=("move",)))
+    d.run()
+    finished(d)
+    names = [type(c).__name__ for c in d.commands]
+    hold = names.index("HoldAll")
+    assert names.index("ChangePlacement") > hold
+    assert d.of(C.ChangePlacement)[0].decisions == ("move",)
+
+
+def test_a_failed_checkpoint_upload_keeps_the_previous_one():
+    d = make(steps=100, checkpoint_every=50)
+    d.feed(E.CheckpointFailed(wall=d.wall, step=50, error="disk full"))
+    d.run()
+    assert d.controller.duties.failed == [50]
+
+
+# -- liveness -------------------------------------------------------------------------------------------
+def test_a_silent_cluster_is_probed_and_a_lost_one_ends_the_run():
+    d = make(steps=200, probe_after_s=5.0)
+    d.on_step[30] = lambda d: setattr(d, "stuck", True)
+    end = d.run(max_wall=100)
+    assert d.of(C.Probe) and end.status == "failed" and "marked dead" in end.message
+
+
+def test_no_progress_though_everything_answers_ends_the_run():
+    d = make(steps=200, probe_after_s=2.0, stuck_after_s=20.0)
+    d.on_step[30] = lambda d: setattr(d, "step_wall_s", 1e9)  # every worker hangs in its step
+    end = d.run(max_wall=1000)
+    assert end.status == "failed" and "no training progress" in end.message and "step 30" in end.message
+
+
+def test_controller_modules_use_no_clock_thread_ray_or_simpy():
+    import ast
+    from pathlib import Path
+
+    import cmdare.control as control
+
+    banned = {"time", "threading", "ray", "simpy", "asyncio"}
+    for path in Path(control.__file__).parent.glob("*.py"):
+        if path.name == "clock.py":  # the wall clock adapter of the legacy kernel API
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            assert not {n.split(".")[0] for n in names} & banned, (path.name, names)
+
+
+@pytest.mark.parametrize("bad", [{"steps": 0}, {"workers": 0}])
+def test_bad_run_configs_are_refused(bad):
+    from cmdare.errors import UserInputError
+
+    with pytest.raises(UserInputError):
+        RunConfig(**{"steps": 10, "workers": 1, **bad})
