@@ -30,11 +30,11 @@ from cmdare.plan.spec import ClusterSpec, JobSpec, PlanModels, WorkerGroup  # no
 class _UncachedSimulator(Simulator):
     """Baseline: asks the speed model at every membership change (no per-membership cache)."""
 
-    def rate(self, counts: tuple[int, ...], chief_gpu: int) -> float:
+    def rate(self, counts: tuple[int, ...], chief_gpu: int, ps: int | None = None) -> float:
         self._rates.clear()
         if hasattr(self.models.speed, "_cache"):
             self.models.speed._cache.clear()
-        return super().rate(counts, chief_gpu)
+        return super().rate(counts, chief_gpu, ps)
 
 
 def bench_runs(models: PlanModels, runs: int) -> dict[str, float]:

@@ -33,13 +33,17 @@ def test_spot_ps_with_notices_evacuates_and_loses_no_steps_where_rollback_would(
     assert spot.time_mean_s < on_demand.time_mean_s * 1.02  # for little time: pauses and one PS fewer a while
 
 
-def test_last_shard_rolls_back_when_its_replacement_cannot_start_within_the_notice():
+def test_last_shard_parks_until_its_replacement_is_up_when_the_notice_is_too_short():
+    # as the trainer does (the same controller): the last shard's blocks wait in the coordinator, nothing is lost
     models = load_plan_models("resnet32", lifetime="bathtub")  # GCE: 30 s notice, PS start-up about 1-2 min
     gce = Simulator(JOB, _cluster(True, ps=1), models).summarize(40, seed=2)
     slow = dataclasses.replace(models, notice_s=3600.0)  # a notice long enough for any start-up
     long_notice = Simulator(JOB, _cluster(True, ps=1), slow).summarize(40, seed=2)
-    assert gce.steps_lost_mean > 0
-    assert long_notice.extra["evacuations_mean"] > 0 and long_notice.steps_lost_mean == 0
+    assert gce.extra["parks_mean"] > 0 and gce.extra["evacuations_mean"] == gce.extra["parks_mean"]
+    assert gce.steps_lost_mean == 0
+    assert long_notice.extra["evacuations_mean"] > 0 and long_notice.extra["parks_mean"] == 0
+    assert long_notice.steps_lost_mean == 0
+    assert gce.time_mean_s > long_notice.time_mean_s  # training paused until each replacement was up
 
 
 def test_evacuation_model_fits_pauses_by_bytes():

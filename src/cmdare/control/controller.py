@@ -39,6 +39,7 @@ from cmdare.control.run_commands import (
 from cmdare.control.run_config import RunConfig
 from cmdare.control.run_events import (
     ActionDone,
+    AllStopped,
     CheckpointFailed,
     CheckpointStored,
     ChunkDone,
@@ -120,8 +121,9 @@ class RunController:
 
     # -- the run -------------------------------------------------------------------------------------
     def start(self, worker_specs: Sequence[ServerSpec], ps_spec: ServerSpec, num_ps: int, step: int,
-              wall: float, now: float | None = None) -> list[Command]:
-        """The run starts at ``step``: the first wave of workers (one per data slot) and ``num_ps`` shards."""
+              wall: float, now: float | None = None, up: bool = False) -> list[Command]:
+        """The run starts at ``step``: the first wave of workers (one per data slot) and ``num_ps`` shards;
+        ``up``: the first wave's processes are up already (the simulator; else each sends ``WorkerUp``)."""
         self.out.clear()
         self.wall = self.heard_wall = self.progress_wall = self.workers.wall = self.shards.wall = wall
         if self.clock is not None:
@@ -133,7 +135,7 @@ class RunController:
         if self.config.balance_every:
             self.balance_at = (step // self.config.balance_every + 1) * self.config.balance_every
         self.shards.start(ps_spec, num_ps, self.now)
-        self.workers.start_wave(worker_specs, self.now, wall)
+        self.workers.start_wave(worker_specs, self.now, wall, up)
         self._settle()
         return list(self.out)
 
@@ -153,14 +155,14 @@ class RunController:
     def next_wakeup(self) -> float:
         """When the driver should wake the controller (a Tick) at the latest, on its own clock: cloud events
         (for drivers that keep cloud time) and deadlines on real waits (inf: none)."""
-        times = [self.workers.next_wall(), self.shards.next_wall()]
+        times = [t for t in (self.workers.next_wall(), self.shards.next_wall()) if t > self.wall]
         if self.probe_wall is not None:
             times.append(self.probe_wall + self.config.probe_after_s)
         elif self.workers.training():
             times.append(self.heard_wall + self.config.probe_after_s)
         if self.clock is None:
             times.append(self._next_cloud_time())
-        return min(times)
+        return min(times, default=math.inf)
 
     # -- time ----------------------------------------------------------------------------------------
     def _time(self, event: Event) -> None:
@@ -185,7 +187,7 @@ class RunController:
         if self.action is not None:
             return None
         if self.rate() == 0:
-            ready = [r.ready_at for r in self.workers.recs.values() if not r.member and not r.gone]
+            ready = [r.ready_at for r in self.workers.waiting.values()]
         elif self.shards.blocked(self.now):
             ready = [s.ready_at for s in self.shards.spares.values()]
         else:
@@ -196,7 +198,8 @@ class RunController:
         return min(min(future), self._next_cloud_time())
 
     def _next_cloud_time(self) -> float:
-        return min(self.workers.next_time(), self.shards.next_time())
+        """The next cloud time something falls due (what is due by now was decided already; inf: nothing)."""
+        return min(self.workers.next_time(self.now), self.shards.next_time(self.now))
 
     def _progress(self, step: float) -> None:
         if step > self.step:
@@ -205,7 +208,8 @@ class RunController:
 
     # -- events --------------------------------------------------------------------------------------
     def _on_Tick(self, ev: Tick) -> None:
-        pass
+        if ev.global_step is not None:
+            self._progress(ev.global_step)
 
     def _on_ChunkDone(self, ev: ChunkDone) -> None:
         self._progress(ev.global_step)
@@ -219,15 +223,17 @@ class RunController:
     def _on_WorkerStopped(self, ev: WorkerStopped) -> None:
         self._progress(ev.global_step)
         self.heard_wall = self.wall
-        rec = self.workers.rec(ev.worker_id)
-        if rec is not None:
-            rec.training = False
+        self.workers.stopped(ev.worker_id)
+
+    def _on_AllStopped(self, ev: AllStopped) -> None:
+        self._progress(ev.global_step)
+        self.heard_wall = self.wall
+        self.workers.training_ids.clear()
 
     def _on_WorkerNotice(self, ev: WorkerNotice) -> None:
         rec = self.workers.notice(ev.worker_id)
         if rec is None:
             return
-        self.kernel.mark_revoked(ev.worker_id)
         if ev.worker_id == self.workers.chief and self.config.checkpoint_every and rec.up:
             duty = self.duties.add("checkpoint", int(self.step), reason="notice")
             self._run_duty(duty, rec)
@@ -237,10 +243,7 @@ class RunController:
 
     def _on_ChunkFailed(self, ev: ChunkFailed) -> None:
         self.heard_wall = self.wall
-        rec = self.workers.rec(ev.worker_id)
-        if rec is None:
-            return
-        rec.training = False
+        self.workers.stopped(ev.worker_id)
         if not ev.shard_lost and self.workers.lose(ev.worker_id, self.now, "failed"):
             self._after_loss(ev.worker_id)
 
@@ -257,8 +260,8 @@ class RunController:
         if ev.deterministic:
             self._end("failed", f"worker {ev.worker_id} could not start: {ev.error}")
             return
-        self.workers.start_failed(ev.worker_id, self.now, ev.error)
-        self._after_loss(ev.worker_id)
+        if self.workers.lose(ev.worker_id, self.now, f"failed to start ({ev.error})"):
+            self._after_loss(ev.worker_id)
 
     def _on_PsNotice(self, ev: PsNotice) -> None:
         self.shards.notice(ev.key, ev.deadline, self.now)
@@ -330,12 +333,8 @@ class RunController:
             self.duties.chief_lost(worker_id)
         self._shrink_round()
 
-    def _counted(self) -> int:
-        """Workers a synchronous round waits for: members whose process is up (or, in the first wave, will be)."""
-        return sum(1 for r in self.workers.members() if not r.leaving and (r.up or r.replaces is None))
-
     def _shrink_round(self) -> None:
-        n = max(1, self._counted())
+        n = max(1, self.workers.counted())
         if self.config.sync and n < self.round_size:
             self.round_size = n
             self.out.append(SetRoundSize(n))
@@ -352,7 +351,7 @@ class RunController:
         if self.shards.failure is not None:
             self._end("failed", f"{self.shards.failure}; {self.config.resume_hint()}")
             return
-        if self.workers.no_workers_left and not self.workers.members():
+        if self.workers.no_workers_left and not self.workers.active:
             self._end("failed", "every worker was lost and no replacement is coming: no worker left to train "
                                 f"({self.config.resume_hint()})")
             return
@@ -379,7 +378,7 @@ class RunController:
         if self.action is not None:
             return True
         action = self.shards.next_action(self.now)
-        grow = self.config.sync and self._counted() > self.round_size
+        grow = self.config.sync and self.workers.counted() > self.round_size
         if action is None and not grow and not self.shards.blocked(self.now):
             if self.holding:
                 self.holding = False
@@ -393,7 +392,7 @@ class RunController:
                 self.action = action
                 self.out.append(action)
             elif grow:
-                self.round_size = self._counted()
+                self.round_size = self.workers.counted()
                 self.out.append(SetRoundSize(self.round_size, wait=True))
                 self.holding = False
                 return False
@@ -439,7 +438,7 @@ class RunController:
         """Start every waiting duty on the chief, once it is stopped (it runs them in order)."""
         chief = self.workers.chief
         rec = self.workers.rec(chief) if chief is not None else None
-        if rec is None or not rec.active or rec.training or rec.leaving:
+        if rec is None or not rec.active or self.workers.is_training(rec.worker_id) or rec.leaving:
             return
         for duty in self.duties.waiting():
             if duty.reason == "notice":
@@ -458,7 +457,7 @@ class RunController:
         if not self.workers.training():  # training (re)starts: the silence and progress deadlines too
             self.heard_wall = self.progress_wall = self.wall
         for rec in self.workers.trainable():
-            rec.training = True
+            self.workers.start_training(rec)
             self.out.append(Train(rec.worker_id))
 
     def _finishing(self) -> None:
@@ -467,10 +466,10 @@ class RunController:
             self.phase = Finishing(int(self.step))
             self._to(RunState.FINISHING)
             self.workers.replace_lost = False  # a worker lost now is not replaced: the run is over
-            for rec in list(self.workers.recs.values()):
-                if not rec.member and not rec.gone:  # a replacement still on its way is not needed now
-                    rec.gone = True
-                    self.out.append(CancelWorker(rec.worker_id, "cancelled"))
+            for rec in list(self.workers.waiting.values()):  # a replacement on its way is not needed now
+                self.workers.waiting.pop(rec.worker_id)
+                rec.gone = True
+                self.out.append(CancelWorker(rec.worker_id, "cancelled"))
             step = int(self.step)
             if not self.config.virtual_duties:
                 self.duties.add("eval", step, final=True)
@@ -485,7 +484,7 @@ class RunController:
         self._start_duties()
         if not self.duties.pending:
             self._end("finished")
-        elif self.workers.chief is None and not any(not r.gone for r in self.workers.recs.values()):
+        elif self.workers.chief is None and not self.workers.active and not self.workers.waiting:
             self._end("finished", "no worker was left for the final evaluation and checkpoint")
 
     def _liveness(self) -> None:
@@ -524,7 +523,7 @@ class RunController:
             self.phase = Training(self.fence)
         if self.shards.dead or self.shards.restore_reason is not None:
             self._to(RunState.RESTORING)
-        elif len(self.workers.members()) < self.config.workers:
+        elif len(self.workers.active) < self.config.workers:
             self._to(RunState.DEGRADED)
         else:
             self._to(RunState.RUNNING)

@@ -19,6 +19,7 @@ from typing import Any
 
 __all__ = [
     "ActionDone",
+    "AllStopped",
     "ChunkDone",
     "ChunkFailed",
     "CheckpointFailed",
@@ -51,7 +52,10 @@ class Event:
 
 @dataclass(frozen=True, kw_only=True)
 class Tick(Event):
-    """Time passed (the driver wakes the controller at :meth:`RunController.next_wakeup` at the latest)."""
+    """Time passed (the driver wakes the controller at :meth:`RunController.next_wakeup` at the latest);
+    ``global_step``: the step training has reached, where the driver knows it (the simulator)."""
+
+    global_step: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +74,14 @@ class WorkerStopped(Event):
     """Worker ``worker_id`` has no chunk in flight any more (it reached the fence, or was held)."""
 
     worker_id: int
+    global_step: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllStopped(Event):
+    """Every worker that was training has stopped at ``global_step`` (the fence): one event for all of them
+    (the simulator, whose workers all reach the fence at one moment)."""
+
     global_step: float
 
 

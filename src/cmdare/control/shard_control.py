@@ -255,11 +255,11 @@ class ShardControl:
         self.kernel.add(self.spec, now, key=key)  # type: ignore[arg-type]
 
     # -- time -------------------------------------------------------------------------------------
-    def next_time(self) -> float:
-        """The next cloud time something is due for the PS servers (inf: nothing)."""
+    def next_time(self, now: float) -> float:
+        """The next cloud time after ``now`` something is due for the PS servers (inf: nothing)."""
         lead = self.kernel.notice_s
         times = [at - lead for key, at in self.kernel.deadlines.items() if key not in self.kernel.noticed]
         times += list(self.kernel.noticed.values())
         times += [s.ready_at for s in self.spares.values() if s.ready_at is not None]
         times += [self._park_at(k, d) for k, d in self.evacuations.items() if d.onto == "replacement"]
-        return min(times, default=math.inf)
+        return min((t for t in times if t > now), default=math.inf)

@@ -58,7 +58,7 @@ from cmdare.control import (
     Offer,
     RevocationSource,
 )
-from cmdare.plan.sim_run import LIFETIMES_PER_SLOT, SimRun
+from cmdare.plan.sim_driver import LIFETIMES_PER_SLOT, SimRun
 from cmdare.plan.spec import (
     PS_SERVER,
     ClusterSpec,
@@ -199,13 +199,16 @@ class Simulator:
             # Nothing random can happen: the run is the revocation-free one.
             t = self.base_time_s
             return RunResult(t, self._static_cost_per_s() * t, 0, 0, 0.0, True)
-        return SimRun(self, rng).result()
+        return self._run(rng).result()
 
     def run_traced(self, rng: np.random.Generator) -> tuple[RunResult, list[MembershipEvent]]:
         """One run and its membership timeline (the control kernel's record of joins, losses, chief and
         LR changes), to compare with a real run's (``Trainer.kernel.timeline``)."""
-        run = SimRun(self, rng)
+        run = self._run(rng)
         return run.result(), run.kernel.timeline
+
+    def _run(self, rng: np.random.Generator) -> SimRun:
+        return SimRun(self, rng, self.revocations() if self.revocations is not None else None)
 
     def run_many(self, runs: int, seed: int) -> list[RunResult]:
         """``runs`` independent seeded runs; run ``i`` is the same whatever ``runs`` is."""

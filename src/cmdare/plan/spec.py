@@ -274,6 +274,7 @@ class RunResult:
     steps_lost: float
     finished: bool = True
     evacuations: int = 0  # spot PS shards evacuated within their notice
+    parks: int = 0  # of which the last shard's, parked until its replacement was up (training paused)
 
 
 def _mean(x: np.ndarray) -> float:
@@ -320,7 +321,8 @@ class SimSummary:
             replacements_mean=float(np.mean([r.replacements for r in results])),
             steps_lost_mean=float(np.mean([r.steps_lost for r in results])),
             finished_fraction=float(np.mean([r.finished for r in results])),
-            extra={"evacuations_mean": float(np.mean([r.evacuations for r in results]))},
+            extra={"evacuations_mean": float(np.mean([r.evacuations for r in results])),
+                   "parks_mean": float(np.mean([r.parks for r in results]))},
         )
 
     def to_dict(self) -> dict[str, float]:

@@ -1,0 +1,385 @@
+"""One simulated run: the SimPy driver of the run controller.
+
+:class:`~cmdare.plan.simulator.Simulator` holds what every run of a configuration shares (speeds, prices,
+the worker slots); a :class:`SimRun` is one seeded run. It drives :class:`~cmdare.control.RunController`,
+the very object the Ray trainer drives, in SimPy time: the controller decides (revocations, chief and LR,
+replacements and their fallbacks, PS notices, evacuations, parking, restores, the checkpoint schedule);
+this driver carries its commands out as SimPy events and keeps the run's progress and bill.
+
+Progress is continuous: the workers the controller keeps training advance the global step at the speed
+model's rate for that membership (no steps are simulated, so a run costs O(#events)). Duties are virtual:
+a checkpoint is taken and stored the moment its step is passed, and its cost (the chief's stall) is
+charged in the speed (see :mod:`cmdare.plan.simulator`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import simpy
+
+from cmdare.cloud.servers import ServerSpec
+from cmdare.control import LifetimeRevocations, MembershipKernel, PsServerKernel, RunController, WorkerInfo
+from cmdare.control import run_commands as C
+from cmdare.control import run_events as E
+from cmdare.control.run_config import RunConfig
+from cmdare.plan.spec import PS_SERVER, RunResult
+
+__all__ = ["HORIZON_FACTOR", "LIFETIMES_PER_SLOT", "SimRun"]
+
+#: Lifetimes pre-drawn per transient slot and run; a slot revoked more often draws more on demand.
+LIFETIMES_PER_SLOT = 3
+#: A run that has not finished after this many times its revocation-free duration is stopped.
+HORIZON_FACTOR = 50.0
+
+
+class SimRun:
+    """One seeded run: its SimPy environment, its controller, its progress and bill."""
+
+    def __init__(self, sim: Any, rng: np.random.Generator, revocations: Any = None):  # sim: the Simulator
+        self.sim, self.rng = sim, rng
+        self.env = simpy.Environment()
+        cluster, job = sim.cluster, sim.job
+        self.total = float(job.total_steps)
+        self.progress = self.t_last = self.speed = 0.0
+        self.fence = math.inf
+        # the speed model's own error, one draw per run from its calibrated interval (issue 17);
+        # a spawned stream, so the lifetime draws below are those of a run without it
+        draw = getattr(sim.models.speed, "speed_factor", None)
+        self.speed_factor = float(draw(rng.spawn(1)[0], tuple(sim.gpus))) if draw is not None else 1.0
+        self.cost_usd = self.cost_per_s = self.t_bill = 0.0
+        self.revoked: set[int] = set()  # worker ids and PS keys revoked (noticed or not)
+        self.replacements = 0
+        self.steps_lost = 0.0
+        self.evacuations = 0
+        self.parks = 0
+        self.gen = 0
+        evacuation = sim.models.evacuation
+        #: Pause of one shard's evacuation (None: no notices, every PS revocation rolls back).
+        self.evacuation_s = (evacuation.pause_s(sim.models.ps_state_bytes / max(1, cluster.ps))
+                             if evacuation is not None else None)
+        self._tod = sim.start_hour is not None
+        self._first: dict[int, float] = {}  # time-of-day runs: initial lifetime per transient slot
+        self._lifetimes = self._draw_uniforms() if self._tod else self._draw_lifetimes()
+        self._same_type = {i: True for i in range(len(sim._slots))}  # slot still on its original GPU type
+        source = revocations if revocations is not None else LifetimeRevocations(self._draw_life)
+        kernel = MembershipKernel(cluster.n_workers, replacement=cluster.replacement, lr_policy=job.lr_policy,
+                                  revocations=source, offers=sim.offers)
+        notice = sim.models.notice_s if self.evacuation_s is not None else 0.0
+        ps_source = LifetimeRevocations(self._draw_life) if revocations is None else source
+        ps_kernel = PsServerKernel(ps_source if cluster.ps_transient else None, notice_s=notice,
+                                   replace=cluster.replacement != "none")
+        config = RunConfig(steps=job.total_steps, workers=cluster.n_workers,
+                           checkpoint_every=job.checkpoint_every_steps, virtual_duties=True,
+                           hit_ps=cluster.ps_transient, ps_notice_s=notice, replace_ps=cluster.replacement != "none",
+                           start_timeout_s=math.inf, probe_after_s=math.inf, stuck_after_s=math.inf)
+        self.controller = RunController(config, kernel, ps_kernel)
+        self.workers: dict[int, ServerSpec] = {}  # live worker servers, billed
+        self.training: set[int] = set()
+        self.ps_billed = cluster.ps
+        self.num_shards = cluster.ps
+        self.result_done = self.env.event()
+        self.ended: C.EndRun | None = None
+        self._pending: list[E.Event] = []
+        self._busy = False
+        first = self.controller.start(sim._specs, self._ps_spec(), cluster.ps, 0, wall=0.0, now=0.0, up=True)
+        for spec in sim._specs:  # billing order as before the controller: on-demand, PS, transient (same sums)
+            if not spec.transient:
+                self._bill(self._price_s(spec))
+        self._bill(cluster.ps * sim._ps_price_s)
+        for spec in sim._specs:
+            if spec.transient:
+                self._bill(self._price_s(spec))
+        self._run(first)
+        horizon = self.env.timeout(HORIZON_FACTOR * sim.base_time_s)
+        horizon.callbacks.append(self._give_up)
+
+    def _ps_spec(self) -> ServerSpec:
+        cluster = self.sim.cluster
+        return ServerSpec(None, getattr(self.sim.models.prices, "cloud", "gcp"), cluster.region, cluster.ps_transient,
+                          self.sim._ps_price_s * 3600, role="ps")
+
+    # -- lifetimes (common random numbers across cluster sizes) -----------------------------------------
+    def _draw_lifetimes(self) -> dict[int, list[float]]:
+        """Slot-major lifetimes for every transient slot, one vectorized draw per worker group."""
+        out: dict[int, list[float]] = {}
+        slot_id = 0
+        for group in self.sim.cluster.workers:
+            if group.transient:
+                draws = self.sim.models.lifetimes.sample(self.rng, group.gpu, group.region,
+                                                         group.count * LIFETIMES_PER_SLOT)
+                rows = np.asarray(draws, dtype=float).reshape(group.count, LIFETIMES_PER_SLOT).tolist()
+                for i in range(group.count):
+                    out[slot_id + i] = rows[i][::-1]  # pop() from the end
+            slot_id += group.count
+        return out
+
+    def _draw_uniforms(self) -> dict[int, list[float]]:
+        """Time-of-day runs: the same slot-major uniforms as :meth:`_draw_lifetimes`. The first of each slot is
+        inverted now (the initial servers launch at the start hour) into ``self._first``; the others stay
+        uniforms, inverted when the slot's replacement is requested, through the model of that hour."""
+        out: dict[int, list[float]] = {}
+        lifetimes = self.sim.models.lifetimes
+        slot_id = 0
+        for group in self.sim.cluster.workers:
+            if group.transient:
+                u = self.rng.random(group.count * LIFETIMES_PER_SLOT).reshape(group.count, LIFETIMES_PER_SLOT)
+                first = lifetimes.lifetimes_at(u[:, 0], group.gpu, group.region, self.sim.start_hour).tolist()
+                rows = u[:, 1:].tolist()
+                for i in range(group.count):
+                    self._first[slot_id + i] = first[i]
+                    out[slot_id + i] = rows[i][::-1]
+            slot_id += group.count
+        return out
+
+    def _hour(self) -> float:
+        return (self.sim.start_hour + self.env.now / 3600.0) % 24.0
+
+    def _draw_life(self, w: WorkerInfo) -> float:
+        """A lifetime for the server of ``w`` (counted from its ready time): a worker's from its slot's draws,
+        a PS server's on demand."""
+        lifetimes = self.sim.models.lifetimes
+        if w.server.role == "ps":
+            region = self.sim.cluster.region
+            if not self._tod:
+                return float(lifetimes.sample(self.rng, PS_SERVER, region, 1)[0])
+            return float(lifetimes.lifetimes_at(self.rng.random(1), PS_SERVER, region, self._hour())[0])
+        gpu, region, same_type = w.server.gpu_type, w.server.region, self._same_type[w.slot]
+        pool = self._lifetimes.get(w.slot)
+        if not self._tod:
+            if same_type and pool:
+                return pool.pop()
+            return float(lifetimes.sample(self.rng, gpu, region, 1)[0])
+        first = self._first.pop(w.slot, None)
+        if first is not None:
+            return first
+        u = pool.pop() if same_type and pool else float(self.rng.random())
+        return float(lifetimes.lifetimes_at(np.array([u]), gpu, region, self._hour())[0])
+
+    # -- bookkeeping ------------------------------------------------------------------------------------
+    def _bill(self, delta_per_s: float) -> None:
+        now = self.env.now
+        self.cost_usd += self.cost_per_s * (now - self.t_bill)
+        self.t_bill = now
+        self.cost_per_s += delta_per_s
+
+    def _price_s(self, spec: ServerSpec) -> float:
+        return self.sim.models.prices.price_per_hour_usd(spec.gpu_type, spec.region, spec.transient) / 3600
+
+    def _advance(self) -> None:
+        now = self.env.now
+        self.progress = min(self.total, self.progress + self.speed * (now - self.t_last))
+        self.t_last = now
+
+    def _reschedule(self) -> None:
+        """The speed of the workers training now; the next moment something happens (the fence, or the
+        controller's next cloud event)."""
+        self.gen += 1
+        gen = self.gen
+        controller = self.controller
+        self.speed = 0.0
+        if self.training:
+            index = self.sim.gpu_index
+            counts = [0] * len(self.sim.gpus)
+            for wid in self.training:
+                counts[index[self.workers[wid].gpu_type]] += 1
+            chief = controller.workers.chief
+            chief = chief if chief in self.workers else min(self.training)
+            chief_gpu = self.workers[chief].gpu_type
+            self.speed = self.sim.rate(tuple(counts), index[chief_gpu], self.num_shards) * self.speed_factor
+        at = controller.next_wakeup()
+        if self.speed > 0:
+            at = min(at, self.env.now + (min(self.fence, self.total) - self.progress) / self.speed)
+        if math.isfinite(at):
+            ev = self.env.timeout(max(0.0, at - self.env.now))
+            ev.callbacks.append(lambda _ev: self._wake(gen))
+
+    def _wake(self, gen: int) -> None:
+        if gen != self.gen or self.ended is not None:
+            return
+        self._advance()
+        fence = min(self.fence, self.total)
+        if self.training and self.progress >= fence - 1e-9 * max(1.0, fence):
+            self.progress = fence
+            self.training = set()
+            self._feed([E.AllStopped(wall=self.env.now, now=self.env.now, global_step=fence)])
+        else:
+            self._feed([self._tick()])
+
+    def _tick(self) -> E.Tick:
+        return E.Tick(wall=self.env.now, now=self.env.now, global_step=self.progress)
+
+    def _feed(self, events: list[E.Event]) -> None:
+        self._pending.extend(events)
+        if self._busy:
+            return
+        self._busy = True
+        try:
+            while self._pending and self.ended is None:
+                self._run(self.controller.handle(self._pending.pop(0)))
+        finally:
+            self._busy = False
+        if self.ended is None:
+            self._reschedule()
+
+    def _run(self, commands: list[C.Command]) -> None:
+        for c in commands:
+            getattr(self, "_do_" + type(c).__name__)(c)
+        if not self._busy:
+            self._feed([])
+
+    def _later(self, delay: float, event: Any) -> None:
+        ev = self.env.timeout(max(0.0, delay))
+        ev.callbacks.append(lambda _ev: self._fire(event))
+
+    def _fire(self, event: Any) -> None:
+        if self.ended is not None:
+            return
+        self._advance()
+        self._feed([self._tick(), event(self.env.now) if callable(event) else event])
+
+    def _give_up(self, _ev: simpy.Event) -> None:
+        if not self.result_done.triggered:
+            self._advance()
+            self.result_done.succeed(False)
+
+    # -- commands ---------------------------------------------------------------------------------------
+    def _do_Fence(self, c: C.Fence) -> None:
+        self.fence = c.step
+
+    def _do_Train(self, c: C.Train) -> None:
+        self.training.add(c.worker_id)
+
+    def _do_HoldAll(self, c: C.HoldAll) -> None:
+        self.training = set()
+        self._pending.append(E.AllStopped(wall=self.env.now, now=self.env.now, global_step=self.progress))
+
+    def _do_StartWorker(self, c: C.StartWorker) -> None:
+        self.workers[c.worker_id] = c.spec
+        now = self.env.now
+        if c.replaces is None:  # the first wave (billed above): up from the start
+            return
+        lost = self.sim._specs[c.slot]
+        self._same_type[c.slot] = self._same_type[c.slot] and c.spec.gpu_type == lost.gpu_type
+        delay = float(self.sim.models.startup.sample(self.rng, c.spec.gpu_type, True, c.spec.region))
+        self.replacements += 1
+        self._bill(self._price_s(c.spec))
+        self._pending.append(E.ServerStarting(wall=now, now=now, worker_id=c.worker_id, startup_s=delay))
+        self._later(delay, lambda t: E.WorkerUp(wall=t, now=t, worker_id=c.worker_id))
+
+    def _end_worker(self, worker_id: int) -> None:
+        spec = self.workers.pop(worker_id, None)
+        self.training.discard(worker_id)
+        if spec is not None:
+            self._bill(-self._price_s(spec))
+
+    def _do_Revoke(self, c: C.Revoke) -> None:
+        self.revoked.add(c.worker_id)
+        self._end_worker(c.worker_id)
+
+    def _do_LoseWorker(self, c: C.LoseWorker) -> None:
+        self._end_worker(c.worker_id)
+
+    def _do_ReleaseWorker(self, c: C.ReleaseWorker) -> None:
+        self._end_worker(c.worker_id)
+
+    def _do_CancelWorker(self, c: C.CancelWorker) -> None:
+        self._end_worker(c.worker_id)
+
+    def _do_SetChief(self, c: C.SetChief) -> None:
+        pass
+
+    def _do_SetLrScale(self, c: C.SetLrScale) -> None:
+        pass
+
+    def _do_SetRoundSize(self, c: C.SetRoundSize) -> None:
+        pass
+
+    def _do_StartDuty(self, c: C.StartDuty) -> None:
+        now = self.env.now
+        self._pending.append(E.DutyDone(wall=now, now=now, kind=c.kind, worker_id=c.worker_id, step=c.step))
+
+    def _do_StartPs(self, c: C.StartPs) -> None:
+        delay = float(self.sim.models.startup.sample(self.rng, PS_SERVER, True, self.sim.cluster.region))
+        self.replacements += 1
+        self.ps_billed += 1
+        self._bill(self.sim._ps_price_s)
+        now = self.env.now
+        self._pending.append(E.ServerStarting(wall=now, now=now, key=c.key, startup_s=delay))
+        self._later(delay, lambda t: E.PsUp(wall=t, now=t, key=c.key))
+
+    def _end_ps(self, key: int) -> None:
+        self.revoked.add(key)
+        self.ps_billed -= 1
+        self._bill(-self.sim._ps_price_s)
+
+    def _action(self, name: str, pause_s: float, **kw: Any) -> None:
+        """An action on quiesced shards that takes ``pause_s`` (training stands still meanwhile)."""
+        self._later(pause_s, lambda t: E.ActionDone(wall=t, now=t, action=name, num_shards=self.num_shards, **kw))
+
+    def _do_EvacuatePs(self, c: C.EvacuatePs) -> None:
+        self._end_ps(c.key)
+        self.evacuations += 1
+        if c.onto == "survivors":
+            self.num_shards -= 1
+        self._action("evacuate", self.evacuation_s or 0.0)
+
+    def _do_ParkPs(self, c: C.ParkPs) -> None:
+        self._end_ps(c.key)
+        self.parks += 1
+        self._action("park", 0.0)
+
+    def _do_UnparkPs(self, c: C.UnparkPs) -> None:
+        self.evacuations += 1
+        self._action("unpark", self.evacuation_s or 0.0)
+
+    def _do_FillPs(self, c: C.FillPs) -> None:
+        self.num_shards += 1
+        self._action("fill", self.evacuation_s or 0.0)
+
+    def _do_KillPs(self, c: C.KillPs) -> None:
+        self._end_ps(c.key)
+
+    def _do_Restore(self, c: C.Restore) -> None:
+        """Every shard rolls back to the latest checkpoint the controller's schedule stored."""
+        kept = self.controller.duties.latest_checkpoint() or 0
+        self.steps_lost += max(0.0, self.progress - kept)
+        self.progress = float(kept)
+        self._action("restore", 0.0, step=kept)
+
+    def _do_ChangePlacement(self, c: C.ChangePlacement) -> None:
+        self._action("placement", 0.0)
+
+    def _do_Balance(self, c: C.Balance) -> None:
+        self._pending.append(E.PlacementRequested(wall=self.env.now, now=self.env.now, decisions=()))
+
+    def _do_Probe(self, c: C.Probe) -> None:
+        self._pending.append(E.ProbeDone(wall=self.env.now, now=self.env.now))
+
+    def _do_EndRun(self, c: C.EndRun) -> None:
+        """The run ends: finished now; a run that failed (no worker left) never finishes the job, so it counts
+        as stopped at the horizon, its live servers billed until then (as a user would, unaware)."""
+        self.ended = c
+        if c.status == "finished" and not self.result_done.triggered:
+            self.result_done.succeed(True)
+
+    def result(self) -> RunResult:
+        """Run to completion (or the horizon) and return the run's figures."""
+        finished = self.env.run(until=self.result_done)
+        self._bill(0.0)
+        return RunResult(
+            wall_time_s=float(self.env.now),
+            cost_usd=self.cost_usd,
+            revocations=len(self.revoked),
+            replacements=self.replacements,
+            steps_lost=self.steps_lost,
+            finished=bool(finished),
+            evacuations=self.evacuations,
+            parks=self.parks,
+        )
+
+    @property
+    def kernel(self) -> MembershipKernel:
+        return self.controller.kernel
