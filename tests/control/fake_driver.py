@@ -281,6 +281,9 @@ class FakeDriver:
     def _do_KillPs(self, c: C.KillPs) -> None:
         pass
 
+    def _do_PsNoticed(self, c: C.PsNoticed) -> None:
+        pass
+
     def _do_Restore(self, c: C.Restore) -> None:
         back = max((s for s in self.stored if s <= self.step), default=0)
         self.steps_lost += self.step - back

@@ -116,7 +116,7 @@ class StartupDelay:
         if self.fixed_s is not None:
             return {"Provisioning": self.fixed_s}
         model = self._sampler()
-        gpu = (spec.gpu_type or "k80").lower()
+        gpu = (spec.gpu_type or "cpu").lower()  # a parameter server: a CPU server's start-up
         try:
             return model.sample(self.rng, gpu, spec.transient, None)
         except Exception:  # noqa: BLE001 - a GPU without startup data: use K80's figures
@@ -146,7 +146,7 @@ class ServerProvider(ABC):
         if spec.role == "worker":
             notice = self.notices.get(self._worker_count)
             self._worker_count += 1
-        phases = self.startup.sample(spec) if spec.role == "worker" else {}
+        phases = self.startup.sample(spec) if spec.role in ("worker", "ps") else {}
         now = time.time()
         server = Server(f"{self.kind}-{spec.role}-{n}", spec, now, now + self.startup.wall_s(phases), phases,
                         notice=notice, speedup=self.startup.speedup, emulated=self.emulated)

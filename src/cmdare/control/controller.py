@@ -9,7 +9,7 @@ are decided (revocations, PS notices and deadlines, replacements that are ready 
 if it must (no worker left, a worker that cannot start, no progress), actions that need quiesced shards run
 one at a time while training holds (restore, evacuate, park, unpark, fill, placement changes, a synchronous
 round that grows), and otherwise training goes on up to the *fence*: the next step something is due at (a
-duty, a balancing step, the target; in emulation also the step at which the next cloud event falls). When
+duty, the target; in emulation also the step at which the next cloud event falls). When
 every worker has stopped at the fence (a barrier) the duties of that step start on the chief and the next
 fence is set.
 """
@@ -101,6 +101,9 @@ class RunController:
         self.progress_wall = 0.0  # the last time the step went up (or an action ended)
         self.probe_wall: float | None = None  # a Probe is out since then
         self.transitions: list[tuple[float, RunState, RunState]] = []
+        #: The decisions taken: ``(cloud time, global step, command)`` of every command but the feeding of
+        #: workers (Train, Fence, HoldAll), so two drivers' runs can be compared decision by decision.
+        self.history: list[tuple[float, float, Command]] = []
 
     # -- views ----------------------------------------------------------------------------------------
     @property
@@ -137,6 +140,7 @@ class RunController:
         self.shards.start(ps_spec, num_ps, self.now)
         self.workers.start_wave(worker_specs, self.now, wall, up)
         self._settle()
+        self._record()
         return list(self.out)
 
     def handle(self, event: Event) -> list[Command]:
@@ -150,7 +154,11 @@ class RunController:
             raise TypeError(f"the run controller takes no {type(event).__name__}")
         handler(event)
         self._settle()
+        self._record()
         return list(self.out)
+
+    def _record(self) -> None:
+        self.history += [(self.now, self.step, c) for c in self.out if not isinstance(c, Train | Fence | HoldAll)]
 
     def next_wakeup(self) -> float:
         """When the driver should wake the controller (a Tick) at the latest, on its own clock: cloud events
@@ -342,10 +350,11 @@ class RunController:
     def _settle(self) -> None:
         if self.ended:
             return
-        picked = self.workers.revoke_due(self.now, self.shards.candidates())
-        self.shards.tick(self.now, picked)
-        self.workers.admit_ready(self.now)
-        self.workers.expire(self.now, self.wall)
+        now = self.now + 1e-9 * max(1.0, abs(self.now))  # what falls due now, whatever the float rounding
+        picked = self.workers.revoke_due(now, self.shards.candidates())
+        self.shards.tick(now, picked)
+        self.workers.admit_ready(now)
+        self.workers.expire(now, self.wall)
         self.shards.expire(self.wall)
         self._shrink_round()
         if self.shards.failure is not None:
@@ -365,6 +374,7 @@ class RunController:
             return
         if self._hold():
             return
+        self._balance()
         self._barrier()
         self._start_duties()
         self._feed()
@@ -374,60 +384,61 @@ class RunController:
         return not self.workers.training()
 
     def _hold(self) -> bool:
-        """Actions on quiesced shards: hold training, run them one at a time. True while holding."""
+        """Actions on quiesced shards: hold training, run them one at a time. True while they keep it held."""
         if self.action is not None:
             return True
         action = self.shards.next_action(self.now)
         grow = self.config.sync and self.workers.counted() > self.round_size
         if action is None and not grow and not self.shards.blocked(self.now):
-            if self.holding:
-                self.holding = False
             return False
-        why = type(action).__name__ if action is not None else "round" if grow else "shards"
         if not self.holding:
             self.holding = True
-            self.out.append(HoldAll(why))
+            self.out.append(HoldAll(type(action).__name__ if action is not None else "round" if grow else "shards"))
         if self._quiesced():
             if action is not None:
                 self.action = action
                 self.out.append(action)
-            elif grow:
+            elif grow:  # a newcomer's first push must find the round grown
                 self.round_size = self.workers.counted()
                 self.out.append(SetRoundSize(self.round_size, wait=True))
-                self.holding = False
                 return False
         self._report()
         return True
 
+    def _balance(self) -> None:
+        """A balancing step passed: ask the balancers (their changes, if any, wait for quiesced shards)."""
+        if self.balance_at and self.step >= self.balance_at and not self.balancing:
+            step = int(self.step)
+            self.balance_at = (step // self.config.balance_every + 1) * self.config.balance_every
+            self.balancing = True
+            self.out.append(Balance(step))
+
     def _barrier(self) -> None:
-        """At the fence with every worker stopped: queue the step's duties, ask the balancers, set the next fence."""
+        """At the fence with every worker stopped: queue the step's duties and set the next fence."""
         if not self._quiesced():
             wanted = self._fence_wanted()
-            if wanted < self.fence:  # something new falls due sooner (a notice, a replacement): stop there
+            if wanted < self.fence:  # something new falls due sooner (a replacement, a notice): stop there
+                if self.config.sync:  # a synchronous round must not be cut in two: stop after the chunks
+                    if not self.holding:
+                        self.holding = True
+                        self.out.append(HoldAll("fence"))
+                    return
                 self.fence = max(wanted, int(math.ceil(self.step)))
                 self.out.append(Fence(self.fence))
             return
-        if self.step >= self.fence:
-            step = int(self.step)
-            if not self.config.virtual_duties:
-                self.duties.due(step)
-            if self.balance_at and step >= self.balance_at:
-                self.balance_at = (step // self.config.balance_every + 1) * self.config.balance_every
-                self.balancing = True
-                self.out.append(Balance(step))
+        if self.step >= self.fence and not self.config.virtual_duties:
+            self.duties.due(int(self.step))
         fence = self._fence_wanted()
         if fence != self.fence:
             self.fence = fence
             self.out.append(Fence(fence))
 
     def _fence_wanted(self) -> int:
-        """The next step training must stop at: a duty, a balancing step, the target; in emulation also the step
+        """The next step training must stop at: a duty, the target; in emulation also the step
         at which the next cloud event falls. Never below the next whole step."""
         steps = [self.config.steps]
         if not self.config.virtual_duties and (at := self.duties.next_step()) is not None:
             steps.append(at)
-        if self.balance_at:
-            steps.append(self.balance_at)
         if self.clock is not None:
             at = self.clock.step_at(self._next_cloud_time(), self.rate())
             if at is not None:
@@ -451,12 +462,16 @@ class RunController:
         self.out.append(StartDuty(duty.kind, rec.worker_id, duty.step, duty.final, duty.reason))
 
     def _feed(self) -> None:
-        """Every idle member trains on, if the fence is ahead and no balancing answer is awaited."""
-        if self.balancing or self.step >= self.fence:
+        """Every idle member trains on, if the fence is ahead."""
+        if self.step >= self.fence:
+            return
+        trainable = self.workers.trainable()
+        if not trainable:
             return
         if not self.workers.training():  # training (re)starts: the silence and progress deadlines too
             self.heard_wall = self.progress_wall = self.wall
-        for rec in self.workers.trainable():
+        self.holding = False
+        for rec in trainable:
             self.workers.start_training(rec)
             self.out.append(Train(rec.worker_id))
 

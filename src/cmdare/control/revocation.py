@@ -25,6 +25,14 @@ Two keys shape any source:
   time, like the lifetimes); default the cloud's own lead time (GCE 30 s, AWS 120 s) divided by
   ``speedup``; ``notice=0``: no notice. Injected worker revocations stay abrupt (a worker's notices
   come from the cloud's metadata or Ray's drain).
+
+In a local (emulated) run every time above is *emulated cloud time*, which advances with training: each
+global step moves it by one step of the emulated cluster (:mod:`cmdare.control.emulated_clock`). One more
+key sets how long a step is:
+
+* ``step=S``: every worker step lasts ``S`` emulated seconds, whatever its GPU type (default: the step-time
+  model's prediction for the run's model on each worker's GPU type). With ``step=1`` and two workers, cloud
+  time is the global step divided by two, so ``trace=50@0`` revokes slot 0 at step 100 on any machine.
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ __all__ = [
     "build_revocation_source",
 ]
 
-_KEYS = ("lifetime", "speedup", "every", "first", "seed", "trace", "notice", "hit")
+_KEYS = ("lifetime", "speedup", "every", "first", "seed", "trace", "notice", "hit", "step")
 HIT_CHOICES = ("all", "workers", "ps")
 PS_TARGET = "ps"  # trace=T@ps: a transient PS server
 #: A cloud's own lead time from preemption notice to revocation (GCE: 30 s, AWS: 2 minutes).
@@ -68,6 +76,7 @@ class RevocationPlan:
     trace: tuple[tuple[float, int | str | None], ...] = ()  # (seconds, slot | server type | None: any)
     notice_s: float | None = None  # None: the cloud's lead time / speedup (see notice_lead_s)
     hit: str = "all"
+    step_s: float | None = None  # emulated seconds per worker step (None: the step-time model's)
 
     def notice_lead_s(self, cloud: str = "gcp") -> float:
         """Seconds from a parameter server's notice to its revocation (0: none)."""
@@ -111,19 +120,30 @@ class RevocationPlan:
         unknown = set(fields) - set(_KEYS)
         if unknown:
             raise UserInputError(f"--revocations: unknown key {sorted(unknown)[0]!r}; valid: {', '.join(_KEYS)}")
+        def number(key: str, kind: type = float) -> float | None:
+            if key not in fields:
+                return None
+            try:
+                return kind(fields[key])
+            except ValueError:
+                raise UserInputError(f"--revocations: {key}={fields[key]} is not a "
+                                     f"{'whole number' if kind is int else 'number'}") from None
+
         try:
-            plan = cls(lifetime=fields.get("lifetime"), speedup=float(fields.get("speedup", 1.0)),
-                       every_s=float(fields["every"]) if "every" in fields else None,
-                       first_s=float(fields["first"]) if "first" in fields else None,
-                       seed=int(fields.get("seed", seed)), trace=_parse_trace(fields.get("trace")),
-                       notice_s=float(fields["notice"]) if "notice" in fields else None,
-                       hit=fields.get("hit", "all").lower())
+            trace = _parse_trace(fields.get("trace"))
         except ValueError as err:
             raise UserInputError(f"--revocations: {err}") from None
+        seed_value, speedup = number("seed", int), number("speedup")
+        plan = cls(lifetime=fields.get("lifetime"), speedup=1.0 if speedup is None else speedup,
+                   every_s=number("every"),
+                   first_s=number("first"), seed=seed if seed_value is None else int(seed_value), trace=trace,
+                   notice_s=number("notice"), hit=fields.get("hit", "all").lower(), step_s=number("step"))
         if plan.speedup <= 0 or (plan.every_s is not None and plan.every_s <= 0):
             raise UserInputError("--revocations: speedup and every must be positive")
         if plan.notice_s is not None and not plan.notice_s >= 0:
             raise UserInputError("--revocations: notice must be 0 or more seconds")
+        if plan.step_s is not None and not (0 < plan.step_s < float("inf")):
+            raise UserInputError("--revocations: step must be a positive number of emulated seconds")
         if plan.hit not in HIT_CHOICES:
             raise UserInputError(f"--revocations: hit must be one of {', '.join(HIT_CHOICES)}, got {plan.hit!r}")
         if sum(x is not None for x in (plan.lifetime, plan.every_s, plan.trace or None)) > 1:

@@ -27,6 +27,7 @@ __all__ = [
     "KillPs",
     "LoseWorker",
     "ParkPs",
+    "PsNoticed",
     "Probe",
     "ReleaseWorker",
     "Restore",
@@ -161,6 +162,16 @@ class StartPs(Command):
 
     key: int
     replaces: int
+
+
+@dataclass(frozen=True)
+class PsNoticed(Command):
+    """PS server ``key`` got its notice (its revocation comes at ``deadline``): its blocks leave ``onto`` the
+    survivors or a replacement at the next boundary (an ``EvacuatePs`` or ``ParkPs`` follows). A report."""
+
+    key: int
+    deadline: float
+    onto: str
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from cmdare.control.run_commands import (
     FillPs,
     KillPs,
     ParkPs,
+    PsNoticed,
     Restore,
     StartPs,
     UnparkPs,
@@ -151,6 +152,7 @@ class ShardControl:
             if isinstance(d, Evacuate):
                 self.evacuations[d.key] = d
                 self.noticed_at[d.key] = now
+                self.out.append(PsNoticed(d.key, d.deadline, d.onto))
             elif isinstance(d, RequestPsReplacement) and self._missing() > 0:
                 self._request(d.replaces)
             elif isinstance(d, RestoreShards):

@@ -339,6 +339,9 @@ class SimRun:
         self.num_shards += 1
         self._action("fill", self.evacuation_s or 0.0)
 
+    def _do_PsNoticed(self, c: C.PsNoticed) -> None:
+        pass
+
     def _do_KillPs(self, c: C.KillPs) -> None:
         self._end_ps(c.key)
 

@@ -15,7 +15,7 @@ console = Console(soft_wrap=True)
 # The main job shows the transient path: each server lives a bathtub-distributed GCE lifetime, with time
 # compressed 28800x (24 h in 3 s), so a few-hundred-step run sees servers revoked and replaced (a 500-step
 # run lasts 5-6 s on 2 quiet cores: at 14400x it ended before the 24 h wall, with no revocation).
-DEFAULT_REVOCATIONS = "lifetime=bathtub,speedup=28800"
+DEFAULT_REVOCATIONS = "lifetime=bathtub,speedup=7200"
 DEFAULT_CHECKPOINT_EVERY = 200
 # A PS revoked without notice rolls every shard back to the last checkpoint: with spot PS servers the
 # default interval is a quarter of the usual, so such a loss is at most 50 steps (the background upload

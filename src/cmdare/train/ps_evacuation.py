@@ -1,21 +1,22 @@
-"""Parameter servers on spot servers: the Ray executor of the PS kernel's decisions.
+"""The Ray executor of the run controller's parameter-server commands.
 
-The kernel (:class:`~cmdare.control.PsServerKernel`) says when a PS server's notice comes and what
-follows; this executor carries it out on the run's shards:
+The controller decides (:mod:`cmdare.control.shard_control`): when a PS server's notice comes, whether its
+blocks go to the surviving shards or the last shard's to a replacement, when the last shard parks, when
+dead shards are restored from the checkpoint. This executor acts on the run's shards:
 
-* a notice (an injected one, or Ray's preemption drain of the shard's node, polled every
-  :data:`DRAIN_POLL_S`): the server is marked for evacuation and a replacement PS starts (a spare shard actor);
-  the coordinator stops handing out work, and once no push is in flight (an iteration boundary) the
-  shard's blocks with their momentum move to the surviving shards (the placement strategy's choice:
-  PSLD's balancer with ``--placement psld``, else the least-loaded shards) or, for the last shard, to
-  the replacement; its server is released before the deadline (``shard_evacuated``);
-* the last shard whose replacement is not up by half its notice (or 5 s before the deadline) parks:
-  its blocks with their momentum are taken into the coordinator at a boundary, the server is released,
-  and training waits until the replacement is up and takes them (``shard_parked``, then
-  ``shard_evacuated``): a pause, nothing lost;
-* the replacement is up: it is added and filled at the next boundary (``ps_add``, a rebalance);
-* no notice, or the deadline came first: the server is killed; the workers' next push fails and every
-  shard rolls back to the latest checkpoint (``shard_restored``, with the steps lost).
+* a replacement PS (``StartPs``) is a spare shard actor started ahead; its ping answering is ``PsUp``;
+* ``EvacuatePs``: on quiesced shards, the server's blocks with their momentum move to the survivors (the
+  placement strategy's choice: PSLD's balancer with ``--placement psld``, else the least-loaded shards) or,
+  for the last shard, to the replacement; its server is released before the deadline (``shard_evacuated``);
+* ``ParkPs``: the last shard's blocks are taken into the coordinator and its server released; ``UnparkPs``:
+  the replacement takes them (``shard_parked``, then ``shard_evacuated``): a pause, nothing lost;
+* ``FillPs``: a replacement joins a run whose other shards took the evacuated blocks (``ps_add``);
+* ``KillPs``: no notice, or the deadline came first: the server is killed (``ps_revocation``); the
+  controller's ``Restore`` follows;
+* Ray's preemption drain of a shard's node is polled every :data:`DRAIN_POLL_S` and reported as ``PsNotice``.
+
+Each PS server has the key the controller knows it by: the initial shards' ``-1, -2, ...`` in shard order,
+the others' from the command that started them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cmdare.cloud.local import Server, ServerProvider
-from cmdare.control import Evacuate, PsServerInfo, PsServerKernel, RequestPsReplacement, RestoreShards
+from cmdare.control import run_commands as C
+from cmdare.control import run_events as E
 from cmdare.ps.placement import Placement
 from cmdare.ps.psld.decisions import AddShard, Decision, Move, RemoveShard
 from cmdare.train.balancing import drain_moves, fill_moves
@@ -34,10 +36,9 @@ from cmdare.train.emitter import RunEmitter
 from cmdare.train.placement_changes import PlacementChanges
 from cmdare.train.shard_group import ShardGroup
 
-__all__ = ["PsServerExecutor", "spot_ps_executor"]
+__all__ = ["PsServerExecutor", "ps_executor"]
 
 DRAIN_POLL_S = 0.5  # how often the GCS is asked for draining nodes (one request)
-PARK_MARGIN_S = 5.0  # a last shard parks its blocks at least this long before its deadline
 
 #: Where an evacuated shard's blocks go: (placement, shard) -> decisions that empty and remove it.
 DrainPlan = Callable[[Placement, int], list[Decision]]
@@ -49,248 +50,216 @@ def default_drain(placement: Placement, shard: int) -> list[Decision]:
 
 
 class PsServerExecutor:
-    """Notices, evacuations, replacements and kills of a run's transient PS servers."""
+    """The run's PS servers by key: spares started, blocks evacuated, parked and restored, servers killed."""
 
-    def __init__(self, kernel: PsServerKernel, shards: ShardGroup, changes: PlacementChanges,
-                 provider: ServerProvider, emitter: RunEmitter, drain: DrainPlan | None = None,
-                 fill: Callable[[Placement], list[Decision]] | None = None):
-        self.kernel, self.shards, self.changes = kernel, shards, changes
-        self.provider, self.emitter = provider, emitter
+    def __init__(self, shards: ShardGroup, changes: PlacementChanges, provider: ServerProvider, emitter: RunEmitter,
+                 drain: DrainPlan | None = None, fill: Callable[[Placement], list[Decision]] | None = None,
+                 watch_drains: bool = False):
+        self.shards, self.changes, self.provider, self.emitter = shards, changes, provider, emitter
         self.drain = drain or default_drain
         self.fill = fill or (lambda p: [AddShard(), *fill_moves(p, p.num_shards)])
-        self.by_key: dict[int, Server] = {}
+        self.watch_drains = watch_drains
+        self.by_key: dict[int, Server] = {-1 - k: srv for k, srv in enumerate(shards.servers)}
+        self.spares: dict[int, Server] = {}  # key -> a replacement's server (its actor started, empty)
+        self.ping_refs: dict[Any, int] = {}  # a spare's ping -> its key
+        self.parked: dict[int, tuple[int, Any, float]] = {}  # key -> (shard index, blocks, when parked)
         self.node_of: dict[int, str] = {}  # key -> the shard's Ray node (hex), once known
-        self._node_refs: dict[int, Any] = {}
+        self._node_refs: dict[int, Any] = {k: srv.actor.node_id.remote() for k, srv in self.by_key.items()}
         self._next_drain_poll = 0.0
-        self.evacuations: dict[int, Evacuate] = {}  # noticed, blocks not yet moved
-        self.noticed_at: dict[int, float] = {}
-        self.parked: dict[int, tuple[int, Any, Evacuate, float]] = {}  # key -> (shard, blocks, notice, when)
-        self.starting: dict[Any, Server] = {}  # spare's ping reference -> its server
-        self._fills = 0  # spares to add and fill at the next boundary
-        self.planned = len(shards.shards)  # the PS count replacements restore
-        # told when a shard is killed: its loss must be handled (restored) also with no push in flight to fail
-        self.on_killed: Callable[[], None] = lambda: None
 
-    # -- what the coordinator asks ------------------------------------------------------------
-    def sync(self, now: float | None = None) -> None:
-        """Register the shards' live servers the kernel does not know; forget the ended ones."""
-        now = time.time() if now is None else now
-        known = {srv.server_id for srv in self.by_key.values()}
-        for server in self.shards.servers:
-            if server.alive and server.server_id not in known:
-                key = self.kernel.add(server.spec, now).worker_id
-                self.by_key[key] = server
-                self._node_refs[key] = server.actor.node_id.remote()
-        for key, server in list(self.by_key.items()):
-            if not server.alive:
-                self.kernel.remove(key)
-                self.evacuations.pop(key, None)
-                del self.by_key[key]
-                self.node_of.pop(key, None)
-                self._node_refs.pop(key, None)
+    def _index(self, server: Server) -> int | None:
+        return self.shards.shards.index(server.actor) if server.actor in self.shards.shards else None
 
-    def candidates(self) -> list[PsServerInfo]:
-        """PS servers a periodic or scripted revocation source may pick now."""
-        return [info for info in self.kernel.candidates() if info.worker_id in self.by_key]
+    def key_of(self, server: Server) -> int | None:
+        return next((k for k, srv in self.by_key.items() if srv is server), None)
 
-    @property
-    def holding(self) -> bool:
-        """Whether work must stop at the next boundary: an evacuation or a fill can be carried out."""
-        now = time.time()
-        return bool(self._fills) or bool(self.parked) or any(
-            self._can_evacuate(d) or self._must_park(k, d, now) for k, d in self.evacuations.items())
+    def dead_keys(self) -> tuple[int, ...]:
+        """The keys of the shards that do not answer a ping (dead)."""
+        return tuple(k for k in (self.key_of(self.shards.servers[i]) for i in self.shards.dead_shards())
+                     if k is not None)
 
-    def tick(self, now: float, picked: Sequence[int] = ()) -> None:
-        """Act on notices due now (lifetimes ending within the notice lead, and the source's picks) and on
-        deadlines passed."""
-        for key in [*self.kernel.notices_due(now), *self.kernel.pick(picked)]:
-            self._act(self.kernel.revoke(key, now, len(self.shards.shards)), now)
-        if now >= self._next_drain_poll:
-            self._next_drain_poll = now + DRAIN_POLL_S
-            for key, deadline in self._drained(now).items():
-                self._act(self.kernel.revoke(key, now, len(self.shards.shards), deadline=deadline), now, "ray")
-        for d in self.kernel.deadline_passed(now):
-            self._kill(d, now)
+    # -- replacements ------------------------------------------------------------------------------------
+    def start_spare(self, cmd: C.StartPs, wall: float) -> list[E.Event]:
+        """Start the replacement PS server ``cmd.key`` (an empty shard actor); its ping answers once it is up."""
+        ref = self.shards.start_spare()
+        server = self.shards.spares[-1]
+        self.spares[cmd.key] = server
+        self.ping_refs[ref] = cmd.key
+        startup = max(0.0, server.ready_at - server.requested_at) if self.provider.emulated else None
+        return [E.ServerStarting(wall=wall, key=cmd.key, startup_s=startup)]
 
-    def started(self, ref: Any) -> None:
-        """A spare answered its ping: it joins; unless an evacuation is waiting for it, it is filled."""
+    def spare_answered(self, ref: Any, wall: float) -> list[E.Event]:
         import ray
 
-        server = self.starting.pop(ref)
+        key = self.ping_refs.pop(ref)
+        server = self.spares.get(key)
+        if server is None:
+            return []
         try:
             ray.get(ref)
-        except ray.exceptions.RayActorError:
-            self.shards.spares.remove(server)
+        except ray.exceptions.RayError as err:
+            self.spares.pop(key, None)
+            if server in self.shards.spares:
+                self.shards.spares.remove(server)
             self.emitter.end_server(server, "revoked")
-            return
+            return [E.PsStartFailed(wall=wall, key=key, error=type(err).__name__)]
         self.shards.spare_ready(server)
-        if not any(d.onto == "replacement" for d in self.evacuations.values()):
-            self._fills += 1
+        return [E.PsUp(wall=wall, key=key)]
 
-    def carry_out(self, workers: Sequence[Any], global_step: int) -> None:
-        """On quiesced shards: evacuate what can be, then add and fill the spares that are up."""
-        for key, d in list(self.evacuations.items()):
-            if self._can_evacuate(d):
-                self._evacuate(key, d, workers, global_step)
-            elif self._must_park(key, d, time.time()):
-                self._park(key, d)
-        spare_up = bool(self.shards.spares) and self.shards.spares[0].joined_at is not None
-        for key in list(self.parked)[:1] if spare_up else []:
-            self._unpark(key, workers, global_step)
-        while self._fills and self.shards.spares and self.shards.spares[0].joined_at is not None:
-            self._fills -= 1
-            placement = self.shards.placement
-            assert placement is not None
-            result, _pause = self.changes.migrate(self.fill(placement), workers, global_step)
-            if not result.rolled_back:
-                self.emitter.event("ps_replacement_joined", details={"num_shards": len(self.shards.shards)})
-        self._fills = 0 if not self.shards.spares else self._fills
-        self.sync()
+    def _use_spare(self, key: int) -> Server:
+        """Put spare ``key`` first in the shard group's spares (the next added shard takes it)."""
+        server = self.spares.pop(key)
+        self.shards.spares.remove(server)
+        self.shards.spares.insert(0, server)
+        self.by_key[key] = server
+        self._node_refs[key] = server.actor.node_id.remote()
+        return server
 
-    # -- decisions --------------------------------------------------------------------------------
-    def _drained(self, now: float) -> dict[int, float]:
-        """Shard servers whose Ray node is draining (a preemption), with their deadlines."""
+    # -- notices ---------------------------------------------------------------------------------------
+    def noticed(self, cmd: C.PsNoticed, now: float, source: str) -> None:
+        server = self.by_key.get(cmd.key)
+        if server is None:
+            return
+        self.emitter.event("ps_notice", server_id=server.server_id,
+                           details={"shard_id": self._index(server), "lead_s": cmd.deadline - now,
+                                    "deadline": cmd.deadline, "onto": cmd.onto, "source": source,
+                                    "uptime_s": server.uptime_s()})
+
+    def poll_drains(self, wall: float, noticed: Callable[[int], bool]) -> list[E.Event]:
+        """Shard servers whose Ray node is draining (a preemption), as notices with their deadlines."""
         import ray
 
         from cmdare.cloud.drain_watcher import drain_deadline, draining_nodes
 
+        if not self.watch_drains or wall < self._next_drain_poll:
+            return []
+        self._next_drain_poll = wall + DRAIN_POLL_S
         for key, ref in list(self._node_refs.items()):
             done, _ = ray.wait([ref], timeout=0)
             if done:
                 del self._node_refs[key]
                 with contextlib.suppress(ray.exceptions.RayError):  # a dead shard is handled where pushes fail
                     self.node_of[key] = ray.get(ref)
-        if not self.node_of:
-            return {}
+        live = {k: node for k, node in self.node_of.items() if k in self.by_key and not noticed(k)}
+        if not live:
+            return []
         try:
             drains = draining_nodes()
         except Exception:  # noqa: BLE001 - a GCS hiccup: look again at the next poll
-            return {}
-        return {key: drain_deadline(drains[node], now) for key, node in self.node_of.items()
-                if node in drains and key not in self.kernel.noticed}
+            return []
+        return [E.PsNotice(wall=wall, key=key, deadline=drain_deadline(drains[node], wall))
+                for key, node in live.items() if node in drains]
 
-    def _act(self, decisions: Sequence[Any], now: float, source: str = "injected") -> None:
-        for d in decisions:
-            if isinstance(d, Evacuate):
-                server = self.by_key[d.key]
-                self.evacuations[d.key] = d
-                self.noticed_at[d.key] = now
-                self.emitter.event("ps_notice", server_id=server.server_id,
-                                   details={"shard_id": self._index(server), "lead_s": d.deadline - now,
-                                            "deadline": d.deadline, "onto": d.onto, "source": source,
-                                            "uptime_s": server.uptime_s()})
-            elif isinstance(d, RequestPsReplacement) and self._missing() > 0:
-                ref = self.shards.start_spare()
-                self.starting[ref] = self.shards.spares[-1]
-            elif isinstance(d, RestoreShards):
-                self._kill(d, now)
+    # -- actions on quiesced shards ----------------------------------------------------------------------
+    def evacuate(self, cmd: C.EvacuatePs, workers: Sequence[Any], global_step: int, wall: float) -> E.ActionDone:
+        server = self.by_key[cmd.key]
+        k = self._index(server)
+        placement = self.shards.placement
+        assert placement is not None and k is not None
+        if cmd.onto == "survivors" and len(self.shards.shards) > 1:
+            decisions = self.drain(placement, k)
+        else:  # onto the spare: it becomes shard n, then shard k is emptied into it and removed
+            assert cmd.spare is not None
+            self._use_spare(cmd.spare)
+            n = placement.num_shards
+            decisions = [AddShard(), *(Move(b.block_id, k, n) for b in placement.blocks_on(k)), RemoveShard(k)]
+        result, pause_s = self.changes.migrate(decisions, workers, global_step, removed_reason="evacuated")
+        if result.rolled_back:  # a destination died: the shard stays; the deadline (or a retry) decides
+            return E.ActionDone(wall=wall, action="evacuate", ok=False, num_shards=len(self.shards.shards))
+        self.by_key.pop(cmd.key, None)
+        self.emitter.event("shard_evacuated", server_id=server.server_id,
+                           details={"shard_id": k, "onto": cmd.onto, "moved_bytes": result.moved_bytes,
+                                    "pause_s": pause_s, "margin_s": cmd.deadline - wall,
+                                    "num_shards": len(self.shards.shards), "global_step": global_step})
+        return E.ActionDone(wall=wall, action="evacuate", num_shards=len(self.shards.shards))
 
-    def _missing(self) -> int:
-        """PS servers the run lacks: planned, less the shards that stay and the spares on their way."""
-        staying = len(self.shards.shards) - len(self.evacuations)
-        return max(self.planned, 1) - staying - len(self.shards.spares)
-
-    def _can_evacuate(self, d: Evacuate) -> bool:
-        if d.onto == "survivors":
-            return len(self.shards.shards) > 1
-        return bool(self.shards.spares) and self.shards.spares[0].joined_at is not None
-
-    def _must_park(self, key: int, d: Evacuate, now: float) -> bool:
-        """The last shard's replacement is not up and half the notice is gone (a notice under
-        ``2 * PARK_MARGIN_S``: at once): its blocks must leave now."""
-        if d.onto != "replacement" or self._can_evacuate(d):
-            return False
-        lead = d.deadline - self.noticed_at.get(key, now)
-        return now >= d.deadline - max(lead / 2, PARK_MARGIN_S)
-
-    def _park(self, key: int, d: Evacuate) -> None:
+    def park(self, cmd: C.ParkPs, wall: float) -> E.ActionDone:
         """Take the shard's blocks into the coordinator and release its server (training waits)."""
         import ray
 
-        server = self.by_key[key]
+        server = self.by_key.pop(cmd.key)
         k = self._index(server)
         placement = self.shards.placement
         assert placement is not None and k is not None
         data = ray.get(server.actor.take.remote([b.block_id for b in placement.blocks_on(k)]))
-        self.parked[key] = (k, data, d, time.time())
-        del self.evacuations[key]
-        self.kernel.remove(key)
+        self.parked[cmd.key] = (k, data, time.time())
         self.shards.end_server(server, "evacuated")
         with contextlib.suppress(Exception):
             ray.kill(server.actor, no_restart=True)
         self.emitter.event("shard_parked", server_id=server.server_id,
                            details={"shard_id": k, "moved_bytes": int(data.params.nbytes + data.momentum.nbytes),
-                                    "margin_s": d.deadline - time.time()})
+                                    "margin_s": cmd.deadline - wall})
+        return E.ActionDone(wall=wall, action="park", num_shards=len(self.shards.shards))
 
-    def _unpark(self, key: int, workers: Sequence[Any], global_step: int) -> None:
-        """The replacement is up: it takes the parked blocks in the parked shard's place."""
+    def unpark(self, cmd: C.UnparkPs, workers: Sequence[Any], global_step: int, wall: float) -> E.ActionDone:
+        """The replacement takes the parked blocks in the parked shard's place."""
         import ray
 
-        k, data, d, parked_at = self.parked.pop(key)
+        k, data, parked_at = self.parked.pop(cmd.key)
         t0 = time.perf_counter()
-        self.shards.replace_shard(k, self.shards.spares.pop(0))
-        actor = self.shards.shards[k]
-        ray.get(actor.add.remote(data))
+        server = self._use_spare(cmd.spare)
+        self.shards.spares.remove(server)
+        self.shards.replace_shard(k, server)
+        ray.get(self.shards.shards[k].add.remote(data))
         self.shards.set_num_workers(self.shards.num_workers)
         ray.get([w.set_layout.remote(self.shards.placement, self.shards.shards) for w in workers])
-        self.by_key.pop(key, None)
         self.emitter.event("shard_evacuated", details={
             "shard_id": k, "onto": "replacement", "parked": True, "parked_s": time.time() - parked_at,
             "moved_bytes": int(data.params.nbytes + data.momentum.nbytes), "pause_s": time.perf_counter() - t0,
-            "margin_s": d.deadline - parked_at, "num_shards": len(self.shards.shards), "global_step": global_step})
+            "num_shards": len(self.shards.shards), "global_step": global_step})
+        return E.ActionDone(wall=wall, action="unpark", num_shards=len(self.shards.shards))
 
-    def _evacuate(self, key: int, d: Evacuate, workers: Sequence[Any], global_step: int) -> None:
-        server = self.by_key[key]
-        k = self._index(server)
+    def fill(self, cmd: C.FillPs, workers: Sequence[Any], global_step: int, wall: float) -> E.ActionDone:
+        """The replacement joins and takes its share of the blocks."""
+        self._use_spare(cmd.spare)
         placement = self.shards.placement
-        assert placement is not None and k is not None
-        if d.onto == "survivors" and len(self.shards.shards) > 1:
-            decisions = self.drain(placement, k)
-        else:  # onto the spare: it becomes shard n, then shard k is emptied into it and removed
-            n = placement.num_shards
-            decisions = [AddShard(), *(Move(b.block_id, k, n) for b in placement.blocks_on(k)), RemoveShard(k)]
-        result, pause_s = self.changes.migrate(decisions, workers, global_step, removed_reason="evacuated")
-        if result.rolled_back:  # a destination died: the shard stays; the deadline (or a retry) decides
-            return
-        del self.evacuations[key]
-        self.kernel.remove(key)
-        self.by_key.pop(key, None)
-        self.emitter.event("shard_evacuated", server_id=server.server_id,
-                           details={"shard_id": k, "onto": d.onto, "moved_bytes": result.moved_bytes,
-                                    "pause_s": pause_s, "margin_s": d.deadline - time.time(),
-                                    "num_shards": len(self.shards.shards), "global_step": global_step})
+        assert placement is not None
+        result, _pause = self.changes.migrate(self.fill(placement), workers, global_step)
+        if not result.rolled_back:
+            self.emitter.event("ps_replacement_joined", details={"num_shards": len(self.shards.shards)})
+        return E.ActionDone(wall=wall, action="fill", ok=not result.rolled_back, num_shards=len(self.shards.shards))
 
-    def _kill(self, d: RestoreShards, now: float) -> None:
+    def kill(self, cmd: C.KillPs) -> None:
+        """Revoke the PS server now: its shard dies with its updates (a restore follows)."""
         import ray
 
-        server = self.by_key.get(d.key)
-        self.kernel.remove(d.key)
-        self.evacuations.pop(d.key, None)
+        server = self.by_key.get(cmd.key)
         if server is None or not server.alive:
             return
         self.provider.revoke(server)
         with contextlib.suppress(Exception):  # providers that place PS servers on shared nodes kill only the actor
             ray.kill(server.actor, no_restart=True)
         self.emitter.event("ps_revocation", server_id=server.server_id,
-                           details={"shard_id": self._index(server), "reason": d.reason, "source": "injected",
-                                    "uptime_s": server.uptime_s(), "noticed": d.reason == "deadline_passed"})
-        self.on_killed()
+                           details={"shard_id": self._index(server), "reason": cmd.reason, "source": "injected",
+                                    "uptime_s": server.uptime_s(), "noticed": cmd.reason == "deadline_passed"})
 
-    def _index(self, server: Server) -> int | None:
-        return self.shards.shards.index(server.actor) if server.actor in self.shards.shards else None
+    def restored(self, spares: Sequence[int], replaced: dict[int, Server]) -> None:
+        """After a restore: the dead shards' servers are gone, the spares (and fresh servers) hold their blocks."""
+        for key in spares:
+            self.spares.pop(key, None)
+        for key, server in list(self.by_key.items()):
+            if not server.alive:
+                del self.by_key[key]
+        self.by_key.update(replaced)
+        for key, server in replaced.items():
+            self._node_refs[key] = server.actor.node_id.remote()
+
+    def placement_changed(self, new_keys: Sequence[int], added: Sequence[Server]) -> tuple[int, ...]:
+        """After a placement change: the added shards' servers get their keys; returns the removed servers' keys."""
+        self.by_key.update(zip(new_keys, added, strict=False))
+        removed = tuple(k for k, srv in self.by_key.items() if srv not in self.shards.servers)
+        for key in removed:
+            del self.by_key[key]
+        return removed
 
 
-def spot_ps_executor(spec: Any, plan: Any, revocations: Any, shards: ShardGroup, changes: PlacementChanges,
-                     provider: ServerProvider, emitter: RunEmitter, decisions: Any) -> PsServerExecutor:
-    """The executor of a ``--ps-transient`` run: the run's revocation source (when ``hit`` names PS
-    servers), the notice lead of the spec's cloud, and PSLD's balancer choosing where blocks go with
-    ``--placement psld``."""
-    from cmdare.control import NoRevocations
+def ps_executor(spec: Any, shards: ShardGroup, changes: PlacementChanges, provider: ServerProvider,
+                emitter: RunEmitter, decisions: Any) -> PsServerExecutor:
+    """The PS executor of a run: with ``--placement psld`` PSLD's balancer chooses where evacuated blocks go;
+    with ``--ps-transient`` it watches Ray's drains of the shards' nodes."""
     from cmdare.errors import UserInputError
     from cmdare.train.balancing import PsldSource
 
-    source = revocations if plan.hits("ps") else NoRevocations()
-    kernel = PsServerKernel(source, notice_s=plan.notice_lead_s(spec.cloud), replace=spec.replace != "none")
     psld = next((s for s in getattr(decisions, "sources", [decisions]) if isinstance(s, PsldSource)), None)
     drain, fill = None, None
     if psld is not None:
@@ -303,6 +272,4 @@ def spot_ps_executor(spec: Any, plan: Any, revocations: Any, shards: ShardGroup,
             except UserInputError:  # at the balancer's maximum: fill by bytes
                 return [AddShard(), *fill_moves(placement, placement.num_shards)]
 
-    executor = PsServerExecutor(kernel, shards, changes, provider, emitter, drain, fill)
-    executor.sync()
-    return executor
+    return PsServerExecutor(shards, changes, provider, emitter, drain, fill, watch_drains=spec.ps_transient)

@@ -163,26 +163,43 @@ class ShardGroup:
         for s in self.shards:
             self.detached.add(s.forget.remote(worker_id))
 
-    # -- shard loss -------------------------------------------------------------------------------
-    def restore(self, storage: Storage, initial: tuple[np.ndarray, np.ndarray, int], global_step: int,
-                workers: Sequence[Any]) -> tuple[int, dict[str, Any]]:
-        """Replace dead shards and roll every shard back to the latest checkpoint (consistent state).
+    def set_fence(self, step: int) -> None:
+        """No push takes a shard past ``step`` (the controller's fence); awaited, so no worker pushes past it."""
+        import ray
 
-        Returns the step training resumes from and the ``shard_restored`` event's details.
+        with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            ray.get([s.set_max_step.remote(step) for s in self.shards], timeout=30)  # a dead one is lost anyway
+
+    # -- shard loss -------------------------------------------------------------------------------
+    def dead_shards(self, timeout_s: float = 10.0) -> list[int]:
+        """The indices of the shards that do not answer a ping (a hung one counts as dead)."""
+        import ray
+
+        refs = [s.ping.remote() for s in self.shards]
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        dead = []
+        for k, ref in enumerate(refs):
+            if ref in pending:
+                self.detached.add(ref)
+                dead.append(k)
+                continue
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError:
+                dead.append(k)
+        return dead
+
+    def restore(self, storage: Storage, initial: tuple[np.ndarray, np.ndarray, int], global_step: int,
+                workers: Sequence[Any], spares: Sequence[Server] = ()) -> tuple[int, dict[str, Any], dict[int, Server]]:
+        """Replace dead shards (with ``spares`` first, else new servers) and roll every shard back to the latest
+        checkpoint (consistent state).
+
+        Returns the step training resumes from, the ``shard_restored`` event's details and, per dead shard's
+        index, the server that took its place.
         """
         import ray
 
-        alive = []
-        for s in self.shards:
-            ref = s.ping.remote()
-            try:
-                ray.get(ref, timeout=10)
-                alive.append(True)
-            except ray.exceptions.RayActorError:
-                alive.append(False)
-            except ray.exceptions.GetTimeoutError:
-                self.detached.add(ref)
-                alive.append(False)
+        dead = self.dead_shards()
         store = CheckpointStore(storage)
         latest = store.latest()
         if latest is not None:
@@ -190,22 +207,32 @@ class ShardGroup:
             params, momentum, step = ckpt.params, ckpt.momentum, ckpt.step
         else:
             params, momentum, step = initial
-        for k, ok in enumerate(alive):
-            if not ok:
-                server = self.servers[k]
-                self.emitter.event("shard_lost", shard_id=k, server_id=server.server_id,
-                                   details={"global_step": global_step, "reason": "revoked"})
-                self.emitter.end_server(server, "revoked")
+        spare_list = list(spares)
+        replaced: dict[int, Server] = {}
+        for k in dead:
+            server = self.servers[k]
+            self.emitter.event("shard_lost", shard_id=k, server_id=server.server_id,
+                               details={"global_step": global_step, "reason": "revoked"})
+            self.emitter.end_server(server, "revoked")
+            if spare_list:
+                spare = spare_list.pop(0)
+                if spare in self.spares:
+                    self.spares.remove(spare)
+                self.shards[k], self.servers[k] = spare.actor, spare
+            else:
                 self.shards[k] = self.new_shard(k)
                 self.servers.insert(k, self.servers.pop())  # keep servers in shard order
-        self.servers = [srv for srv in self.servers if srv.alive or srv.actor in self.shards]
+                self.servers.pop(k + 1)
+            replaced[k] = self.servers[k]
         self._load(params, momentum, step)
         straggler = self.spec.straggler_factor()
-        if straggler and not alive[straggler[0]]:
+        if straggler and straggler[0] in dead:
             ray.get(self.shards[straggler[0]].set_slowdown.remote(straggler[1]))
+        if self.spec.sync:
+            ray.get(self._send_round_size())
         ray.get([w.set_layout.remote(self.placement, self.shards) for w in workers])
         return step, {"checkpoint_step": step, "steps_lost": max(0, global_step - step),
-                      "from_checkpoint": latest is not None, "dead_shards": [k for k, ok in enumerate(alive) if not ok]}
+                      "from_checkpoint": latest is not None, "dead_shards": dead}, replaced
 
     # -- placement changes ------------------------------------------------------------------------
     def migrate(self, decisions: list[Decision], workers: Sequence[Any],

@@ -1,12 +1,10 @@
-"""The coordinator: the Ray executor of a training run.
+"""The trainer: a training run on Ray, decided by the run controller and carried out by the Ray driver.
 
-It starts the shards (:class:`~cmdare.train.shard_group.ShardGroup`) and the workers
-(:class:`~cmdare.train.membership.MembershipExecutor`, which carries out the control kernel's
-membership decisions), runs the loop that hands workers chunks of steps until the shards report the
-target step and carries out placement changes on quiesced shards
-(:class:`~cmdare.train.chunk_loop.ChunkLoop`), has the chief checkpoint and evaluate
-(:class:`~cmdare.train.chief_duties.ChiefDuties`), and reports the run's end. Its states are
-:class:`~cmdare.train.states.RunState`::
+It prepares the run (storage, parameters fresh or resumed, the revocation source), starts the shards
+(:class:`~cmdare.train.shard_group.ShardGroup`), builds the controller (:class:`~cmdare.control.RunController`,
+from :func:`~cmdare.train.run_setup.run_config` and the policy kernels) and the executors, runs the Ray driver
+(:class:`~cmdare.train.ray_driver.RayDriver`) to the run's end and reports it. Its states are the controller's
+(:class:`~cmdare.control.run_state.RunState`)::
 
     starting -> running -> finishing -> finished          (any state -> failed on a final error)
                  |   ^
@@ -14,8 +12,8 @@ target step and carries out placement changes on quiesced shards
                  v   |
           degraded / restoring
 
-Checkpoints and evaluations are calls on the chief, awaited in the same loop, so a revocation is
-noticed while they run. Ray's exceptions are sorted once (:func:`~cmdare.train.faults.classify`).
+A local run emulates cloud servers on the controller's emulated clock, which advances with training; a run
+joined to a real cluster (``address``) runs on the wall clock and on what the cluster does.
 """
 
 from __future__ import annotations
@@ -32,8 +30,8 @@ import numpy as np
 from cmdare import __version__
 from cmdare.cloud.local import LocalProcessProvider, ServerProvider, StartupDelay
 from cmdare.cloud.ray_cluster import RayClusterProvider
-from cmdare.control import MembershipKernel, NoRevocations, RevocationPlan, WallClock, build_revocation_source
-from cmdare.errors import StorageError, UserInputError
+from cmdare.control import NoRevocations, RevocationPlan, RunController, RunState, build_revocation_source
+from cmdare.errors import StorageError, TransientError, UserInputError
 from cmdare.events import RunInfo, RunSummary, TrainCallback
 from cmdare.ps.blocks import ParamInfo
 from cmdare.storage import Storage
@@ -41,17 +39,17 @@ from cmdare.train.balancing import DecisionSource
 from cmdare.train.checkpoint import CheckpointStore
 from cmdare.train.checkpoint_uploads import CheckpointUploads
 from cmdare.train.chief_duties import ChiefDuties
-from cmdare.train.chunk_loop import UPLOAD_DRAIN_S, ChunkLoop
 from cmdare.train.cluster import ensure_ray
 from cmdare.train.detached import DetachedCalls
 from cmdare.train.emitter import RunEmitter
 from cmdare.train.gpu_speeds import emulated_step_stretch
-from cmdare.train.membership import MembershipExecutor, WorkerHandle, catalog_offers
 from cmdare.train.mitigation import default_decisions
 from cmdare.train.placement_changes import PlacementChanges
-from cmdare.train.ps_evacuation import PsServerExecutor, spot_ps_executor
+from cmdare.train.ps_evacuation import PsServerExecutor, ps_executor
+from cmdare.train.ray_driver import UPLOAD_DRAIN_S, RayDriver
 from cmdare.train.run_control import new_run_id, write_run_spec, write_status
 from cmdare.train.run_metrics import RunMetrics
+from cmdare.train.run_setup import build_controller
 from cmdare.train.setup import (
     gpus_per_worker,
     initial_state,
@@ -61,8 +59,8 @@ from cmdare.train.setup import (
 )
 from cmdare.train.shard_group import ShardGroup
 from cmdare.train.spec import TrainSpec
-from cmdare.train.states import RunState, RunStateMachine
 from cmdare.train.teardown import release_run
+from cmdare.train.worker_executor import WorkerExecutor, WorkerHandle
 
 
 class Trainer:
@@ -98,10 +96,9 @@ class Trainer:
         self.background_uploads = background_uploads
         self.resume_from = Path(resume_from) if resume_from else None
         self.plan = RevocationPlan.parse(spec.revocations, seed=spec.seed)
-        priced = spec.model if spec.replace in ("cheapest", "cost-efficient") else None  # speeds cost a model fit
-        self.kernel = MembershipKernel(spec.workers, replacement=spec.replace, lr_policy=spec.lr_policy,
-                                       offers=lambda lost: catalog_offers(lost, priced),
-                                       clock=WallClock())  # unknown names fail here
+        from cmdare.control import REPLACEMENT_POLICIES
+
+        REPLACEMENT_POLICIES.canonical(spec.replace)  # unknown names fail here
         self.worker_specs, self.ps_spec = server_specs(spec)
         from cmdare.predict import startup_model  # loaded when a phase is first sampled
 
@@ -113,22 +110,22 @@ class Trainer:
         self.metrics = RunMetrics()
         self.emitter = RunEmitter(self.run_id, [self.metrics, *callbacks], lambda: self.global_step)
         self.detached = DetachedCalls()
-        self.state = RunStateMachine()
+        self.controller: RunController | None = None
         self._first_step = 0
         self.infos: list[ParamInfo] = []
         self._started_ray = False
         self.emulated = self.provider.kind != "ray"
         self.shard_group: ShardGroup | None = None  # set up once Ray is
-        self.members: MembershipExecutor | None = None
+        self.members: WorkerExecutor | None = None
         self.duties: ChiefDuties | None = None
         self.placement_changes: PlacementChanges | None = None
-        self.ps_servers: PsServerExecutor | None = None  # with --ps-transient
-        self.loop: ChunkLoop | None = None  # hands out the chunks; owns the global step once set up
+        self.ps_servers: PsServerExecutor | None = None
+        self.driver: RayDriver | None = None
 
     @property
     def global_step(self) -> int:
         """The run's step: the shards' furthest step reported so far."""
-        return self.loop.global_step if self.loop is not None else self._first_step
+        return self.driver.global_step if self.driver is not None else self._first_step
 
     @property
     def workers(self) -> dict[int, WorkerHandle]:
@@ -139,6 +136,11 @@ class Trainer:
     def chief(self) -> WorkerHandle | None:
         """The chief worker (checkpoints and evaluates), if any."""
         return self.members.chief if self.members is not None else None
+
+    @property
+    def kernel(self) -> Any:
+        """The membership kernel (its timeline records every join, loss, chief and LR change)."""
+        return self.controller.kernel if self.controller is not None else None
 
     @property
     def revocations(self) -> int:
@@ -157,40 +159,41 @@ class Trainer:
         self.infos, params, momentum, buffers, step = initial_state(
             self.spec, self.run_id, self.storage, self.resume_from, self.resuming)
         write_run_spec(self.storage, self.run_id, self.spec.to_dict())
-        source = build_revocation_source(self.plan)  # the same seeded draws as before the kernel
-        self.kernel.revocations = source if self.spec.transient or self.spec.ps_transient else NoRevocations()
+        source = build_revocation_source(self.plan)
+        self._source = source if self.spec.transient or self.spec.ps_transient else NoRevocations()
         return params, momentum, buffers, step
 
-    def _setup(self, params: np.ndarray, momentum: np.ndarray, step: int) -> None:
+    def _setup(self, params: np.ndarray, momentum: np.ndarray, buffers: dict[str, np.ndarray], step: int) -> None:
         spec = self.spec
         self.shard_group = ShardGroup(spec, self.provider, self.ps_spec, self.infos, self.emitter, self.detached)
-        self.members = MembershipExecutor(spec, self.kernel, self.provider, self.shard_group, self.emitter,
-                                          self.detached, self.metrics.window_speed, lambda: self.global_step)
+        self.shard_group.start(params, momentum, step)
+        self.members = WorkerExecutor(spec, self.provider, self.shard_group, self.emitter, self.detached,
+                                      self.metrics.window_speed, lambda: self.global_step, buffers or None)
         self.members.num_gpus = gpus_per_worker(spec, joined=not self.provider.emulated)
         if self.provider.emulated and spec.worker_gpus:  # one machine stands in for several GPU types
             self.members.stretch = emulated_step_stretch(spec, self.emitter)
         meta = {"run_id": self.run_id, "spec": spec.to_dict()}
         uploads = CheckpointUploads(CheckpointStore(self.storage, spec.keep_checkpoints), self.background_uploads)
-        self.duties = ChiefDuties(uploads, meta, self.infos, self.emitter,
-                                  on_lost=lambda w, err: self.members.lost(w, err), on_shard_lost=self._shard_lost)
-        self.shard_group.start(params, momentum, step)
+        self.duties = ChiefDuties(uploads, meta, self.infos, self.emitter, self.shard_group)
         if self.decisions is None:
             self.decisions = default_decisions(spec, self.shard_group.placement, self.emitter)
         self.placement_changes = PlacementChanges(self.shard_group, self.decisions, self.emitter, self.storage)
-        if spec.ps_transient:
-            self.ps_servers = spot_ps_executor(spec, self.plan, self.kernel.revocations, self.shard_group,
-                                               self.placement_changes, self.provider, self.emitter, self.decisions)
-            self.ps_servers.on_killed = self._shard_lost  # restored even when no push is in flight to fail
+        self.ps_servers = ps_executor(spec, self.shard_group, self.placement_changes, self.provider, self.emitter,
+                                      self.decisions)
         self._first_step = step
-        self.loop = ChunkLoop(spec, self.run_id, self.plan, self.storage, self.members, self.shard_group, self.duties,
-                              self.placement_changes, self.ps_servers, self.emitter, self.metrics, self.detached,
-                              (params, momentum, step), self._to)
+        self.controller = build_controller(spec, self.plan, self._source, self.run_id, real=not self.emulated_time)
+        self.driver = RayDriver(self.controller, spec, self.storage, self.members, self.shard_group, self.duties,
+                                self.placement_changes, self.ps_servers, self.emitter, self.metrics, self.detached,
+                                (params, momentum, step), real=not self.emulated_time)
+
+    @property
+    def emulated_time(self) -> bool:
+        """Whether cloud time is emulated (advancing with training): local providers; a real cluster's is not."""
+        return self.provider.emulated
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         """Train to ``spec.steps``; always reports ``on_run_end``, also on failure."""
-        import ray
-
         spec = self.spec
         params, momentum, buffers, step = self._prepare()
         need_cpus = (spec.workers + spec.warm_spares) * spec.cpus_per_worker + spec.ps * spec.cpus_per_shard
@@ -198,7 +201,7 @@ class Trainer:
         t_start = time.time()
         config = dict(spec.to_dict(), checkpoint_dir=self.storage.uri, provider=self.provider.kind)
         # emulated: a local stand-in for cloud servers, or real servers revoked by injection (asked for)
-        self.emulated = self.provider.kind != "ray" or not isinstance(self.kernel.revocations, NoRevocations)
+        self.emulated = self.provider.kind != "ray" or not isinstance(self._source, NoRevocations)
         self.emitter.emit("on_run_start", RunInfo(self.run_id, config, t_start, code_version=__version__,
                                                   emulated=self.emulated, resumed_from_step=step))
         if self.storage_warning:
@@ -206,50 +209,40 @@ class Trainer:
                                                            "storage": self.storage.uri})
         status = RunState.FAILED
         try:
-            self._setup(params, momentum, step)
-            self.members.start(self.worker_specs, step)
-            if buffers:
-                ray.get([w.actor.load_buffers.remote(buffers) for w in self.workers.values()])
+            self._setup(params, momentum, buffers, step)
             if self.resuming:
                 self.emitter.event("resume", details={"step": step})
-            self._to(RunState.RUNNING)
-            self.loop.run()
-            self.members.cancel_starting()  # replacements still waiting for a node are not needed now
-            self._to(RunState.FINISHING)
-            self._final_duties()
+            end = self.driver.run(self.worker_specs, self.ps_spec)
+            if end.status != "finished":
+                raise TransientError(end.message or "the run failed")
             status = RunState.FINISHED
         except KeyboardInterrupt:
             status = RunState.INTERRUPTED
             raise
         finally:
-            self._to(status)
-            if self.duties is not None:  # nothing lost on failure: the uploads in flight finish first
-                self.duties.collect(wait=True, timeout_s=UPLOAD_DRAIN_S)
-                self.duties.uploads.close()
-            for group in (self.members, self.shard_group):  # servers end before the run's end is reported,
-                if group is not None:  # so the store records them (it is flushed at on_run_end)
-                    group.release()
-            summary = self._summary(str(status), t_start)
-            with contextlib.suppress(OSError, StorageError):
-                write_status(self.storage, str(status), len(self.shards), self.global_step)
-            self.emitter.emit("on_run_end", summary)
-            self._shutdown()
-        return summary
+            self._close(status, t_start)
+        return self._summary_value
 
-    def _to(self, state: RunState) -> None:
-        previous = self.state.state
-        if self.state.to(state):
-            self.emitter.event("run_state", details={"from": str(previous), "to": str(state)})
-
-    def _shard_lost(self) -> None:
-        if self.loop is not None:
-            self.loop.shard_lost()
-
-    def _final_duties(self) -> None:
-        """Final evaluation and checkpoint by the chief (by the next chief if it dies meanwhile)."""
-        self.loop.collect_shard_stats()
-        self.duties.run_final(lambda: self.members.chief, checkpoint=bool(self.spec.checkpoint_every),
-                              timeout_s=UPLOAD_DRAIN_S)
+    def _close(self, status: RunState, t_start: float) -> None:
+        """Nothing lost on failure: uploads in flight finish first; servers end before the run's end is reported
+        (so the store records them); then actors and Ray go."""
+        if self.controller is not None and self.controller.state != status:
+            with contextlib.suppress(RuntimeError):
+                previous = self.controller.state
+                if self.controller.machine.to(status):
+                    self.emitter.event("run_state", details={"from": str(previous), "to": str(status)})
+        if self.duties is not None:
+            self.duties.collect(time.time(), wait=True, timeout_s=UPLOAD_DRAIN_S)
+            self.duties.uploads.close()
+        for group in (self.members, self.shard_group):
+            if group is not None:
+                group.release()
+        self._summary_value = self._summary(str(status), t_start)
+        with contextlib.suppress(OSError, StorageError):
+            write_status(self.storage, str(status), len(self.shards), self.global_step)
+        self.emitter.emit("on_run_end", self._summary_value)
+        left_running = self.driver.take_running() if self.driver is not None else []
+        release_run((self.members, self.shard_group), self.detached, left_running, self.provider, self._started_ray)
 
     # -- the end ---------------------------------------------------------------------------------
     def _summary(self, status: str, t_start: float) -> RunSummary:
@@ -259,10 +252,6 @@ class Trainer:
                                     planned_workers=self.spec.workers, emulated=self.emulated,
                                     checkpoint_dir=self.storage.uri,
                                     failed_checkpoints=duties.failed_uploads if duties else 0)
-
-    def _shutdown(self) -> None:
-        left_running = self.loop.take_running() if self.loop is not None else []
-        release_run((self.members, self.shard_group), self.detached, left_running, self.provider, self._started_ray)
 
 
 def train(spec: TrainSpec | None = None, callbacks: Sequence[TrainCallback] = (), **kwargs: Any) -> RunSummary:

@@ -220,8 +220,10 @@ class Worker:
         return [k for k, (a, b) in enumerate(self.layout.shard_ranges) if b > a]
 
     # -- training --------------------------------------------------------------------------
-    def run_steps(self, max_steps: int, max_s: float, step_s: float = 0.0) -> ChunkResult:
-        """Train up to ``max_steps`` steps or ``max_s`` seconds; stop early at the target step.
+    def run_steps(self, max_steps: int, max_s: float, step_s: float = 0.0,
+                  stop_at: int | None = None) -> ChunkResult:
+        """Train up to ``max_steps`` steps or ``max_s`` seconds; stop early at the fence ``stop_at`` (the shards
+        refuse pushes past it; a worker that knows the shards are there does not start another step).
 
         ``step_s`` > 0 (emulating a slower GPU type): every step lasts at least that long; else, with a
         ``stretch`` above 1, each step lasts ``stretch`` times its own time.
@@ -241,6 +243,8 @@ class Worker:
         wait_s = [0.0] * len(self.shards)
         sampled = 0  # steps whose per-shard waits were timed
         while steps < max_steps and time.perf_counter() - t_start < max_s:
+            if stop_at is not None and self.step >= stop_at:
+                break
             n = next((w.notice for w in self.watchers if w.notice is not None), None)
             if n is not None:
                 notice = {"provider": n.provider, "detected_at": n.detected_at, "deadline": n.deadline}
@@ -298,8 +302,17 @@ class Worker:
 
     # -- chief duties ----------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self, max_samples: int | None = None) -> tuple[float, float, int]:
-        """Test accuracy and loss of the current parameters; returns (accuracy, loss, step)."""
+    def evaluate(self, params: np.ndarray | None = None, step: int | None = None,
+                 max_samples: int | None = None) -> tuple[float, float, int]:
+        """Test accuracy and loss of ``params`` (the flat parameters of ``step``, in model order; default: the
+        parameters this worker holds); returns (accuracy, loss, step). Given parameters replace the held
+        ones, as a pull would (they are at least as new)."""
+        if params is not None:
+            flat, at = torch.from_numpy(np.asarray(params, np.float32)), 0
+            for p in self.model.parameters():  # in place: the layout's views of the parameters stay
+                p.copy_(flat[at:at + p.numel()].view_as(p))
+                at += p.numel()
+            self.step = max(self.step, int(step)) if step is not None else self.step
         self.model.eval()
         x, y = self.data.test_x, self.data.test_y
         if max_samples:

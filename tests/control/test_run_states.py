@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cmdare.train.states import TRANSITIONS, RunState, RunStateMachine
+from cmdare.control.run_state import TRANSITIONS, RunState, RunStateMachine
 
 
 def test_a_run_through_losses_and_a_restore():

@@ -1,0 +1,389 @@
+"""The Ray driver of the run controller: Ray's results and errors in, the controller's commands carried out.
+
+Each pass waits (at most :data:`LOOP_TICK_S`, or until the controller's next deadline) for whatever Ray
+brings first: a worker's chunk, a chief duty, a worker or replacement PS coming up. Each becomes an event
+(:mod:`cmdare.control.run_events`); the controller answers with commands (:mod:`cmdare.control.run_commands`),
+which the executors carry out on Ray: workers (:class:`~cmdare.train.worker_executor.WorkerExecutor`), the
+shards and their servers (:class:`~cmdare.train.shard_group.ShardGroup`,
+:class:`~cmdare.train.ps_evacuation.PsServerExecutor`), duties (:class:`~cmdare.train.chief_duties.ChiefDuties`)
+and placement changes (:class:`~cmdare.train.placement_changes.PlacementChanges`). Nothing is decided here.
+
+A worker told to train gets chunks of steps, ``spec.chunks_ahead`` queued (asynchronous), until the global
+step reaches the fence: the shards refuse pushes past it, so every worker stops exactly there and the
+controller acts on quiesced shards. Events a command raises wait until the whole batch is carried out (the
+controller is never re-entered).
+
+Cloud time: on a real cluster it is the wall clock (events carry it); in local emulation the controller
+derives it from the training progress the events report.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from cmdare.control import RunController
+from cmdare.control import run_commands as C
+from cmdare.control import run_events as E
+from cmdare.errors import ShardLostError
+from cmdare.events import StepReport
+from cmdare.storage import Storage
+from cmdare.train.chief_duties import ChiefDuties
+from cmdare.train.detached import DetachedCalls
+from cmdare.train.emitter import RunEmitter
+from cmdare.train.faults import classify
+from cmdare.train.placement_changes import PlacementChanges
+from cmdare.train.ps_evacuation import PsServerExecutor
+from cmdare.train.run_control import write_status
+from cmdare.train.run_metrics import RunMetrics
+from cmdare.train.shard_group import ShardGroup
+from cmdare.train.spec import TrainSpec
+from cmdare.train.worker import ChunkResult
+from cmdare.train.worker_executor import WorkerExecutor
+
+__all__ = ["LOOP_TICK_S", "PROBE_TIMEOUT_S", "SHARD_STATS_EVERY_S", "UPLOAD_DRAIN_S", "RayDriver"]
+
+SHARD_STATS_EVERY_S = 2.0
+LOOP_TICK_S = 0.05  # the longest a pass waits for Ray before it tells the controller that time passed
+UPLOAD_DRAIN_S = 120.0  # how long to wait for checkpoint uploads still in flight (a restore, the end)
+PROBE_TIMEOUT_S = 10.0  # how long a probed worker or shard may take to answer
+
+
+class RayDriver:
+    """Carries out one run's controller on Ray.
+
+    Args:
+        controller: the run's decisions.
+        spec, storage: the run's configuration and storage (its status file, the checkpoint a restore loads).
+        workers, shards, duties, changes, ps: the executors.
+        emitter, metrics, detached: the run's reports, its speed window and calls left to finish.
+        initial: the starting (parameters, momentum, step): what a restore without a checkpoint loads.
+        real: a real cluster (cloud time is the wall clock); else local emulation.
+    """
+
+    def __init__(self, controller: RunController, spec: TrainSpec, storage: Storage, workers: WorkerExecutor,
+                 shards: ShardGroup, duties: ChiefDuties, changes: PlacementChanges, ps: PsServerExecutor,
+                 emitter: RunEmitter, metrics: RunMetrics, detached: DetachedCalls,
+                 initial: tuple[np.ndarray, np.ndarray, int], real: bool):
+        self.controller, self.spec, self.storage = controller, spec, storage
+        self.workers, self.shards, self.duties, self.changes, self.ps = workers, shards, duties, changes, ps
+        self.emitter, self.metrics, self.detached = emitter, metrics, detached
+        self.initial, self.real = initial, real
+        self.global_step = initial[2]
+        self.fence = initial[2]
+        self.feeding: set[int] = set()  # workers told to train, until they stop
+        self.inflight: dict[Any, int] = {}  # chunk calls -> their worker
+        self.queued: collections.Counter[int] = collections.Counter()  # chunks in flight per worker
+        self.end: C.EndRun | None = None
+        self.drained: set[int] = set()  # PS servers whose notice came from Ray's drain
+        self._ahead = 1 if spec.sync else spec.chunks_ahead
+        self._queue: list[E.Event] = []
+        self._busy = False
+        self._reported = 0  # state transitions of the controller reported so far
+        self._next_stats = 0.0
+
+    # -- the loop ------------------------------------------------------------------------------------------
+    def run(self, worker_specs: Sequence[Any], ps_spec: Any) -> C.EndRun:
+        """Start the run and drive it to its end; returns how it ended."""
+        wall = time.time()
+        self._busy = True
+        self._execute(self.controller.start(worker_specs, ps_spec, len(self.shards.shards), self.global_step,
+                                            wall, now=wall if self.real else None))
+        self._busy = False
+        self._flush()
+        self.workers.start_pool()
+        write_status(self.storage, "running", len(self.shards.shards), self.global_step)
+        self._next_stats = time.time() + SHARD_STATS_EVERY_S
+        while self.end is None:
+            self._pass()
+        return self.end
+
+    def _pass(self) -> None:
+        import ray
+
+        refs = [*self.inflight, *self.duties.refs, *self.workers.ready_refs, *self.ps.ping_refs]
+        timeout = min(LOOP_TICK_S, max(0.0, self.controller.next_wakeup() - time.time()))
+        ready: list[Any] = []
+        if refs:
+            ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
+            if ready and rest:
+                more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+                ready += more
+        else:
+            time.sleep(timeout)
+        for ref in ready:
+            self._arrived(ref)
+        wall = time.time()
+        self.detached.reap()
+        self._periodic(wall)
+        self._event(E.Tick(wall=wall, now=self._now(wall)))
+
+    def _now(self, wall: float) -> float | None:
+        return wall if self.real else None
+
+    def _event(self, *events: E.Event) -> None:
+        """Hand events to the controller and carry out its commands; events raised meanwhile wait their turn."""
+        self._queue.extend(events)
+        if not self._busy:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._busy = True
+        try:
+            while self._queue and self.end is None:
+                self._execute(self.controller.handle(self._queue.pop(0)))
+        finally:
+            self._busy = False
+
+    def _stamp(self, ev: E.Event) -> E.Event:
+        return ev if ev.now is not None or not self.real else type(ev)(**{**ev.__dict__, "now": ev.wall})
+
+    def _execute(self, commands: list[C.Command]) -> None:
+        for cmd in commands:
+            events = getattr(self, "_do_" + type(cmd).__name__)(cmd) or []
+            self._queue.extend(self._stamp(ev) for ev in events)
+        for _at, previous, state in self.controller.transitions[self._reported:]:
+            self.emitter.event("run_state", details={"from": str(previous), "to": str(state)})
+        self._reported = len(self.controller.transitions)
+
+    # -- what Ray brings ----------------------------------------------------------------------------------
+    def _arrived(self, ref: Any) -> None:
+        wall = time.time()
+        if ref in self.inflight:
+            self._chunk_back(ref, wall)
+        elif ref in self.duties.refs:
+            self._event(*map(self._stamp, self.duties.finish(ref, wall)))
+        elif ref in self.workers.ready_refs:
+            self._event(*map(self._stamp, self.workers.up(ref, wall)))
+        elif ref in self.ps.ping_refs:
+            self._event(*map(self._stamp, self.ps.spare_answered(ref, wall)))
+
+    def _chunk_back(self, ref: Any, wall: float) -> None:
+        import ray
+
+        wid = self.inflight.pop(ref)
+        self.queued[wid] -= 1
+        w = self.workers.workers.get(wid)
+        try:
+            res: ChunkResult = ray.get(ref)
+        except ray.exceptions.RayActorError as err:
+            if w is None:
+                return  # a chunk of a worker already gone (revoked, left): its failure was expected
+            self.feeding.discard(wid)
+            if isinstance(classify(err, wid), ShardLostError):
+                self._event(self._stamp(E.ChunkFailed(wall=wall, worker_id=wid, shard_lost=True)),
+                            self._stamp(E.ShardLost(wall=wall, keys=self.ps.dead_keys())))
+            else:
+                self._event(self._stamp(E.ChunkFailed(wall=wall, worker_id=wid, error=type(err).__name__)))
+            return
+        self.global_step = max(self.global_step, res.global_step)
+        if w is None:  # queued behind the chunk that brought a notice or a revocation: it stopped at once
+            return
+        self._record(w, res)
+        events: list[E.Event] = [E.ChunkDone(wall=wall, worker_id=wid, global_step=res.global_step, steps=res.steps,
+                                             refused=res.done)]
+        if res.notice is not None:
+            self.feeding.discard(wid)
+            self.workers.notice(w, res.notice)
+            events.append(E.WorkerNotice(wall=wall, worker_id=wid, provider=str(res.notice.get("provider")),
+                                         deadline=res.notice.get("deadline") if self.real else None))
+        elif wid in self.feeding and not res.done and res.global_step < self.fence:
+            self._feed(wid)
+        else:
+            self.feeding.discard(wid)
+        if wid not in self.feeding and not self.queued[wid] and res.notice is None:
+            events.append(E.WorkerStopped(wall=wall, worker_id=wid, global_step=res.global_step))
+        self._event(*map(self._stamp, events))
+
+    def _record(self, w: Any, res: ChunkResult) -> None:
+        now = time.time()
+        self.metrics.start_chunk(now - res.duration_s, self.global_step)
+        if w.server.joined_at is None:
+            self.workers.joined(w, now - res.duration_s, self.global_step)
+        self.shards.add_waits(res.shard_wait_s)
+        self.changes.observe_chunk(res.worker_id, res.steps, res.duration_s, res.compute_s)
+        self.workers.observe_step_time(w, res.steps, res.duration_s)
+        if res.steps:
+            speed = self.metrics.window_speed(including=(now, self.global_step))
+            self.emitter.emit("on_step", StepReport(self.emitter.run_id, now, self.global_step, res.worker_id,
+                                                    res.steps, res.duration_s, res.loss, speed, res.compute_s,
+                                                    res.comm_s, res.staleness))
+
+    def _periodic(self, wall: float) -> None:
+        """Uploads finished, shard load, ``cmdare ps`` requests and balancers that decide at any time, drains."""
+        events: list[E.Event] = list(self.duties.collect(wall))
+        if wall >= self._next_stats and not self.ps.parked and self.controller.action is None:
+            self._next_stats = wall + SHARD_STATS_EVERY_S
+            if self.changes.collect_stats(self.global_step) is None:
+                events.append(E.ShardLost(wall=wall, keys=self.ps.dead_keys()))
+        if self.controller.action is None and not self.ps.parked:
+            decisions = self.changes.poll(self.global_step, balance_due=False)
+            if decisions:
+                events.append(E.PlacementRequested(wall=wall, decisions=tuple(decisions)))
+        notices = self.ps.poll_drains(wall, lambda key: key in self.controller.shards.kernel.noticed)
+        self.drained.update(n.key for n in notices)
+        self.workers.tick(wall)
+        self._event(*map(self._stamp, [*events, *notices]))
+
+    # -- commands: training ---------------------------------------------------------------------------------
+    def _feed(self, wid: int) -> None:
+        """Queue chunks on worker ``wid`` until it has its share in flight."""
+        w = self.workers.workers[wid]
+        max_s = float("inf") if self.spec.sync else self.spec.chunk_s  # synchronous chunks end on one round
+        for _ in range(self._ahead - self.queued[wid]):
+            ref = w.actor.run_steps.remote(self.spec.chunk_steps, max_s, self.workers.step_target_s(w), self.fence)
+            self.inflight[ref] = wid
+            self.queued[wid] += 1
+
+    def _do_Fence(self, cmd: C.Fence) -> None:
+        self.fence = cmd.step
+        self.shards.set_fence(cmd.step)
+
+    def _do_Train(self, cmd: C.Train) -> None:
+        if cmd.worker_id in self.workers.workers:
+            self.feeding.add(cmd.worker_id)
+            self._feed(cmd.worker_id)
+
+    def _do_HoldAll(self, cmd: C.HoldAll) -> list[E.Event]:
+        wall = time.time()
+        idle = [wid for wid in self.feeding if not self.queued[wid]]
+        self.feeding.clear()
+        return [E.WorkerStopped(wall=wall, worker_id=wid, global_step=self.global_step) for wid in idle]
+
+    # -- commands: workers ------------------------------------------------------------------------------------
+    def _do_StartWorker(self, cmd: C.StartWorker) -> list[E.Event]:
+        return self.workers.start(cmd, time.time())
+
+    def _do_Revoke(self, cmd: C.Revoke) -> None:
+        self.workers.revoke(cmd)
+
+    def _do_LoseWorker(self, cmd: C.LoseWorker) -> None:
+        self.feeding.discard(cmd.worker_id)
+        self.workers.lose(cmd)
+
+    def _do_ReleaseWorker(self, cmd: C.ReleaseWorker) -> None:
+        self.feeding.discard(cmd.worker_id)
+        self.workers.leave(cmd)
+
+    def _do_CancelWorker(self, cmd: C.CancelWorker) -> None:
+        self.workers.cancel(cmd)
+
+    def _do_SetChief(self, cmd: C.SetChief) -> None:
+        self.workers.set_chief(cmd)
+
+    def _do_SetLrScale(self, cmd: C.SetLrScale) -> None:
+        self.workers.set_lr(cmd)
+
+    def _do_SetRoundSize(self, cmd: C.SetRoundSize) -> None:
+        self.shards.set_num_workers(cmd.n, wait=cmd.wait)
+
+    def _do_StartDuty(self, cmd: C.StartDuty) -> list[E.Event]:
+        return self.duties.start(cmd, self.workers.workers.get(cmd.worker_id), time.time())
+
+    # -- commands: parameter servers -------------------------------------------------------------------------
+    def _live_actors(self) -> list[Any]:
+        """Worker actors that take a layout change (not revoked, process up)."""
+        return [w.actor for w in self.workers.workers.values() if w.revoked_at is None and w.is_up]
+
+    def _do_StartPs(self, cmd: C.StartPs) -> list[E.Event]:
+        return self.ps.start_spare(cmd, time.time())
+
+    def _do_PsNoticed(self, cmd: C.PsNoticed) -> None:
+        self.ps.noticed(cmd, time.time(), "ray" if cmd.key in self.drained else "injected")
+
+    def _do_EvacuatePs(self, cmd: C.EvacuatePs) -> list[E.Event]:
+        return [self.ps.evacuate(cmd, self._live_actors(), self.global_step, time.time())]
+
+    def _do_ParkPs(self, cmd: C.ParkPs) -> list[E.Event]:
+        return [self.ps.park(cmd, time.time())]
+
+    def _do_UnparkPs(self, cmd: C.UnparkPs) -> list[E.Event]:
+        return [self.ps.unpark(cmd, self._live_actors(), self.global_step, time.time())]
+
+    def _do_FillPs(self, cmd: C.FillPs) -> list[E.Event]:
+        return [self.ps.fill(cmd, self._live_actors(), self.global_step, time.time())]
+
+    def _do_KillPs(self, cmd: C.KillPs) -> None:
+        self.ps.kill(cmd)
+
+    def _do_Restore(self, cmd: C.Restore) -> list[E.Event]:
+        """Replace dead shards and roll every shard back to the newest stored checkpoint."""
+        wall = time.time()
+        events: list[E.Event] = list(self.duties.collect(wall, wait=True, timeout_s=UPLOAD_DRAIN_S))
+        spares = [self.ps.spares[k] for k in cmd.spares if k in self.ps.spares]
+        step, details, replaced = self.shards.restore(self.storage, self.initial, self.global_step,
+                                                      self._live_actors(), spares)
+        keys = list(cmd.spares)
+        self.ps.restored(cmd.spares, {keys.pop(0): server for _k, server in sorted(replaced.items()) if keys})
+        self.global_step = self.fence = step
+        self.emitter.event("shard_restored", details=details)
+        return [*events, E.ActionDone(wall=time.time(), action="restore", step=step,
+                                      num_shards=len(self.shards.shards))]
+
+    def _do_ChangePlacement(self, cmd: C.ChangePlacement) -> list[E.Event]:
+        before = list(self.shards.servers)
+        result, _pause = self.changes.migrate(list(cmd.decisions), self._live_actors(), self.global_step)
+        added = [s for s in self.shards.servers if s not in before]
+        removed = self.ps.placement_changed(cmd.new_keys, added)
+        return [E.ActionDone(wall=time.time(), action="placement", ok=not result.rolled_back,
+                             num_shards=len(self.shards.shards), removed_keys=removed)]
+
+    def _do_Balance(self, cmd: C.Balance) -> list[E.Event]:
+        decisions = self.changes.poll(cmd.step, balance_due=True)
+        return [E.PlacementRequested(wall=time.time(), decisions=tuple(decisions))]
+
+    # -- commands: the run -------------------------------------------------------------------------------------
+    def _do_Probe(self, cmd: C.Probe) -> list[E.Event]:
+        """Nothing heard for a while: are the training workers, the shards and the cluster still there?"""
+        import ray
+
+        wall = time.time()
+        events: list[E.Event] = []
+        lost = _cluster_lost()
+        if lost is not None:
+            return [E.ClusterLost(wall=wall, message=f"{lost}; {self.controller.config.resume_hint()}")]
+        pings = {self.workers.workers[wid].actor.ping.remote(): wid for wid in self.feeding
+                 if wid in self.workers.workers}
+        ready, pending = ray.wait(list(pings), num_returns=len(pings), timeout=PROBE_TIMEOUT_S) if pings else ([], [])
+        for ref in pending:
+            self.detached.add(ref)
+            events.append(E.ChunkFailed(wall=wall, worker_id=pings[ref],
+                                        error=f"unresponsive for {cmd.silent_s:.0f} s"))
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as err:
+                events.append(E.ChunkFailed(wall=wall, worker_id=pings[ref], error=type(err).__name__))
+        dead = self.ps.dead_keys()
+        if dead:
+            events.append(E.ShardLost(wall=wall, keys=dead))
+        return [*events, E.ProbeDone(wall=time.time(), ok=not events)]
+
+    def _do_EndRun(self, cmd: C.EndRun) -> None:
+        self.end = cmd
+
+    def take_running(self) -> list[Any]:
+        """The calls still in flight (forgotten here: the caller ends them)."""
+        running = [*self.inflight, *self.duties.refs, *self.workers.ready_refs, *self.ps.ping_refs]
+        self.inflight, self.duties.refs, self.workers.ready_refs, self.ps.ping_refs = {}, {}, {}, {}
+        return running
+
+
+def _cluster_lost() -> str | None:
+    """Why the Ray cluster this driver uses is gone (its own node marked dead, the GCS unreachable), or None."""
+    import ray
+
+    try:
+        node = ray.get_runtime_context().get_node_id()
+        nodes = ray.nodes()
+    except Exception as err:  # noqa: BLE001 - the GCS does not answer
+        return f"the Ray cluster does not answer ({type(err).__name__})"
+    mine = next((n for n in nodes if n.get("NodeID") == node), None)
+    if mine is not None and not mine.get("Alive", True):
+        return "this run's Ray node was marked dead by Ray (its health checks went unanswered)"
+    return None
+

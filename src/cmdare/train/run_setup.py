@@ -1,0 +1,79 @@
+"""A training run's controller, built from its spec: the run's configuration as the controller sees it, its
+policy kernels and, in local emulation, the emulated clock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from cmdare.control import (
+    EmulatedClock,
+    MembershipKernel,
+    NoRevocations,
+    PsServerKernel,
+    RevocationPlan,
+    RevocationSource,
+    RunConfig,
+    RunController,
+)
+from cmdare.train.gpu_speeds import catalog_offers, step_time_s
+from cmdare.train.spec import TrainSpec
+
+__all__ = ["DEFAULT_STEP_S", "PARK_MARGIN_S", "EmulatedStepTimes", "build_controller", "run_config"]
+
+PARK_MARGIN_S = 5.0  # on a real cluster the last shard parks at least this long before its deadline
+DEFAULT_STEP_S = 0.1  # emulated seconds per step of a GPU type the step-time model cannot rank
+START_TIMEOUT_S = 300.0  # a local worker process that is not up in this long failed to start
+STUCK_AFTER_S = 600.0  # no step for this long, though everything answers: the run fails
+
+
+class EmulatedStepTimes(Mapping[str, float]):
+    """Emulated cloud seconds per worker step, by GPU type: ``step=`` of ``--revocations`` for every type, else
+    the step-time model's prediction for the run's model (asked once per type, when a type first appears)."""
+
+    def __init__(self, model: str, fixed_s: float | None, types: tuple[str, ...]):
+        self.model, self.fixed_s = model, fixed_s
+        self._known: dict[str, float] = {}
+        for t in types:
+            self[t]  # noqa: B018 - asked now: a model that cannot be profiled fails before the run
+
+    def __getitem__(self, gpu: str) -> float:
+        key = gpu.lower()
+        if key not in self._known:
+            if key == "*" or self.fixed_s is not None:
+                self._known[key] = self.fixed_s if self.fixed_s is not None else DEFAULT_STEP_S
+            else:
+                self._known[key] = step_time_s(self.model, key) or DEFAULT_STEP_S
+        return self._known[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._known)
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+
+def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool) -> RunConfig:
+    """The controller's view of ``spec``: a real cluster's (wall clock, replacements join when up) or an
+    emulated run's (cloud time from training, replacements join when their emulated start-up ends)."""
+    return RunConfig(
+        steps=spec.steps, workers=spec.workers, sync=spec.sync, checkpoint_every=spec.checkpoint_every,
+        eval_every=spec.eval_every, balance_every=spec.balance_every, admit_on_up=real, trained_on_join=not real,
+        hit_workers=spec.transient and plan.hits("worker"), hit_ps=spec.ps_transient and plan.hits("ps"),
+        ps_notice_s=plan.notice_lead_s(spec.cloud), replace_ps=spec.replace != "none",
+        park_margin_s=PARK_MARGIN_S if real else 0.0,
+        replacement_timeout_s=spec.replacement_timeout_s if real else None, start_timeout_s=START_TIMEOUT_S,
+        probe_after_s=max(60.0, 40 * spec.chunk_s), stuck_after_s=STUCK_AFTER_S,
+        step_s=EmulatedStepTimes(spec.model, plan.step_s, tuple(spec.slot_gpus())), run_id=run_id)
+
+
+def build_controller(spec: TrainSpec, plan: RevocationPlan, source: RevocationSource, run_id: str,
+                     real: bool) -> RunController:
+    """The run's controller: the membership kernel (replacement, LR and chief policies; the revocation source),
+    the PS-server kernel (the cloud's notice lead; the same source when it hits PS servers) and, in local
+    emulation, the emulated clock."""
+    priced = spec.model if spec.replace in ("cheapest", "cost-efficient") else None  # speeds cost a model fit
+    kernel = MembershipKernel(spec.workers, replacement=spec.replace, lr_policy=spec.lr_policy, revocations=source,
+                              offers=lambda lost: catalog_offers(lost, priced))
+    ps_source = source if spec.ps_transient and plan.hits("ps") else NoRevocations()
+    ps_kernel = PsServerKernel(ps_source, notice_s=plan.notice_lead_s(spec.cloud), replace=spec.replace != "none")
+    return RunController(run_config(spec, plan, run_id, real), kernel, ps_kernel, None if real else EmulatedClock())

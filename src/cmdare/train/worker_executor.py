@@ -1,0 +1,348 @@
+"""The Ray executor of the run controller's worker commands: servers started, joined, revoked, released.
+
+The controller (:class:`~cmdare.control.RunController`) decides who is chief, the learning-rate scale, what
+replaces a lost worker and when an injected revocation is due; this module acts on Ray: it starts worker
+actors on servers from the provider (or takes a warm spare), kills revoked servers, reports each worker's
+process coming up (or failing to), moves the chief role and pushes the learning rate and round size to the
+shards. It records what the store reports of each server (requested, joined, recovery figures).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cmdare.cloud.local import Server, ServerProvider
+from cmdare.control import run_commands as C
+from cmdare.control import run_events as E
+from cmdare.train.detached import DetachedCalls
+from cmdare.train.emitter import RunEmitter
+from cmdare.train.gpu_speeds import catalog_offers
+from cmdare.train.shard_group import ShardGroup
+from cmdare.train.spec import TrainSpec
+from cmdare.train.warm_pool import WarmPool, actor_class, measured_start, spare_spec, startup_timings, worker_threads
+from cmdare.train.worker import Worker
+
+__all__ = ["WorkerExecutor", "WorkerHandle", "catalog_offers", "start_error"]
+
+
+@dataclass
+class WorkerHandle:
+    """A worker the run started: its actor, data slot and server."""
+
+    worker_id: int
+    slot: int
+    actor: Any
+    server: Server
+    revoked_at: float | None = None  # wall time it was revoked (injected) or told to leave (notice)
+    replaces: dict[str, Any] | None = None  # the loss this worker replaces (for recovery figures)
+    up: Any = None  # its ready() or adopt() call: when its process was up (start-up figures)
+    spare: str | None = None  # a replacement that was a warm spare: "up" (warm) or "starting" when taken
+    is_up: bool = False
+    layout_version: int = 0  # the placement it was built with
+
+
+def start_error(err: BaseException) -> tuple[str, bool]:
+    """A worker's failed start in one line, and whether it is deterministic (its own constructor raised: a
+    replacement would fail the same way; else its server or node went away)."""
+    import ray
+
+    deterministic = isinstance(err, ray.exceptions.RayActorError) and err.actor_init_failed
+    text = str(err).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    cause = next((ln for ln in reversed(lines) if "Error:" in ln or "Exception:" in ln), lines[-1] if lines else "")
+    cause = cause.split("Error: ", 1)[-1] if deterministic and "Error: " in cause else cause
+    return (cause or type(err).__name__), deterministic
+
+
+class WorkerExecutor:
+    """The run's worker actors and servers, as the controller's commands say."""
+
+    def __init__(self, spec: TrainSpec, provider: ServerProvider, shards: ShardGroup, emitter: RunEmitter,
+                 detached: DetachedCalls, speed: Callable[[], float], global_step: Callable[[], int],
+                 buffers: dict[str, Any] | None = None):
+        self.spec, self.provider, self.shards = spec, provider, shards
+        self.emitter, self.detached, self._speed, self._step = emitter, detached, speed, global_step
+        self.workers: dict[int, WorkerHandle] = {}  # started, not ended
+        self.chief: WorkerHandle | None = None
+        self.ready_refs: dict[Any, int] = {}  # a starting worker's ready()/adopt() call -> its id
+        self.losses: dict[int, dict[str, Any]] = {}  # lost worker -> what its replacement's recovery counts from
+        self.initial_buffers = buffers  # batch-norm statistics of a resumed run, for the first wave
+        self.num_gpus = 0.0 if spec.gpus_per_worker == "auto" else float(spec.gpus_per_worker)  # set at start
+        self.stretch: dict[str, float] = {}  # GPU type -> emulated step stretch (local mixed runs)
+        self._reference_step_s: float | None = None  # recent step time of the fastest type's workers
+        self.pool: WarmPool | None = None  # the warm spares (spec.warm_spares > 0)
+
+    # -- starting --------------------------------------------------------------------------------------
+    def _actor_options(self, server: Server) -> dict[str, Any]:
+        return {"num_cpus": self.spec.cpus_per_worker, "num_gpus": self.num_gpus, "max_restarts": 0,
+                **self.provider.actor_options(server)}
+
+    def _worker_args(self, worker_id: int, server: Server, slot: int) -> tuple[Any, ...]:
+        stretch = self.stretch.get((server.spec.gpu_type or "").lower(), 1.0)
+        return (worker_id, slot, self.spec.workers, self.spec, self.shards.shards, self.shards.placement,
+                worker_threads(self.spec), self._step(), server.notice, stretch)
+
+    def start_pool(self) -> None:
+        """The warm spares start with the first wave (their start-up, like the first wave's, is no part of the run)."""
+        if self.spec.warm_spares and self.pool is None:
+            from cmdare.train.setup import server_specs
+
+            self.pool = WarmPool(self.spec.warm_spares, self.spec, self.provider, self.emitter, self.detached,
+                                 self._actor_options)
+            self.pool.start(spare_spec(server_specs(self.spec)[0]))
+
+    def start(self, cmd: C.StartWorker, wall: float) -> list[E.Event]:
+        """A server for worker ``cmd.worker_id`` and its process: the first wave's now, a replacement's as a warm
+        spare's adoption or a new server (a node the provider starts, or the cluster's autoscaler brings)."""
+        first = cmd.replaces is None
+        lost = self.losses.get(cmd.replaces) if not first else None
+        spare = self.pool.take(cmd.spec, wall) if self.pool is not None and not first else None
+        if spare is not None:
+            server = spare.server
+            args = self._worker_args(cmd.worker_id, server, cmd.slot)
+            w = WorkerHandle(cmd.worker_id, cmd.slot, spare.actor, server, replaces=lost,
+                             up=spare.actor.adopt.remote(*args), spare="up" if spare.up_at is not None else "starting")
+            self.pool.taken.pop(server.server_id, None)
+        else:
+            server = self.provider.request(cmd.spec)
+            if first:
+                server.ready_at = server.requested_at
+            self.provider.prepare(server)
+            args = self._worker_args(cmd.worker_id, server, cmd.slot)
+            actor = actor_class(Worker).options(**self._actor_options(server)).remote(*args)
+            server.actor = actor
+            w = WorkerHandle(cmd.worker_id, cmd.slot, actor, server, replaces=lost, up=actor.ready.remote())
+        w.layout_version = self.shards.placement.version if self.shards.placement is not None else 0
+        self.workers[w.worker_id] = w
+        self.ready_refs[w.up] = w.worker_id
+        if first:
+            self.emitter.server_event("server_requested", server)
+            return [E.ServerStarting(wall=wall, worker_id=w.worker_id, startup_s=0.0)]
+        extra: dict[str, Any] = {"replaces": (lost or {}).get("server_id"),
+                                 **(spare.details(wall) if spare is not None else {"warm": False})}
+        startup_s: float | None = None
+        if self.provider.emulated:  # cloud seconds / speedup: when the emulated server is ready
+            startup_s = 0.0 if spare is not None else max(0.0, server.ready_at - server.requested_at)
+            extra.setdefault("startup_s", startup_s)
+        self.emitter.server_event("replacement_requested", server, worker_id=cmd.replaces, extra=extra)
+        return [E.ServerStarting(wall=wall, worker_id=w.worker_id, startup_s=startup_s)]
+
+    def up(self, ref: Any, wall: float) -> list[E.Event]:
+        """A worker's ready() or adopt() returned: its process is up (or failed to start)."""
+        import ray
+
+        wid = self.ready_refs.pop(ref)
+        w = self.workers.get(wid)
+        if w is None:  # given up meanwhile
+            self.detached.add(ref)
+            return []
+        try:
+            got = ray.get(ref)
+        except Exception as err:  # noqa: BLE001 - its constructor raised, or its node died before it ran
+            message, deterministic = start_error(err)
+            return [E.WorkerStartFailed(wall=wall, worker_id=wid, error=message, deterministic=deterministic)]
+        node_id, up_at = (got["node_id"], got["up_at"]) if isinstance(got, dict) else got
+        w.is_up = True
+        if not self.provider.emulated and w.replaces is not None:
+            startup_s, registered = measured_start(w.server, node_id, up_at)
+            self.emitter.server_event("replacement_started", w.server, worker_id=wid,
+                                      extra={"node_id": node_id, "startup_s": startup_s,
+                                             "node_registered_at": registered})
+        placement = self.shards.placement
+        if placement is not None and w.layout_version != placement.version:  # moved while it started
+            self.detached.add(w.actor.set_layout.remote(placement, self.shards.shards))
+        buffers = self._buffers_for(w)
+        if buffers is not None:
+            self.detached.add(w.actor.load_buffers.remote(buffers))
+        return [E.WorkerUp(wall=wall, worker_id=wid)]
+
+    def _buffers_for(self, w: WorkerHandle) -> Any:
+        """Batch-norm statistics a newcomer starts from: a resumed run's, else the warm pool's copy (seconds
+        old), else the chief's (a reference: nobody waits); None for the first wave of a fresh run."""
+        if w.replaces is None:
+            return self.initial_buffers
+        if self.pool is not None and self.pool.buffers is not None:
+            return self.pool.buffers
+        source = self._buffer_source(w)
+        if source is None:
+            return None
+        ref = source.actor.buffers.remote()
+        self.detached.add(ref)
+        return ref
+
+    def _buffer_source(self, newcomer: WorkerHandle | None) -> WorkerHandle | None:
+        """The chief, else another worker that trained and was not revoked."""
+        others = [w for w in self.workers.values() if w is not newcomer and w.revoked_at is None and w.is_up]
+        if any(w is self.chief for w in others):
+            return self.chief
+        joined = [w for w in others if w.server.joined_at is not None]
+        return min(joined or others, key=lambda w: w.worker_id, default=None)
+
+    def tick(self, wall: float) -> None:
+        """The warm pool's upkeep: standbys started, found lost, the chief's statistics copied."""
+        if self.pool is not None:
+            source = self._buffer_source(None)
+            self.pool.tick(wall, source.actor if source is not None and source.server.joined_at else None)
+
+    def joined(self, w: WorkerHandle, at: float, global_step: int) -> None:
+        """The worker's first chunk, begun ``at``, ended: it has joined; a replacement reports its recovery."""
+        server = w.server
+        server.joined_at = at
+        if w.replaces is None:
+            self.emitter.server_event("server_joined", server, worker_id=w.worker_id)
+            return
+        lost = w.replaces
+        recovery_s = at - lost["revoked_at"]
+        made = global_step - lost.get("step_at_loss", global_step)
+        steps_lost = max(0.0, lost["speed_before"] * recovery_s - made)
+        self.emitter.server_event("replacement_joined", server, worker_id=w.worker_id,
+                                  extra={"recovery_s": recovery_s, "replaces_worker": lost["worker_id"],
+                                         "startup_s": server.ready_at - server.requested_at,
+                                         "joining_s": max(0.0, at - server.ready_at),
+                                         "steps_per_s_before": lost["speed_before"], "steps_lost": steps_lost,
+                                         "warm": w.spare is not None, "spare": w.spare, **startup_timings(w.up)})
+
+    # -- emulated GPU types ------------------------------------------------------------------------------
+    def _stretch_of(self, w: WorkerHandle) -> float:
+        return self.stretch.get((w.server.spec.gpu_type or "").lower(), 1.0)
+
+    def observe_step_time(self, w: WorkerHandle, steps: int, duration_s: float) -> None:
+        """A chunk of a worker of the fastest type present: its step time is the emulation's reference."""
+        if self.stretch and steps and self._stretch_of(w) == 1.0:
+            t = duration_s / steps
+            ref = self._reference_step_s
+            self._reference_step_s = t if ref is None else 0.7 * ref + 0.3 * t
+
+    def step_target_s(self, w: WorkerHandle) -> float:
+        """How long each step of ``w`` must last to train at its type's speed (0: no emulation or no
+        reference yet); a reference shared by all workers keeps the ratio when they slow each other down."""
+        stretch = self._stretch_of(w)
+        if stretch <= 1.0 or self._reference_step_s is None:
+            return 0.0
+        return stretch * self._reference_step_s
+
+    # -- the controller's commands -----------------------------------------------------------------------
+    def revoke(self, cmd: C.Revoke) -> None:
+        """Kill the worker's (emulated or injected) server now."""
+        w = self.workers.get(cmd.worker_id)
+        if w is None or w.revoked_at is not None:
+            return
+        t_kill = time.time()
+        self.provider.revoke(w.server)
+        w.revoked_at = time.time()
+        self.emitter.event("revocation", worker_id=w.worker_id, server_id=w.server.server_id,
+                           details={"source": cmd.source, "uptime_s": w.server.uptime_s(), "chief": w is self.chief,
+                                    "kill_s": w.revoked_at - t_kill})
+
+    def lose(self, cmd: C.LoseWorker, error: str | None = None) -> None:
+        """The worker is no member any more: its server ends, the shards forget its pieces; a loss that was no
+        notice is reported with the delay from its revocation to now."""
+        w = self.workers.pop(cmd.worker_id, None)
+        if w is None:
+            return
+        now = time.time()
+        if cmd.reason != "notice":
+            if w.revoked_at is None:  # not injected: a real failure or an outside revocation
+                w.revoked_at = now
+                self.emitter.event("revocation", worker_id=w.worker_id, server_id=w.server.server_id,
+                                   details={"source": "failure", "error": error or cmd.reason})
+            if w.server.alive:
+                self.emitter.end_server(w.server, "revoked")
+            self.emitter.event("worker_lost", worker_id=w.worker_id, server_id=w.server.server_id,
+                               details={"detection_delay_s": now - w.revoked_at, "steps_per_s_before": self._speed(),
+                                        "reason": cmd.reason, "detected": cmd.detected, "replaced": cmd.replaced})
+            with contextlib.suppress(Exception):
+                import ray
+
+                ray.kill(w.actor)
+        self.shards.forget_worker(w.worker_id)
+        self.losses[w.worker_id] = {"revoked_at": w.revoked_at or now, "worker_id": w.worker_id,
+                                    "server_id": w.server.server_id, "speed_before": self._speed(),
+                                    "step_at_loss": self._step()}
+        if self.chief is w:
+            self.chief = None
+
+    def leave(self, cmd: C.ReleaseWorker) -> None:
+        """A noticed worker leaves cleanly: stop its watchers and channels, end its server, kill its process."""
+        import ray
+
+        w = self.workers.get(cmd.worker_id)
+        if w is None:
+            return
+        w.revoked_at = w.revoked_at or time.time()
+        ref = w.actor.leave.remote()
+        try:
+            ray.get(ref, timeout=5)
+        except ray.exceptions.GetTimeoutError:
+            self.detached.add(ref)  # still running when the actor is killed below: its failure is fetched later
+        except Exception:  # noqa: BLE001 - the server is leaving anyway
+            pass
+        self.emitter.end_server(w.server, "notice")
+        with contextlib.suppress(Exception):
+            ray.kill(w.actor)
+
+    def notice(self, w: WorkerHandle, notice: dict[str, Any]) -> None:
+        """Report a preemption notice the worker saw (its chunk stopped for it)."""
+        w.revoked_at = time.time()
+        self.emitter.event("notice", worker_id=w.worker_id, server_id=w.server.server_id,
+                           details=dict(notice, chief=w is self.chief))
+
+    def cancel(self, cmd: C.CancelWorker) -> None:
+        """A replacement that never ran is given up (it bills nothing: its server never started)."""
+        import ray
+
+        w = self.workers.pop(cmd.worker_id, None)
+        if w is None:
+            return
+        self.ready_refs = {r: wid for r, wid in self.ready_refs.items() if wid != w.worker_id}
+        if w.up is not None:
+            self.detached.add(w.up)
+        with contextlib.suppress(Exception):
+            ray.kill(w.actor)
+        server = w.server
+        server.ended_at, server.end_reason = server.requested_at, "not_started"
+        self.emitter.end_server(server, "not_started")
+        waited = time.time() - server.requested_at
+        if cmd.reason == "cancelled":
+            self.emitter.server_event("replacement_cancelled", server, worker_id=w.worker_id,
+                                      extra={"waited_s": waited})
+        else:
+            self.emitter.server_event("replacement_timeout", server, worker_id=w.worker_id,
+                                      extra={"reason": cmd.reason, "waited_s": waited,
+                                             "replaces_worker": (w.replaces or {}).get("worker_id")})
+
+    def set_chief(self, cmd: C.SetChief) -> None:
+        self.chief = self.workers.get(cmd.worker_id) if cmd.worker_id is not None else None
+        if cmd.announce:
+            self.emitter.event("chief_change", worker_id=cmd.worker_id,
+                               details={"from": cmd.previous, "to": cmd.worker_id})
+
+    def set_lr(self, cmd: C.SetLrScale) -> None:
+        self.shards.set_lr_scale(cmd.scale)
+        self.emitter.event("lr_change", details={"policy": self.spec.lr_policy, "scale": cmd.scale,
+                                                 "from": cmd.previous, "active_workers": cmd.active})
+
+    # -- the end ------------------------------------------------------------------------------------------
+    def release(self) -> None:
+        """End every live worker's server and every warm spare's (the run is over)."""
+        for w in list(self.workers.values()):
+            if w.server.alive:
+                if not w.is_up and not self.provider.emulated:  # never came up: it billed nothing
+                    w.server.ended_at, w.server.end_reason = w.server.requested_at, "not_started"
+                self.emitter.end_server(w.server, w.server.end_reason or "released")
+        if self.pool is not None:
+            self.pool.release()
+
+    def kill_all(self) -> None:
+        """Kill every worker actor and warm spare (at shutdown)."""
+        import ray
+
+        for w in self.workers.values():
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(w.actor)
+        if self.pool is not None:
+            self.pool.kill_all()
