@@ -13,6 +13,8 @@ from typing import Any
 
 __all__ = [
     "EVENT_KINDS",
+    "is_replacement",
+    "is_revocation",
     "CheckpointReport",
     "EvalReport",
     "EventReport",
@@ -122,6 +124,20 @@ class EventReport:
     shard_id: int | None = None
     server_id: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+
+
+def is_revocation(kind: str, details: dict[str, Any] | None = None) -> bool:
+    """Whether an event of ``kind`` counts as one server revoked: a revocation (injected or a failure), a
+    worker's or a PS server's notice, a PS server killed without notice. The run's summary and ``cmdare report
+    run`` count with this one rule (a loss the revocation caused is the same revocation, not another)."""
+    if kind in ("revocation", "notice", "ps_notice"):
+        return True
+    return kind == "ps_revocation" and not (details or {}).get("noticed")
+
+
+def is_replacement(kind: str) -> bool:
+    """Whether an event of ``kind`` is a replacement server joining the run (a worker or a PS server)."""
+    return kind in ("replacement_joined", "ps_replacement_joined")
 
 
 EVENT_KINDS = (

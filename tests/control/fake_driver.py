@@ -225,6 +225,9 @@ class FakeDriver:
         delay = self.up_wall_s if first or self.replacement_up_wall_s is None else self.replacement_up_wall_s
         self.later(delay, up)
 
+    def _do_Joined(self, c: C.Joined) -> None:
+        pass
+
     def _do_CancelWorker(self, c: C.CancelWorker) -> None:
         self.workers[c.worker_id].alive = False
 

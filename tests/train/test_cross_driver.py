@@ -72,7 +72,8 @@ def test_trainer_and_simulator_take_the_same_decisions_at_the_same_cloud_times(c
     # and 2.5 s of 3 again: 120 + 60 + 150 = 330)
     assert [step for _t, step, c in trainer.controller.history if isinstance(c, C.Revoke)] == [120, 330]
     # checkpoints at the steps the schedule names, the last at the end
-    ckpts = [c.step for _t, _s, c in trainer.controller.history if isinstance(c, C.StartDuty) and c.kind == "checkpoint"]
+    ckpts = [c.step for _t, _s, c in trainer.controller.history
+             if isinstance(c, C.StartDuty) and c.kind == "checkpoint"]
     assert ckpts == [300, 600, 900]
 
 

@@ -70,7 +70,8 @@ def _assert_replaced_from_the_pool(trainer, log):
     assert request.server_id == standbys[0] and request.details["replaces"] == lost_server
     (joined,) = [e for e in log.kinds("replacement_joined") if e.details["replaces_worker"] == lost_id]
     assert joined.server_id == standbys[0] and joined.details["warm"]
-    assert joined.details["first_pull_s"] >= 0 and joined.details["adopt_init_s"] >= 0
+    (trained,) = [e for e in log.kinds("replacement_trained") if e.details["replaces_worker"] == lost_id]
+    assert trained.details["first_pull_s"] >= 0 and trained.details["adopt_init_s"] >= 0
     # ... and it trained: chunks of steps reported by the new worker
     assert sum(r.steps for r in log.steps if r.worker_id == joined.worker_id) > 0
     # a new standby was requested in its place, when the replacement took the old one

@@ -91,9 +91,11 @@ class RunController:
         self.step: float = 0
         self.fence = 0
         self.now = 0.0
+        self.due_now = 0.0  # now, give or take the rounding of emulated time: what falls due by then is due
         self.wall = 0.0
         self.round_size = config.workers
         self.holding = False
+        self.started = False  # training began (the first wave was up)
         self.action: Command | None = None  # the action on quiesced shards under way
         self.balance_at = 0  # the next balancing step (0: none)
         self.balancing = False  # a Balance is out, not answered yet
@@ -350,9 +352,19 @@ class RunController:
     def _settle(self) -> None:
         if self.ended:
             return
-        now = self.now + 1e-9 * max(1.0, abs(self.now))  # what falls due now, whatever the float rounding
-        picked = self.workers.revoke_due(now, self.shards.candidates())
-        self.shards.tick(now, picked)
+        now = self.due_now = self.now
+        if self.clock is not None:  # emulated time is a sum of step times: what falls due at this step is due now
+            now = self.due_now = now + 1e-9 * max(1.0, abs(now))
+        finishing = isinstance(self.phase, Finishing)
+        barrier = self._quiesced() and self.action is None
+        if not finishing and not self.config.virtual_duties and self.step >= self.fence and barrier:
+            self.duties.due(int(self.step))  # a barrier: the step's duties take the shards' state before anything else
+            self._start_duties()
+        # Once the target step is reached the cluster trains no more: nothing is revoked. In emulation cloud events
+        # fall at a fence: they are decided at the barrier, once every worker stopped there.
+        if not finishing and (self.clock is None or barrier):
+            picked = self.workers.revoke_due(self.now, self.shards.candidates(), due_by=now)
+            self.shards.tick(self.now, picked, due_by=now)
         self.workers.admit_ready(now)
         self.workers.expire(now, self.wall)
         self.shards.expire(self.wall)
@@ -369,10 +381,10 @@ class RunController:
             return
         if self.config.virtual_duties:
             self.duties.catch_up(self.step)
-        if isinstance(self.phase, Finishing) or (self.step >= self.config.steps and self._quiesced()):
-            self._finishing()
+        if not finishing and self._hold():  # a restore, an evacuation ... comes before the end
             return
-        if self._hold():
+        if finishing or (self.step >= self.config.steps and self._quiesced()):
+            self._finishing()
             return
         self._balance()
         self._barrier()
@@ -387,9 +399,9 @@ class RunController:
         """Actions on quiesced shards: hold training, run them one at a time. True while they keep it held."""
         if self.action is not None:
             return True
-        action = self.shards.next_action(self.now)
+        action = self.shards.next_action(self.due_now)
         grow = self.config.sync and self.workers.counted() > self.round_size
-        if action is None and not grow and not self.shards.blocked(self.now):
+        if action is None and not grow and not self.shards.blocked(self.due_now):
             return False
         if not self.holding:
             self.holding = True
@@ -414,7 +426,7 @@ class RunController:
             self.out.append(Balance(step))
 
     def _barrier(self) -> None:
-        """At the fence with every worker stopped: queue the step's duties and set the next fence."""
+        """Every worker stopped (at the fence, or held): set the next fence."""
         if not self._quiesced():
             wanted = self._fence_wanted()
             if wanted < self.fence:  # something new falls due sooner (a replacement, a notice): stop there
@@ -426,8 +438,6 @@ class RunController:
                 self.fence = max(wanted, int(math.ceil(self.step)))
                 self.out.append(Fence(self.fence))
             return
-        if self.step >= self.fence and not self.config.virtual_duties:
-            self.duties.due(int(self.step))
         fence = self._fence_wanted()
         if fence != self.fence:
             self.fence = fence
@@ -446,7 +456,10 @@ class RunController:
         return max(min(steps), int(math.floor(self.step)) + 1)
 
     def _start_duties(self) -> None:
-        """Start every waiting duty on the chief, once it is stopped (it runs them in order)."""
+        """Start every waiting duty on the chief, once it is stopped (it runs them in order); not while a shard is
+        dead or parked (its state cannot be taken)."""
+        if self.shards.blocked(self.due_now):
+            return
         chief = self.workers.chief
         rec = self.workers.rec(chief) if chief is not None else None
         if rec is None or not rec.active or self.workers.is_training(rec.worker_id) or rec.leaving:
@@ -462,9 +475,13 @@ class RunController:
         self.out.append(StartDuty(duty.kind, rec.worker_id, duty.step, duty.final, duty.reason))
 
     def _feed(self) -> None:
-        """Every idle member trains on, if the fence is ahead."""
+        """Every idle member trains on, if the fence is ahead. Training starts once the whole first wave is up (its
+        start-up is no part of the run: every first-wave worker trains from the first step)."""
         if self.step >= self.fence:
             return
+        if not self.started and any(not r.up for r in self.workers.active.values() if r.replaces is None):
+            return
+        self.started = True
         trainable = self.workers.trainable()
         if not trainable:
             return

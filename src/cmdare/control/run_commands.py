@@ -24,6 +24,7 @@ __all__ = [
     "Fence",
     "FillPs",
     "HoldAll",
+    "Joined",
     "KillPs",
     "LoseWorker",
     "ParkPs",
@@ -106,6 +107,16 @@ class StartWorker(Command):
     slot: int
     spec: ServerSpec
     replaces: int | None = None
+
+
+@dataclass(frozen=True)
+class Joined(Command):
+    """Replacement worker ``worker_id`` joined the run (its server is ready: emulated, simulated or real) in
+    place of worker ``replaces``, ``recovery_s`` cloud seconds after that worker was lost. A report."""
+
+    worker_id: int
+    replaces: int
+    recovery_s: float
 
 
 @dataclass(frozen=True)

@@ -91,11 +91,13 @@ class ShardControl:
         """PS servers a periodic or scripted revocation source may pick now."""
         return self.kernel.candidates() if self.config.hit_ps else []
 
-    def tick(self, now: float, picked: list[int]) -> None:
-        """Notices due now (lifetimes ending within the notice lead, and the source's picks); deadlines passed."""
-        for key in [*self.kernel.notices_due(now), *self.kernel.pick(picked)]:
+    def tick(self, now: float, picked: list[int], due_by: float | None = None) -> None:
+        """Notices due by ``due_by`` (default ``now``, the time recorded): lifetimes ending within the notice lead,
+        and the source's picks; deadlines passed."""
+        due_by = now if due_by is None else due_by
+        for key in [*self.kernel.notices_due(due_by), *self.kernel.pick(picked)]:
             self._act(self.kernel.revoke(key, now, self.num_shards), now)
-        for d in self.kernel.deadline_passed(now):
+        for d in self.kernel.deadline_passed(due_by):
             if d.key in self.kernel.servers:
                 self._kill(d.key, d.reason)
 

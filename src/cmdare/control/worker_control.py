@@ -25,6 +25,7 @@ from cmdare.control.membership import WorkerInfo
 from cmdare.control.run_commands import (
     CancelWorker,
     Command,
+    Joined,
     LoseWorker,
     ReleaseWorker,
     Revoke,
@@ -74,6 +75,7 @@ class WorkerControl:
         self.wall = 0.0  # the driver's clock at the event being handled (set by the controller)
         self.replace_lost = True  # False once the run is over: a worker lost then is not replaced
         self._cache: dict[str, float] = {}  # figures derived from the records, until they change
+        self.lost_at: dict[int, float] = {}  # lost worker -> cloud time of its loss (its replacement's recovery)
 
     def _changed(self) -> None:
         self._cache.clear()
@@ -183,6 +185,8 @@ class WorkerControl:
 
     def _admit(self, rec: WorkerRec, ready_at: float, now: float) -> None:
         self._join(rec)
+        if rec.replaces is not None:
+            self.out.append(Joined(rec.worker_id, rec.replaces, ready_at - self.lost_at.get(rec.replaces, ready_at)))
         trained = ready_at if self.config.trained_on_join else None
         self.execute(self.kernel.join(WorkerInfo(rec.worker_id, rec.slot, rec.spec, ready_at, trained), now), now)
 
@@ -209,18 +213,20 @@ class WorkerControl:
             self.out.append(CancelWorker(worker_id, reason))
             self.execute(self.kernel.replacement_failed(rec.slot, now), now)
             return True
+        self.lost_at[worker_id] = now
         decisions = self.kernel.lose(worker_id, now, replace and self.replace_lost)
         replaced = any(isinstance(d, RequestReplacement) for d in decisions)
         self.out.append(LoseWorker(worker_id, reason, replaced, detected))
         self.execute(decisions, now)
         return True
 
-    def revoke_due(self, now: float, others: Sequence[object] = ()) -> list[int]:
-        """Revoke the members whose lifetime ended or whom the revocation source picks now; returns the PS keys
-        the source picked among ``others``."""
-        if self.started_at is None or now < self._next_due():
+    def revoke_due(self, now: float, others: Sequence[object] = (), due_by: float | None = None) -> list[int]:
+        """Revoke the members whose lifetime ended or whom the revocation source picks by ``due_by`` (default
+        ``now``, the time recorded); returns the PS keys the source picked among ``others``."""
+        due_by = now if due_by is None else due_by
+        if self.started_at is None or due_by < self._next_due():
             return []
-        due = self.kernel.due(now, self.started_at, workers=self.config.hit_workers, others=others)
+        due = self.kernel.due(due_by, self.started_at, workers=self.config.hit_workers, others=others)
         self._changed()  # a scheduled source moved to its next pick
         for wid in due:
             if wid >= 0 and wid in self.active:

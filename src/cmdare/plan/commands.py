@@ -260,10 +260,9 @@ def _print_rec(rec, source: str, plot: str | None, lifetimes) -> None:
 
 
 def _revocation_source(revocations: str | None, lifetime: str, seed: int):
-    """(lifetime model name, revocation source factory or None) for ``--revocations`` (the trainer's
-    spec strings); ``lifetime=`` picks the model, the other sources replace lifetime draws."""
-    if revocations is None:
-        return lifetime, None
+    """``--revocations`` read as ``cmdare train`` reads it: (lifetime model name, a factory of the revocation
+    source for scheduled ones or None, the parsed plan: ``hit=`` and ``notice=`` apply too). ``lifetime=``
+    picks the model (``auto``: each offering's market); ``every=`` and ``trace=`` replace lifetime draws."""
     from itertools import count
 
     import numpy as np
@@ -271,18 +270,22 @@ def _revocation_source(revocations: str | None, lifetime: str, seed: int):
     from cmdare.control import NoRevocations, PeriodicRevocations, RevocationPlan, TraceRevocations
 
     plan = RevocationPlan.parse(revocations, seed=seed)
-    if plan.speedup != 1.0:
-        raise UserInputError("--revocations: speedup compresses time in local emulation; the planner simulates "
-                             "real time (leave speedup out)")
-    if plan.lifetime is not None:
-        return plan.lifetime, None
+    if plan.speedup != 1.0 or plan.step_s is not None:
+        raise UserInputError("--revocations: speedup and step emulate time in a local run; the planner simulates "
+                             "real time (leave them out)")
+    if revocations is None or plan.lifetime is not None:
+        return plan.lifetime or lifetime, None, plan
     if plan.every_s is not None:
         seeds = count()  # one stream per simulated run, in run order
         every, first = plan.every_s, plan.first_s
-        return lifetime, lambda: PeriodicRevocations(every, first, np.random.default_rng([plan.seed, next(seeds)]))
+
+        def periodic() -> PeriodicRevocations:
+            return PeriodicRevocations(every, first, np.random.default_rng([plan.seed, next(seeds)]))
+
+        return lifetime, periodic, plan
     if plan.trace:
-        return lifetime, lambda: TraceRevocations(plan.trace)
-    return lifetime, NoRevocations
+        return lifetime, lambda: TraceRevocations(plan.trace), plan
+    return lifetime, NoRevocations, plan
 
 
 @plan_app.command("simulate")
@@ -328,15 +331,16 @@ def simulate_cmd(
         if revocations is not None:
             raise UserInputError("give --trace FILE or --revocations, not both")
         revocations = f"trace={trace}"
-    lifetime, source = _revocation_source(revocations, lifetime, seed)
+    lifetime, source, revocation_plan = _revocation_source(revocations, lifetime, seed)
     models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error),
                               ps_transient)
     _check_names(models.prices, [g.gpu for g in groups], [region])
-    summary = Simulator(job, cluster, models, revocations=source).summarize(runs, seed)
+    summary = Simulator(job, cluster, models, revocations=source, plan=revocation_plan).summarize(runs, seed)
     from cmdare.plan.markets import lifetime_labels, revocation_stats, traced_runs
 
     fresh = _revocation_source(revocations, lifetime, seed)[1]  # the same streams again, for the timelines
-    stats = revocation_stats(traced_runs(Simulator(job, cluster, models, revocations=fresh), runs, seed))
+    stats = revocation_stats(traced_runs(Simulator(job, cluster, models, revocations=fresh, plan=revocation_plan),
+                                         runs, seed))
     out = {
         "model": model,
         "steps": steps,

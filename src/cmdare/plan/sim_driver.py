@@ -67,13 +67,17 @@ class SimRun:
         source = revocations if revocations is not None else LifetimeRevocations(self._draw_life)
         kernel = MembershipKernel(cluster.n_workers, replacement=cluster.replacement, lr_policy=job.lr_policy,
                                   revocations=source, offers=sim.offers)
-        notice = sim.models.notice_s if self.evacuation_s is not None else 0.0
+        plan = sim.plan
+        lead = plan.notice_s if plan.notice_s is not None else sim.models.notice_s
+        notice = lead if self.evacuation_s is not None else 0.0
+        hit_ps = cluster.ps_transient and plan.hits("ps")
         ps_source = LifetimeRevocations(self._draw_life) if revocations is None else source
-        ps_kernel = PsServerKernel(ps_source if cluster.ps_transient else None, notice_s=notice,
+        ps_kernel = PsServerKernel(ps_source if hit_ps else None, notice_s=notice,
                                    replace=cluster.replacement != "none")
         config = RunConfig(steps=job.total_steps, workers=cluster.n_workers,
                            checkpoint_every=job.checkpoint_every_steps, virtual_duties=True,
-                           hit_ps=cluster.ps_transient, ps_notice_s=notice, replace_ps=cluster.replacement != "none",
+                           hit_workers=plan.hits("worker"), hit_ps=hit_ps, ps_notice_s=notice,
+                           replace_ps=cluster.replacement != "none",
                            start_timeout_s=math.inf, probe_after_s=math.inf, stuck_after_s=math.inf)
         self.controller = RunController(config, kernel, ps_kernel)
         self.workers: dict[int, ServerSpec] = {}  # live worker servers, billed
@@ -284,6 +288,9 @@ class SimRun:
 
     def _do_ReleaseWorker(self, c: C.ReleaseWorker) -> None:
         self._end_worker(c.worker_id)
+
+    def _do_Joined(self, c: C.Joined) -> None:
+        pass
 
     def _do_CancelWorker(self, c: C.CancelWorker) -> None:
         self._end_worker(c.worker_id)

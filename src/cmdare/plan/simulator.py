@@ -56,6 +56,7 @@ from cmdare.cloud.servers import ServerSpec
 from cmdare.control import (
     MembershipEvent,
     Offer,
+    RevocationPlan,
     RevocationSource,
 )
 from cmdare.plan.sim_driver import LIFETIMES_PER_SLOT, SimRun
@@ -98,9 +99,11 @@ class Simulator:
     """
 
     def __init__(self, job: JobSpec, cluster: ClusterSpec, models: PlanModels,
-                 revocations: Callable[[], RevocationSource] | None = None):
+                 revocations: Callable[[], RevocationSource] | None = None, plan: RevocationPlan | None = None):
         self.job, self.cluster, self.models = job, cluster, models
         self.revocations = revocations
+        #: ``--revocations`` as the trainer reads it: which servers injected revocations hit, a PS notice's lead.
+        self.plan = plan or RevocationPlan()
         gpus = list(cluster.gpu_counts)
         self._slots: list[_Slot] = []
         for g in cluster.workers:

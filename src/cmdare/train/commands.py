@@ -172,8 +172,9 @@ def train_command(
     console.print(f"[bold]run {summary.run_id}[/] {summary.status}: step {summary.global_step}, "
                   f"{summary.steps_per_s:.1f} steps/s over {summary.wall_s:.1f} s, test accuracy {acc}")
     emulated = " (emulated servers, catalog prices)" if summary.details.get("emulated") else ""
+    clock = "emulated cloud" if summary.details.get("clock") == "emulated" else "cluster"
     console.print(f"servers: {summary.revocations} revoked, {summary.replacements} replaced, "
-                  f"{summary.details.get('time_lost_s', 0.0):.1f} s of cluster time lost; "
+                  f"{summary.details.get('time_lost_s', 0.0):.1f} s of {clock} time lost; "
                   f"cost so far ${summary.cost_usd:.4f}{emulated}")
     if spec.ps_transient or summary.details.get("steps_lost"):
         console.print(f"parameter servers: {summary.details.get('shards_evacuated', 0)} shards evacuated, "

@@ -56,8 +56,8 @@ class PsServerExecutor:
                  drain: DrainPlan | None = None, fill: Callable[[Placement], list[Decision]] | None = None,
                  watch_drains: bool = False):
         self.shards, self.changes, self.provider, self.emitter = shards, changes, provider, emitter
-        self.drain = drain or default_drain
-        self.fill = fill or (lambda p: [AddShard(), *fill_moves(p, p.num_shards)])
+        self.drain_plan = drain or default_drain
+        self.fill_plan = fill or (lambda p: [AddShard(), *fill_moves(p, p.num_shards)])
         self.watch_drains = watch_drains
         self.by_key: dict[int, Server] = {-1 - k: srv for k, srv in enumerate(shards.servers)}
         self.spares: dict[int, Server] = {}  # key -> a replacement's server (its actor started, empty)
@@ -117,6 +117,7 @@ class PsServerExecutor:
 
     # -- notices ---------------------------------------------------------------------------------------
     def noticed(self, cmd: C.PsNoticed, now: float, source: str) -> None:
+        """Report a PS server's notice (``now``: cloud time, as its deadline)."""
         server = self.by_key.get(cmd.key)
         if server is None:
             return
@@ -151,13 +152,14 @@ class PsServerExecutor:
                 for key, node in live.items() if node in drains]
 
     # -- actions on quiesced shards ----------------------------------------------------------------------
-    def evacuate(self, cmd: C.EvacuatePs, workers: Sequence[Any], global_step: int, wall: float) -> E.ActionDone:
+    def evacuate(self, cmd: C.EvacuatePs, workers: Sequence[Any], global_step: int, wall: float,
+                 now: float) -> E.ActionDone:
         server = self.by_key[cmd.key]
         k = self._index(server)
         placement = self.shards.placement
         assert placement is not None and k is not None
         if cmd.onto == "survivors" and len(self.shards.shards) > 1:
-            decisions = self.drain(placement, k)
+            decisions = self.drain_plan(placement, k)
         else:  # onto the spare: it becomes shard n, then shard k is emptied into it and removed
             assert cmd.spare is not None
             self._use_spare(cmd.spare)
@@ -169,11 +171,11 @@ class PsServerExecutor:
         self.by_key.pop(cmd.key, None)
         self.emitter.event("shard_evacuated", server_id=server.server_id,
                            details={"shard_id": k, "onto": cmd.onto, "moved_bytes": result.moved_bytes,
-                                    "pause_s": pause_s, "margin_s": cmd.deadline - wall,
+                                    "pause_s": pause_s, "margin_s": cmd.deadline - now,
                                     "num_shards": len(self.shards.shards), "global_step": global_step})
         return E.ActionDone(wall=wall, action="evacuate", num_shards=len(self.shards.shards))
 
-    def park(self, cmd: C.ParkPs, wall: float) -> E.ActionDone:
+    def park(self, cmd: C.ParkPs, wall: float, now: float) -> E.ActionDone:
         """Take the shard's blocks into the coordinator and release its server (training waits)."""
         import ray
 
@@ -188,7 +190,7 @@ class PsServerExecutor:
             ray.kill(server.actor, no_restart=True)
         self.emitter.event("shard_parked", server_id=server.server_id,
                            details={"shard_id": k, "moved_bytes": int(data.params.nbytes + data.momentum.nbytes),
-                                    "margin_s": cmd.deadline - wall})
+                                    "margin_s": cmd.deadline - now})
         return E.ActionDone(wall=wall, action="park", num_shards=len(self.shards.shards))
 
     def unpark(self, cmd: C.UnparkPs, workers: Sequence[Any], global_step: int, wall: float) -> E.ActionDone:
@@ -214,7 +216,7 @@ class PsServerExecutor:
         self._use_spare(cmd.spare)
         placement = self.shards.placement
         assert placement is not None
-        result, _pause = self.changes.migrate(self.fill(placement), workers, global_step)
+        result, _pause = self.changes.migrate(self.fill_plan(placement), workers, global_step)
         if not result.rolled_back:
             self.emitter.event("ps_replacement_joined", details={"num_shards": len(self.shards.shards)})
         return E.ActionDone(wall=wall, action="fill", ok=not result.rolled_back, num_shards=len(self.shards.shards))

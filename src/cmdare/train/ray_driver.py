@@ -85,6 +85,8 @@ class RayDriver:
         self._busy = False
         self._reported = 0  # state transitions of the controller reported so far
         self._next_stats = 0.0
+        self._final_stats = False
+        self._round_feed: dict[int, bool] = {}  # synchronous: the chunk-end step -> whether that round goes on
 
     # -- the loop ------------------------------------------------------------------------------------------
     def run(self, worker_specs: Sequence[Any], ps_spec: Any) -> C.EndRun:
@@ -188,16 +190,30 @@ class RayDriver:
                                              refused=res.done)]
         if res.notice is not None:
             self.feeding.discard(wid)
-            self.workers.notice(w, res.notice)
-            events.append(E.WorkerNotice(wall=wall, worker_id=wid, provider=str(res.notice.get("provider")),
-                                         deadline=res.notice.get("deadline") if self.real else None))
-        elif wid in self.feeding and not res.done and res.global_step < self.fence:
+            if w.revoked_at is None:  # a chunk queued behind the one that brought the notice brings it again
+                self.workers.notice(w, res.notice)
+                events.append(E.WorkerNotice(wall=wall, worker_id=wid, provider=str(res.notice.get("provider")),
+                                             deadline=res.notice.get("deadline") if self.real else None))
+        elif self._keep_feeding(wid, res):
+            self.feeding.add(wid)
             self._feed(wid)
         else:
             self.feeding.discard(wid)
         if wid not in self.feeding and not self.queued[wid] and res.notice is None:
             events.append(E.WorkerStopped(wall=wall, worker_id=wid, global_step=res.global_step))
         self._event(*map(self._stamp, events))
+
+    def _keep_feeding(self, wid: int, res: ChunkResult) -> bool:
+        """Whether a worker back from a chunk gets the next. Synchronous workers end chunks on one round: the
+        first back from a round decides for every worker of it, so none is left alone at a shard's barrier (a
+        hold that comes between their returns waits for the next round)."""
+        go = wid in self.feeding and not res.done and res.global_step < self.fence
+        if not self.spec.sync:
+            return go
+        decided = self._round_feed.setdefault(res.global_step, go)
+        for old in [s for s in self._round_feed if s < res.global_step]:
+            del self._round_feed[old]
+        return decided and not res.done and res.global_step < self.fence
 
     def _record(self, w: Any, res: ChunkResult) -> None:
         now = time.time()
@@ -220,8 +236,9 @@ class RayDriver:
             self._next_stats = wall + SHARD_STATS_EVERY_S
             if self.changes.collect_stats(self.global_step) is None:
                 events.append(E.ShardLost(wall=wall, keys=self.ps.dead_keys()))
-        if self.controller.action is None and not self.ps.parked:
-            decisions = self.changes.poll(self.global_step, balance_due=False)
+        controller = self.controller
+        if controller.action is None and not controller.holding and not controller.shards.placements:
+            decisions = self.changes.poll(self.global_step, balance_due=False)  # against the placement as it is
             if decisions:
                 events.append(E.PlacementRequested(wall=wall, decisions=tuple(decisions)))
         notices = self.ps.poll_drains(wall, lambda key: key in self.controller.shards.kernel.noticed)
@@ -244,9 +261,13 @@ class RayDriver:
         self.shards.set_fence(cmd.step)
 
     def _do_Train(self, cmd: C.Train) -> None:
-        if cmd.worker_id in self.workers.workers:
-            self.feeding.add(cmd.worker_id)
-            self._feed(cmd.worker_id)
+        w = self.workers.workers.get(cmd.worker_id)
+        if w is None:
+            return
+        if w.spare is not None and w.server.joined_at is None and not self.queued[cmd.worker_id]:
+            self.detached.add(w.actor.pull.remote())  # a warm spare pulled when it was taken: fresh parameters now
+        self.feeding.add(cmd.worker_id)
+        self._feed(cmd.worker_id)
 
     def _do_HoldAll(self, cmd: C.HoldAll) -> list[E.Event]:
         wall = time.time()
@@ -269,6 +290,9 @@ class RayDriver:
         self.feeding.discard(cmd.worker_id)
         self.workers.leave(cmd)
 
+    def _do_Joined(self, cmd: C.Joined) -> None:
+        self.workers.joined_run(cmd)
+
     def _do_CancelWorker(self, cmd: C.CancelWorker) -> None:
         self.workers.cancel(cmd)
 
@@ -282,6 +306,9 @@ class RayDriver:
         self.shards.set_num_workers(cmd.n, wait=cmd.wait)
 
     def _do_StartDuty(self, cmd: C.StartDuty) -> list[E.Event]:
+        if cmd.final and not self._final_stats:  # the last load window closes with the training
+            self._final_stats = True
+            self.changes.collect_stats(self.global_step)
         return self.duties.start(cmd, self.workers.workers.get(cmd.worker_id), time.time())
 
     # -- commands: parameter servers -------------------------------------------------------------------------
@@ -293,13 +320,13 @@ class RayDriver:
         return self.ps.start_spare(cmd, time.time())
 
     def _do_PsNoticed(self, cmd: C.PsNoticed) -> None:
-        self.ps.noticed(cmd, time.time(), "ray" if cmd.key in self.drained else "injected")
+        self.ps.noticed(cmd, self.controller.now, "ray" if cmd.key in self.drained else "injected")
 
     def _do_EvacuatePs(self, cmd: C.EvacuatePs) -> list[E.Event]:
-        return [self.ps.evacuate(cmd, self._live_actors(), self.global_step, time.time())]
+        return [self.ps.evacuate(cmd, self._live_actors(), self.global_step, time.time(), self.controller.now)]
 
     def _do_ParkPs(self, cmd: C.ParkPs) -> list[E.Event]:
-        return [self.ps.park(cmd, time.time())]
+        return [self.ps.park(cmd, time.time(), self.controller.now)]
 
     def _do_UnparkPs(self, cmd: C.UnparkPs) -> list[E.Event]:
         return [self.ps.unpark(cmd, self._live_actors(), self.global_step, time.time())]
@@ -320,6 +347,7 @@ class RayDriver:
         keys = list(cmd.spares)
         self.ps.restored(cmd.spares, {keys.pop(0): server for _k, server in sorted(replaced.items()) if keys})
         self.global_step = self.fence = step
+        self._round_feed.clear()  # the steps come again
         self.emitter.event("shard_restored", details=details)
         return [*events, E.ActionDone(wall=time.time(), action="restore", step=step,
                                       num_shards=len(self.shards.shards))]

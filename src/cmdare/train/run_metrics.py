@@ -1,8 +1,8 @@
 """Run metrics as a callback: speed (window and mean), revocations, replacements, time lost.
 
-Time lost counts worker-seconds: a replaced worker's slot from its revocation to its replacement's first
-step; a slot whose replacement never came, to the end of the run; a loss not replaced by policy
-(``--replace none``), its detection delay.
+Time lost counts worker-seconds of cloud time (emulated in a local run, the wall clock on a cluster): a
+replaced worker's slot from its loss to its replacement joining; a slot whose replacement never came, to
+the end of the run; a loss not replaced by policy (``--replace none``), its detection delay.
 
 The coordinator reports steps and events; this callback turns them into the figures of the run's
 summary and the speed before a loss that loss events carry.
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from cmdare.cloud.local import Server
 from cmdare.cloud.servers import cost_usd
-from cmdare.events import EventReport, RunSummary, StepReport, TrainCallback
+from cmdare.events import EventReport, RunSummary, StepReport, TrainCallback, is_revocation
 
 __all__ = ["RunMetrics", "SPEED_WINDOW_S"]
 
@@ -35,8 +35,7 @@ class RunMetrics(TrainCallback):
         self.revocations = 0
         self.replacements = 0
         self.lost_worker_s = 0.0  # worker-seconds lost: recovery of each replacement, detection of the rest
-        self._open_losses: dict[int, float] = {}  # lost worker -> revoked at, while its replacement is awaited
-        self._revoked_at: dict[int, float] = {}
+        self._open_losses: dict[int, float] = {}  # lost worker -> cloud time of the loss, until it is replaced
         self.shards_evacuated = 0
         self.steps_lost = 0  # rolled back to a checkpoint when a shard died
 
@@ -53,8 +52,7 @@ class RunMetrics(TrainCallback):
 
     def on_event(self, report: EventReport) -> None:
         details = report.details or {}
-        if report.kind in ("revocation", "notice", "ps_notice") or (report.kind == "ps_revocation"
-                                                                    and not details.get("noticed")):
+        if is_revocation(report.kind, details):
             self.revocations += 1
         elif report.kind == "ps_replacement_joined":
             self.replacements += 1
@@ -67,9 +65,7 @@ class RunMetrics(TrainCallback):
         elif report.kind == "worker_lost" and not details.get("replaced", True):
             self.lost_worker_s += float(details.get("detection_delay_s", 0.0))
         elif report.kind == "worker_lost" and report.worker_id is not None:
-            self._revoked_at[report.worker_id] = report.time - float(details.get("detection_delay_s", 0.0))
-        elif report.kind == "replacement_requested" and report.worker_id is not None:
-            self._open_losses.setdefault(report.worker_id, self._revoked_at.get(report.worker_id, report.time))
+            self._open_losses[report.worker_id] = float(details.get("cloud_time", report.time))
         elif report.kind == "shard_restored":
             self.steps_lost += int(details.get("steps_lost", 0))
             self._speed.clear()  # the step went back to the checkpoint's
@@ -94,12 +90,14 @@ class RunMetrics(TrainCallback):
 
     def summary(self, run_id: str, status: str, t_start: float, global_step: int, servers: Sequence[Server],
                 accuracy: float | None, loss: float | None, *, planned_workers: int, emulated: bool,
-                checkpoint_dir: str, failed_checkpoints: int = 0) -> RunSummary:
-        """The run's :class:`RunSummary`: speed, losses, time lost per planned worker, and the servers' cost
-        (per-second billing of every server that joined or ended)."""
+                checkpoint_dir: str, failed_checkpoints: int = 0, cloud_now: float | None = None) -> RunSummary:
+        """The run's :class:`RunSummary`: speed, losses, time lost per planned worker (``cloud_now``: the run's
+        cloud time at its end, default the wall clock), and the servers' cost (per-second billing of every server
+        that joined or ended)."""
         now = time.time()
-        # a replacement asked for and never joined: its slot was empty from the revocation to the end
-        lost_worker_s = self.lost_worker_s + sum(now - t for t in self._open_losses.values())
+        end = now if cloud_now is None else cloud_now
+        # a replacement asked for and never joined: its slot was empty from the loss to the end
+        lost_worker_s = self.lost_worker_s + sum(max(0.0, end - t) for t in self._open_losses.values())
         cost = sum(cost_usd(s.spec, s.uptime_s(now)) for s in servers if s.joined_at is not None or not s.alive)
         return RunSummary(run_id, now, status, global_step, now - t_start, self.mean_speed(), accuracy, loss,
                           self.revocations, self.replacements, cost,

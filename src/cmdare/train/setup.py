@@ -49,8 +49,11 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
     from cmdare.datasets import load_dataset
     from cmdare.workloads import build_model
 
+    from cmdare.datasets import BatchStream
+
     data = load_dataset(spec.dataset, spec.data_dir, image_size=spec.image_size, channels=spec.channels,
                         seed=spec.seed)
+    BatchStream(data, 0, spec.workers, spec.batch_size, spec.seed)  # a batch too big for a slot fails here, not in Ray
     get_placement(spec.placement)  # fail fast on an unknown name
     torch.manual_seed(spec.seed)
     model = build_model(spec.model, num_classes=data.num_classes, in_channels=data.input_shape[0])

@@ -51,6 +51,7 @@ class ShardGroup:
         self.size_epoch = 0  # numbers round-size changes, so shards apply them in the order made
         self.waits: list[float] = []  # per shard: workers' send-to-reply seconds since the last stats
         self.spares: list[Server] = []  # started shard actors not yet holding blocks (ready ones first)
+        self.version = 0  # bumped whenever a shard actor or the placement changes: workers then take the layout
 
     def new_shard(self, k: int, server: Server | None = None) -> Any:
         """Shard actor ``k`` (empty): a ready spare's, else one started on a new PS server."""
@@ -81,6 +82,7 @@ class ShardGroup:
         """Shard ``k`` is now the (ready) spare ``spare``'s actor, which takes over its blocks."""
         old = self.shards[k]
         self.shards[k] = spare.actor
+        self.version += 1
         self.servers = [spare if srv.actor is old else srv for srv in self.servers]
 
     def end_server(self, server: Server, reason: str) -> None:
@@ -224,6 +226,7 @@ class ShardGroup:
                 self.servers.insert(k, self.servers.pop())  # keep servers in shard order
                 self.servers.pop(k + 1)
             replaced[k] = self.servers[k]
+        self.version += 1
         self._load(params, momentum, step)
         straggler = self.spec.straggler_factor()
         if straggler and straggler[0] in dead:
@@ -247,6 +250,7 @@ class ShardGroup:
         assert self.placement is not None
         result = execute_decisions(decisions, self.shards, self.placement, self.new_shard)
         self.shards, self.placement = result.shards, result.placement
+        self.version += 1
         for actor in result.removed:
             for server in self.servers:
                 if server.actor is actor and server.alive:

@@ -96,9 +96,10 @@ class Trainer:
         self.background_uploads = background_uploads
         self.resume_from = Path(resume_from) if resume_from else None
         self.plan = RevocationPlan.parse(spec.revocations, seed=spec.seed)
-        from cmdare.control import REPLACEMENT_POLICIES
+        from cmdare.control import LR_POLICIES, REPLACEMENT_POLICIES
 
-        REPLACEMENT_POLICIES.canonical(spec.replace)  # unknown names fail here
+        REPLACEMENT_POLICIES.canonical(spec.replace)  # unknown names fail here, before anything starts
+        LR_POLICIES.canonical(spec.lr_policy)
         self.worker_specs, self.ps_spec = server_specs(spec)
         from cmdare.predict import startup_model  # loaded when a phase is first sampled
 
@@ -168,7 +169,8 @@ class Trainer:
         self.shard_group = ShardGroup(spec, self.provider, self.ps_spec, self.infos, self.emitter, self.detached)
         self.shard_group.start(params, momentum, step)
         self.members = WorkerExecutor(spec, self.provider, self.shard_group, self.emitter, self.detached,
-                                      self.metrics.window_speed, lambda: self.global_step, buffers or None)
+                                      self.metrics.window_speed, lambda: self.global_step, buffers or None,
+                                      cloud_now=lambda: self.controller.now if self.controller else time.time())
         self.members.num_gpus = gpus_per_worker(spec, joined=not self.provider.emulated)
         if self.provider.emulated and spec.worker_gpus:  # one machine stands in for several GPU types
             self.members.stretch = emulated_step_stretch(spec, self.emitter)
@@ -247,11 +249,14 @@ class Trainer:
     # -- the end ---------------------------------------------------------------------------------
     def _summary(self, status: str, t_start: float) -> RunSummary:
         duties = self.duties
-        return self.metrics.summary(self.run_id, status, t_start, self.global_step, self.provider.servers,
+        summary = self.metrics.summary(self.run_id, status, t_start, self.global_step, self.provider.servers,
                                     duties.last_accuracy if duties else None, duties.last_loss if duties else None,
                                     planned_workers=self.spec.workers, emulated=self.emulated,
                                     checkpoint_dir=self.storage.uri,
-                                    failed_checkpoints=duties.failed_uploads if duties else 0)
+                                    failed_checkpoints=duties.failed_uploads if duties else 0,
+                                    cloud_now=self.controller.now if self.controller is not None else None)
+        summary.details["clock"] = "emulated" if self.emulated_time else "wall"
+        return summary
 
 
 def train(spec: TrainSpec | None = None, callbacks: Sequence[TrainCallback] = (), **kwargs: Any) -> RunSummary:

@@ -148,8 +148,12 @@ class Worker:
         self.layout = FlatLayout(params, placement, self.device,
                                  host=(memory.params, memory.grads) if memory is not None else None)
         live = self._live_shards()
+        replies: list = []
         if memory is not None:
-            replies = ray.get([self.shards[k].channel.remote() for k in live])
+            try:
+                replies = ray.get([self.shards[k].channel.remote() for k in live])
+            except ray.exceptions.RayError:  # a shard is gone (it is being replaced): every push goes through Ray
+                replies = [(None, None)] * len(live)
             for k, (node, address) in zip(live, replies, strict=True):
                 if address is not None and node == self.node_id:
                     a, b = self.layout.shard_ranges[k]

@@ -42,7 +42,7 @@ class WorkerHandle:
     up: Any = None  # its ready() or adopt() call: when its process was up (start-up figures)
     spare: str | None = None  # a replacement that was a warm spare: "up" (warm) or "starting" when taken
     is_up: bool = False
-    layout_version: int = 0  # the placement it was built with
+    layout_version: int = 0  # the shard group's version it was built with
 
 
 def start_error(err: BaseException) -> tuple[str, bool]:
@@ -50,8 +50,11 @@ def start_error(err: BaseException) -> tuple[str, bool]:
     replacement would fail the same way; else its server or node went away)."""
     import ray
 
-    deterministic = isinstance(err, ray.exceptions.RayActorError) and err.actor_init_failed
     text = str(err).strip()
+    # its constructor raised: deterministic, unless what it raised is Ray's own (a shard it asked died meanwhile)
+    deterministic = isinstance(err, ray.exceptions.RayActorError) and err.actor_init_failed and not any(
+        name in text for name in ("RayActorError", "ActorDiedError", "ActorUnavailableError", "ObjectLostError",
+                                  "GetTimeoutError", "RaySystemError"))
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     cause = next((ln for ln in reversed(lines) if "Error:" in ln or "Exception:" in ln), lines[-1] if lines else "")
     cause = cause.split("Error: ", 1)[-1] if deterministic and "Error: " in cause else cause
@@ -63,9 +66,10 @@ class WorkerExecutor:
 
     def __init__(self, spec: TrainSpec, provider: ServerProvider, shards: ShardGroup, emitter: RunEmitter,
                  detached: DetachedCalls, speed: Callable[[], float], global_step: Callable[[], int],
-                 buffers: dict[str, Any] | None = None):
+                 buffers: dict[str, Any] | None = None, cloud_now: Callable[[], float] = time.time):
         self.spec, self.provider, self.shards = spec, provider, shards
         self.emitter, self.detached, self._speed, self._step = emitter, detached, speed, global_step
+        self.cloud_now = cloud_now  # the controller's time: emulated in local runs, the wall clock on a cluster
         self.workers: dict[int, WorkerHandle] = {}  # started, not ended
         self.chief: WorkerHandle | None = None
         self.ready_refs: dict[Any, int] = {}  # a starting worker's ready()/adopt() call -> its id
@@ -116,7 +120,7 @@ class WorkerExecutor:
             actor = actor_class(Worker).options(**self._actor_options(server)).remote(*args)
             server.actor = actor
             w = WorkerHandle(cmd.worker_id, cmd.slot, actor, server, replaces=lost, up=actor.ready.remote())
-        w.layout_version = self.shards.placement.version if self.shards.placement is not None else 0
+        w.layout_version = self.shards.version
         self.workers[w.worker_id] = w
         self.ready_refs[w.up] = w.worker_id
         if first:
@@ -152,9 +156,8 @@ class WorkerExecutor:
             self.emitter.server_event("replacement_started", w.server, worker_id=wid,
                                       extra={"node_id": node_id, "startup_s": startup_s,
                                              "node_registered_at": registered})
-        placement = self.shards.placement
-        if placement is not None and w.layout_version != placement.version:  # moved while it started
-            self.detached.add(w.actor.set_layout.remote(placement, self.shards.shards))
+        if w.layout_version != self.shards.version:  # the shards changed while it started
+            self.detached.add(w.actor.set_layout.remote(self.shards.placement, self.shards.shards))
         buffers = self._buffers_for(w)
         if buffers is not None:
             self.detached.add(w.actor.load_buffers.remote(buffers))
@@ -188,8 +191,23 @@ class WorkerExecutor:
             source = self._buffer_source(None)
             self.pool.tick(wall, source.actor if source is not None and source.server.joined_at else None)
 
+    def joined_run(self, cmd: C.Joined) -> None:
+        """A replacement joined the run (its server is ready: in emulation when its emulated start-up ended, its
+        process may still be starting; on a cluster when its process is up)."""
+        w = self.workers.get(cmd.worker_id)
+        if w is None:
+            return
+        server = w.server
+        startup = server.ready_at - server.requested_at if self.provider.emulated else None
+        self.emitter.server_event("replacement_joined", server, worker_id=w.worker_id,
+                                  extra={"recovery_s": cmd.recovery_s, "replaces_worker": cmd.replaces,
+                                         "startup_s": startup, "warm": w.spare is not None, "spare": w.spare,
+                                         "clock": "emulated" if self.provider.emulated else "wall"})
+
     def joined(self, w: WorkerHandle, at: float, global_step: int) -> None:
-        """The worker's first chunk, begun ``at``, ended: it has joined; a replacement reports its recovery."""
+        """The worker's first chunk, begun ``at``, ended: it trains (``server_joined`` for the first wave); a
+        replacement reports how long it took, in wall seconds, from the loss to training again
+        (``replacement_trained``: detection, server start, process start, first pull)."""
         server = w.server
         server.joined_at = at
         if w.replaces is None:
@@ -199,9 +217,8 @@ class WorkerExecutor:
         recovery_s = at - lost["revoked_at"]
         made = global_step - lost.get("step_at_loss", global_step)
         steps_lost = max(0.0, lost["speed_before"] * recovery_s - made)
-        self.emitter.server_event("replacement_joined", server, worker_id=w.worker_id,
+        self.emitter.server_event("replacement_trained", server, worker_id=w.worker_id,
                                   extra={"recovery_s": recovery_s, "replaces_worker": lost["worker_id"],
-                                         "startup_s": server.ready_at - server.requested_at,
                                          "joining_s": max(0.0, at - server.ready_at),
                                          "steps_per_s_before": lost["speed_before"], "steps_lost": steps_lost,
                                          "warm": w.spare is not None, "spare": w.spare, **startup_timings(w.up)})
@@ -254,7 +271,8 @@ class WorkerExecutor:
                 self.emitter.end_server(w.server, "revoked")
             self.emitter.event("worker_lost", worker_id=w.worker_id, server_id=w.server.server_id,
                                details={"detection_delay_s": now - w.revoked_at, "steps_per_s_before": self._speed(),
-                                        "reason": cmd.reason, "detected": cmd.detected, "replaced": cmd.replaced})
+                                        "reason": cmd.reason, "detected": cmd.detected, "replaced": cmd.replaced,
+                                        "cloud_time": self.cloud_now()})
             with contextlib.suppress(Exception):
                 import ray
 

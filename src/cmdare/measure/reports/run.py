@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from cmdare.errors import DataNotFoundError, UserInputError
+from cmdare.events import is_replacement, is_revocation
 from cmdare.measure.reports.base import Report
 from cmdare.measure.reports.run_workers import workers_table
 from cmdare.measure.store import Store
@@ -141,8 +142,8 @@ def build(store: Store, run_id: str | None = None) -> Report:
         "global_step": int(run.final_step or (steps.global_step.max() if len(steps) else 0)),
         "wall_s": float(now - t0),
         "steps_per_s": run.steps_per_s,
-        "revocations": int(kinds.get("revocation", 0) + kinds.get("worker_lost", 0)),
-        "replacements": int(kinds.get("replacement_joined", 0)),
+        "revocations": int(sum(is_revocation(e.kind, e.details) for e in events.itertuples())) if len(events) else 0,
+        "replacements": int(sum(n for k, n in kinds.items() if is_replacement(k))),
         "checkpoints": len(ckpts),
         "final_accuracy": run.final_accuracy
         if run.final_accuracy is not None
