@@ -17,7 +17,7 @@ import yaml
 
 from cmdare import __version__
 from cmdare.cloud.catalog import NotOfferedError, load_catalog
-from cmdare.cloud.detection import CLOUD_RAY_CONFIG, LOCAL_RAY_CONFIG
+from cmdare.cloud.detection import CLOUD_RAY_CONFIG, LOCAL_CLUSTER_RAY_CONFIG
 from cmdare.cloud.launcher import (
     DEFAULT_GCP_GPU_IMAGE,
     PS_RESOURCE,
@@ -372,7 +372,7 @@ def test_local_config_for_rays_fake_multinode_provider(cat, tmp_path, monkeypatc
     for flag in ("ray start --head", "--node-ip-address=127.0.0.1", "--port=6379", "--dashboard-host=127.0.0.1",
                  f"--autoscaling-config={tmp_path / 'local.yaml'}", "--num-cpus=2"):
         assert flag in start
-    assert json.loads(start.split("--system-config=", 1)[1].strip("'")) == LOCAL_RAY_CONFIG
+    assert json.loads(start.split("--system-config=", 1)[1].strip("'")) == LOCAL_CLUSTER_RAY_CONFIG
     text = render_yaml(config, cat)
     assert yaml.safe_load(text) == config and "0.0.0.0" not in text
     assert start in text and "cmdare train --address auto --workers 3 --ps 1" in text

@@ -23,7 +23,13 @@ CLOUD_FAILURE_DETECTION = {"health_check_period_ms": 1000, "health_check_timeout
 #: 2.0 ms measured). Larger ones stay in the object store (10 MB inlined took 42 ms).
 INLINE_OBJECTS = {"max_direct_call_object_size": 1 << 20}
 #: What cmdare gives Ray's ``_system_config`` / ``ray start --system-config`` on this machine and on a cloud.
-LOCAL_RAY_CONFIG = {**LOCAL_FAILURE_DETECTION, **INLINE_OBJECTS}
+#: The single-node instance ``cmdare train`` starts keeps Ray's default health checks: its servers are worker
+#: processes, revoked by killing them, so its one node going silent is no revocation to detect; fast checks
+#: only made a loaded machine's own node be marked dead, taking the run with it.
+LOCAL_RAY_CONFIG = dict(INLINE_OBJECTS)
+#: A local multi-node cluster (``cmdare cluster-config --cloud local``): there a revoked server is a node, and
+#: its death is what must be detected fast.
+LOCAL_CLUSTER_RAY_CONFIG = {**LOCAL_FAILURE_DETECTION, **INLINE_OBJECTS}
 CLOUD_RAY_CONFIG = {**CLOUD_FAILURE_DETECTION, **INLINE_OBJECTS}
 
 

@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cmdare.cloud.detection import LOCAL_RAY_CONFIG, system_config_flag
+from cmdare.cloud.detection import LOCAL_CLUSTER_RAY_CONFIG, system_config_flag
 from cmdare.cloud.launcher_names import (
     GPU_LABEL,
     LOCAL_HEAD_TYPE,
@@ -77,7 +77,7 @@ def local_config(
              + f" ray start --head --node-ip-address=127.0.0.1 --port={head_port} --num-cpus={cpus_per_node}"
              + " --dashboard-host=127.0.0.1"
              + f" --autoscaling-config={shlex.quote(config_path or DEFAULT_CONFIG_PATH)} "
-             + system_config_flag(LOCAL_RAY_CONFIG))
+             + system_config_flag(LOCAL_CLUSTER_RAY_CONFIG))
     return {
         "cluster_name": cluster_name,
         "max_workers": sum(t.get("max_workers", 0) for name, t in types.items() if name != LOCAL_HEAD_TYPE),

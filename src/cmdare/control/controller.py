@@ -298,7 +298,7 @@ class RunController:
         if ev.shard_lost:
             if isinstance(self.phase, Finishing):
                 self._end("failed", f"a parameter shard died during the final {ev.kind}; the latest stored "
-                                    f"checkpoint is kept ({self.config.resume_hint()})")
+                                    f"checkpoint is kept ({self._resume_hint()})")
                 return
             self.shards.lost(())
         elif self.workers.lose(ev.worker_id, self.now, "failed"):
@@ -334,7 +334,7 @@ class RunController:
             self.heard_wall = self.wall
 
     def _on_ClusterLost(self, ev: ClusterLost) -> None:
-        self._end("failed", ev.message)
+        self._end("failed", f"{ev.message}; {self._resume_hint()}")
 
     # -- decisions -----------------------------------------------------------------------------------
     def _after_loss(self, worker_id: int | None = None) -> None:
@@ -370,11 +370,11 @@ class RunController:
         self.shards.expire(self.wall)
         self._shrink_round()
         if self.shards.failure is not None:
-            self._end("failed", f"{self.shards.failure}; {self.config.resume_hint()}")
+            self._end("failed", f"{self.shards.failure}; {self._resume_hint()}")
             return
         if self.workers.no_workers_left and not self.workers.active:
             self._end("failed", "every worker was lost and no replacement is coming: no worker left to train "
-                                f"({self.config.resume_hint()})")
+                                f"({self._resume_hint()})")
             return
         self._liveness()
         if self.ended:
@@ -525,16 +525,19 @@ class RunController:
         wall, cfg = self.wall, self.config
         if self.probe_wall is not None and wall - self.probe_wall >= cfg.probe_after_s:
             self._end("failed", f"no answer from the cluster for {wall - self.probe_wall:.0f} s (a probe of the "
-                                f"workers and shards did not return); {cfg.resume_hint()}")
+                                f"workers and shards did not return); {self._resume_hint()}")
             return
         if not self.workers.training() and self.action is None:
             return
         if wall - self.progress_wall >= cfg.stuck_after_s:
             self._end("failed", f"no training progress for {wall - self.progress_wall:.0f} s at step "
-                                f"{int(self.step)}, though the workers and shards answer; {cfg.resume_hint()}")
+                                f"{int(self.step)}, though the workers and shards answer; {self._resume_hint()}")
         elif self.probe_wall is None and wall - self.heard_wall >= cfg.probe_after_s:
             self.probe_wall = wall
             self.out.append(Probe(wall - self.heard_wall))
+
+    def _resume_hint(self) -> str:
+        return self.config.resume_hint(self.duties.latest_checkpoint())
 
     def _end(self, status: str, message: str = "") -> None:
         if self.ended:

@@ -39,6 +39,7 @@ class RunConfig:
         stuck_after_s: wall seconds without progress, though everything answers, before the run fails.
         step_s: emulated cloud seconds per step of one worker, per GPU type (lower case); ``"*"``: any type.
         run_id: named in error messages (how to resume).
+        checkpoints: where the run's checkpoints are (named in error messages).
     """
 
     steps: int
@@ -61,6 +62,7 @@ class RunConfig:
     stuck_after_s: float = 600.0
     step_s: Mapping[str, float] = field(default_factory=lambda: {"*": 1.0})
     run_id: str = "run"
+    checkpoints: str = ""
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.workers < 1:
@@ -78,6 +80,9 @@ class RunConfig:
     def final_checkpoint(self) -> bool:
         return self.checkpoint_every > 0
 
-    def resume_hint(self) -> str:
-        """What to run to continue this run."""
-        return f"resume with --resume {self.run_id}"
+    def resume_hint(self, latest: int | None = None) -> str:
+        """Where the run's checkpoint is and what to run to continue it (``latest``: its step, if any)."""
+        where = f" in {self.checkpoints}" if self.checkpoints else ""
+        stored = f"the latest checkpoint is step {latest}{where}" if latest is not None else \
+            f"no checkpoint was stored{where}"
+        return f"{stored}; resume with --resume {self.run_id}"

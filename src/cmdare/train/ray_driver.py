@@ -42,6 +42,7 @@ from cmdare.train.run_control import write_status
 from cmdare.train.run_metrics import RunMetrics
 from cmdare.train.shard_group import ShardGroup
 from cmdare.train.spec import TrainSpec
+from cmdare.train.watchdog import LoopWatchdog
 from cmdare.train.worker import ChunkResult
 from cmdare.train.worker_executor import WorkerExecutor
 
@@ -89,8 +90,8 @@ class RayDriver:
         self._round_feed: dict[int, bool] = {}  # synchronous: the chunk-end step -> whether that round goes on
 
     # -- the loop ------------------------------------------------------------------------------------------
-    def run(self, worker_specs: Sequence[Any], ps_spec: Any) -> C.EndRun:
-        """Start the run and drive it to its end; returns how it ended."""
+    def run(self, worker_specs: Sequence[Any], ps_spec: Any, watchdog: LoopWatchdog | None = None) -> C.EndRun:
+        """Start the run and drive it to its end; returns how it ended. ``watchdog`` hears each pass."""
         wall = time.time()
         self._busy = True
         self._execute(self.controller.start(worker_specs, ps_spec, len(self.shards.shards), self.global_step,
@@ -101,6 +102,8 @@ class RayDriver:
         write_status(self.storage, "running", len(self.shards.shards), self.global_step)
         self._next_stats = time.time() + SHARD_STATS_EVERY_S
         while self.end is None:
+            if watchdog is not None:
+                watchdog.beat()
             self._pass()
         return self.end
 
@@ -373,7 +376,7 @@ class RayDriver:
         events: list[E.Event] = []
         lost = _cluster_lost()
         if lost is not None:
-            return [E.ClusterLost(wall=wall, message=f"{lost}; {self.controller.config.resume_hint()}")]
+            return [E.ClusterLost(wall=wall, message=lost)]
         pings = {self.workers.workers[wid].actor.ping.remote(): wid for wid in self.feeding
                  if wid in self.workers.workers}
         ready, pending = ray.wait(list(pings), num_returns=len(pings), timeout=PROBE_TIMEOUT_S) if pings else ([], [])

@@ -52,7 +52,7 @@ class EmulatedStepTimes(Mapping[str, float]):
         return len(self._known)
 
 
-def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool) -> RunConfig:
+def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool, checkpoints: str = "") -> RunConfig:
     """The controller's view of ``spec``: a real cluster's (wall clock, replacements join when up) or an
     emulated run's (cloud time from training, replacements join when their emulated start-up ends)."""
     return RunConfig(
@@ -63,11 +63,12 @@ def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool) -
         park_margin_s=PARK_MARGIN_S if real else 0.0,
         replacement_timeout_s=spec.replacement_timeout_s if real else None, start_timeout_s=START_TIMEOUT_S,
         probe_after_s=max(60.0, 40 * spec.chunk_s), stuck_after_s=STUCK_AFTER_S,
-        step_s=EmulatedStepTimes(spec.model, plan.step_s, tuple(spec.slot_gpus())), run_id=run_id)
+        step_s=EmulatedStepTimes(spec.model, plan.step_s, tuple(spec.slot_gpus())), run_id=run_id,
+        checkpoints=checkpoints)
 
 
 def build_controller(spec: TrainSpec, plan: RevocationPlan, source: RevocationSource, run_id: str,
-                     real: bool) -> RunController:
+                     real: bool, checkpoints: str = "") -> RunController:
     """The run's controller: the membership kernel (replacement, LR and chief policies; the revocation source),
     the PS-server kernel (the cloud's notice lead; the same source when it hits PS servers) and, in local
     emulation, the emulated clock."""
@@ -76,4 +77,5 @@ def build_controller(spec: TrainSpec, plan: RevocationPlan, source: RevocationSo
                               offers=lambda lost: catalog_offers(lost, priced))
     ps_source = source if spec.ps_transient and plan.hits("ps") else NoRevocations()
     ps_kernel = PsServerKernel(ps_source, notice_s=plan.notice_lead_s(spec.cloud), replace=spec.replace != "none")
-    return RunController(run_config(spec, plan, run_id, real), kernel, ps_kernel, None if real else EmulatedClock())
+    return RunController(run_config(spec, plan, run_id, real, checkpoints), kernel, ps_kernel,
+                         None if real else EmulatedClock())

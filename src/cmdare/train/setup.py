@@ -46,10 +46,8 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
     """
     import torch
 
-    from cmdare.datasets import load_dataset
+    from cmdare.datasets import BatchStream, load_dataset
     from cmdare.workloads import build_model
-
-    from cmdare.datasets import BatchStream
 
     data = load_dataset(spec.dataset, spec.data_dir, image_size=spec.image_size, channels=spec.channels,
                         seed=spec.seed)

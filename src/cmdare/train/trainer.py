@@ -60,6 +60,7 @@ from cmdare.train.setup import (
 from cmdare.train.shard_group import ShardGroup
 from cmdare.train.spec import TrainSpec
 from cmdare.train.teardown import release_run
+from cmdare.train.watchdog import LoopWatchdog
 from cmdare.train.worker_executor import WorkerExecutor, WorkerHandle
 
 
@@ -183,7 +184,8 @@ class Trainer:
         self.ps_servers = ps_executor(spec, self.shard_group, self.placement_changes, self.provider, self.emitter,
                                       self.decisions)
         self._first_step = step
-        self.controller = build_controller(spec, self.plan, self._source, self.run_id, real=not self.emulated_time)
+        self.controller = build_controller(spec, self.plan, self._source, self.run_id, real=not self.emulated_time,
+                                           checkpoints=self.storage.uri)
         self.driver = RayDriver(self.controller, spec, self.storage, self.members, self.shard_group, self.duties,
                                 self.placement_changes, self.ps_servers, self.emitter, self.metrics, self.detached,
                                 (params, momentum, step), real=not self.emulated_time)
@@ -214,7 +216,11 @@ class Trainer:
             self._setup(params, momentum, buffers, step)
             if self.resuming:
                 self.emitter.event("resume", details={"step": step})
-            end = self.driver.run(self.worker_specs, self.ps_spec)
+            watchdog = LoopWatchdog(_own_node_id(), self._cluster_lost).start()
+            try:
+                end = self.driver.run(self.worker_specs, self.ps_spec, watchdog)
+            finally:
+                watchdog.stop()
             if end.status != "finished":
                 raise TransientError(end.message or "the run failed")
             status = RunState.FINISHED
@@ -246,6 +252,23 @@ class Trainer:
         left_running = self.driver.take_running() if self.driver is not None else []
         release_run((self.members, self.shard_group), self.detached, left_running, self.provider, self._started_ray)
 
+    def _cluster_lost(self, why: str) -> None:
+        """The watchdog found the run's Ray node gone, the driver stuck in a Ray call: end the run from here (the
+        uploads in flight finish, the status and the store say failed, one line on stderr) and exit with 1."""
+        import sys
+
+        latest = self.controller.duties.latest_checkpoint() if self.controller is not None else None
+        hint = self.controller.config.resume_hint(latest) if self.controller is not None else ""
+        message = f"{why}; {hint}" if hint else why
+        with contextlib.suppress(Exception):  # best effort: the process ends either way
+            if self.duties is not None:
+                self.duties.collect(time.time(), wait=True, timeout_s=60)
+            write_status(self.storage, str(RunState.FAILED), len(self.shards), self.global_step)
+            self.emitter.event("cluster_lost", details={"reason": why})
+            self.emitter.emit("on_run_end", self._summary(str(RunState.FAILED), time.time()))
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        os._exit(1)
+
     # -- the end ---------------------------------------------------------------------------------
     def _summary(self, status: str, t_start: float) -> RunSummary:
         duties = self.duties
@@ -257,6 +280,16 @@ class Trainer:
                                     cloud_now=self.controller.now if self.controller is not None else None)
         summary.details["clock"] = "emulated" if self.emulated_time else "wall"
         return summary
+
+
+def _own_node_id() -> str | None:
+    """The Ray node this driver runs on (hex), or None when Ray cannot say."""
+    import ray
+
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - no node to watch
+        return None
 
 
 def train(spec: TrainSpec | None = None, callbacks: Sequence[TrainCallback] = (), **kwargs: Any) -> RunSummary:
