@@ -110,8 +110,8 @@ def test_without_notice_the_shards_roll_back_and_the_lost_steps_are_reported(loc
 def test_cli_summary_reports_evacuations_and_no_lost_steps(tmp_path):
     env = dict(os.environ, CMDARE_HOME=str(tmp_path))
     cmd = [str(Path(sys.executable).parent / "cmdare"), "train", "--model", "resnet8", "--sync", "--workers", "2",
-           "--ps", "2", "--ps-transient", "--revocations", "every=5,first=1,notice=2", "--steps", "800", "--no-record",
-           "--tensorboard", "none"]
+           "--ps", "2", "--ps-transient", "--revocations", "every=1,first=0.5,notice=0.2,hit=ps,step=0.01",
+           "--startup", "0", "--steps", "300", "--no-record", "--tensorboard", "none"]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     m = re.search(r"(\d+) shards evacuated, (\d+) steps lost", res.stdout)

@@ -66,6 +66,10 @@ from cmdare.control.worker_control import WorkerControl
 
 __all__ = ["RunController"]
 
+#: Events that show the cluster is alive: a probe is due only after none for ``probe_after_s``.
+_SIGNS_OF_LIFE = (ChunkDone, WorkerStopped, AllStopped, WorkerUp, PsUp, DutyDone, ActionDone, ProbeDone,
+                  CheckpointStored)
+
 
 class RunController:
     """Decides a run: feed it events with :meth:`handle`, carry out the commands it returns.
@@ -154,6 +158,8 @@ class RunController:
         handler = getattr(self, "_on_" + type(event).__name__, None)
         if handler is None:
             raise TypeError(f"the run controller takes no {type(event).__name__}")
+        if isinstance(event, _SIGNS_OF_LIFE) and getattr(event, "ok", True):
+            self.heard_wall = self.wall  # the cluster answers (a failure report is no sign of life)
         handler(event)
         self._settle()
         self._record()
@@ -166,10 +172,7 @@ class RunController:
         """When the driver should wake the controller (a Tick) at the latest, on its own clock: cloud events
         (for drivers that keep cloud time) and deadlines on real waits (inf: none)."""
         times = [t for t in (self.workers.next_wall(), self.shards.next_wall()) if t > self.wall]
-        if self.probe_wall is not None:
-            times.append(self.probe_wall + self.config.probe_after_s)
-        elif self.workers.training():
-            times.append(self.heard_wall + self.config.probe_after_s)
+        times.append((self.probe_wall if self.probe_wall is not None else self.heard_wall) + self.config.probe_after_s)
         if self.clock is None:
             times.append(self._next_cloud_time())
         return min(times, default=math.inf)
@@ -223,7 +226,6 @@ class RunController:
 
     def _on_ChunkDone(self, ev: ChunkDone) -> None:
         self._progress(ev.global_step)
-        self.heard_wall = self.wall
         rec = self.workers.rec(ev.worker_id)
         if rec is not None and rec.active and ev.steps:
             info = self.kernel.state.worker(ev.worker_id)
@@ -232,12 +234,10 @@ class RunController:
 
     def _on_WorkerStopped(self, ev: WorkerStopped) -> None:
         self._progress(ev.global_step)
-        self.heard_wall = self.wall
         self.workers.stopped(ev.worker_id)
 
     def _on_AllStopped(self, ev: AllStopped) -> None:
         self._progress(ev.global_step)
-        self.heard_wall = self.wall
         self.workers.training_ids.clear()
 
     def _on_WorkerNotice(self, ev: WorkerNotice) -> None:
@@ -252,9 +252,8 @@ class RunController:
             self._after_loss()
 
     def _on_ChunkFailed(self, ev: ChunkFailed) -> None:
-        self.heard_wall = self.wall
         self.workers.stopped(ev.worker_id)
-        if not ev.shard_lost and self.workers.lose(ev.worker_id, self.now, "failed"):
+        if not ev.shard_lost and self.workers.lose(ev.worker_id, self.now, "revoked"):
             self._after_loss(ev.worker_id)
 
     def _on_ServerStarting(self, ev: ServerStarting) -> None:
@@ -301,7 +300,7 @@ class RunController:
                                     f"checkpoint is kept ({self._resume_hint()})")
                 return
             self.shards.lost(())
-        elif self.workers.lose(ev.worker_id, self.now, "failed"):
+        elif self.workers.lose(ev.worker_id, self.now, "revoked"):
             self._after_loss(ev.worker_id)
 
     def _on_CheckpointStored(self, ev: CheckpointStored) -> None:
@@ -312,7 +311,7 @@ class RunController:
 
     def _on_ActionDone(self, ev: ActionDone) -> None:
         command, self.action = self.action, None
-        self.progress_wall = self.heard_wall = self.wall
+        self.progress_wall = self.wall
         if command is None:
             return
         self.shards.done(command, ev.ok, self.now, ev.num_shards, ev.removed_keys)
@@ -330,8 +329,6 @@ class RunController:
 
     def _on_ProbeDone(self, ev: ProbeDone) -> None:
         self.probe_wall = None
-        if ev.ok:
-            self.heard_wall = self.wall
 
     def _on_ClusterLost(self, ev: ClusterLost) -> None:
         self._end("failed", f"{ev.message}; {self._resume_hint()}")
@@ -520,16 +517,14 @@ class RunController:
             self._end("finished", "no worker was left for the final evaluation and checkpoint")
 
     def _liveness(self) -> None:
-        """Deadlines on real waits: no news from training workers (probe them), no answer to a probe, no
-        progress though everything answers."""
+        """Deadlines on real waits: no news at all for a while (probe the workers, the shards and the cluster), no
+        answer to a probe, no progress though everything answers."""
         wall, cfg = self.wall, self.config
         if self.probe_wall is not None and wall - self.probe_wall >= cfg.probe_after_s:
             self._end("failed", f"no answer from the cluster for {wall - self.probe_wall:.0f} s (a probe of the "
                                 f"workers and shards did not return); {self._resume_hint()}")
             return
-        if not self.workers.training() and self.action is None:
-            return
-        if wall - self.progress_wall >= cfg.stuck_after_s:
+        if (self.workers.training() or self.action is not None) and wall - self.progress_wall >= cfg.stuck_after_s:
             self._end("failed", f"no training progress for {wall - self.progress_wall:.0f} s at step "
                                 f"{int(self.step)}, though the workers and shards answer; {self._resume_hint()}")
         elif self.probe_wall is None and wall - self.heard_wall >= cfg.probe_after_s:

@@ -235,7 +235,7 @@ class RayDriver:
     def _periodic(self, wall: float) -> None:
         """Uploads finished, shard load, ``cmdare ps`` requests and balancers that decide at any time, drains."""
         events: list[E.Event] = list(self.duties.collect(wall))
-        if wall >= self._next_stats and not self.ps.parked and self.controller.action is None:
+        if wall >= self._next_stats and not self.controller.holding and self.controller.action is None:
             self._next_stats = wall + SHARD_STATS_EVERY_S
             if self.changes.collect_stats(self.global_step) is None:
                 events.append(E.ShardLost(wall=wall, keys=self.ps.dead_keys()))

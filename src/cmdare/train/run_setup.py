@@ -24,6 +24,7 @@ PARK_MARGIN_S = 5.0  # on a real cluster the last shard parks at least this long
 DEFAULT_STEP_S = 0.1  # emulated seconds per step of a GPU type the step-time model cannot rank
 START_TIMEOUT_S = 300.0  # a local worker process that is not up in this long failed to start
 STUCK_AFTER_S = 600.0  # no step for this long, though everything answers: the run fails
+PROBE_AFTER_S = 20.0  # no news for this long: the workers, the shards and the cluster are asked whether they live
 
 
 class EmulatedStepTimes(Mapping[str, float]):
@@ -62,7 +63,7 @@ def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool, c
         ps_notice_s=plan.notice_lead_s(spec.cloud), replace_ps=spec.replace != "none",
         park_margin_s=PARK_MARGIN_S if real else 0.0,
         replacement_timeout_s=spec.replacement_timeout_s if real else None, start_timeout_s=START_TIMEOUT_S,
-        probe_after_s=max(60.0, 40 * spec.chunk_s), stuck_after_s=STUCK_AFTER_S,
+        probe_after_s=max(PROBE_AFTER_S, 40 * spec.chunk_s), stuck_after_s=STUCK_AFTER_S,
         step_s=EmulatedStepTimes(spec.model, plan.step_s, tuple(spec.slot_gpus())), run_id=run_id,
         checkpoints=checkpoints)
 

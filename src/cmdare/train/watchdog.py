@@ -72,8 +72,8 @@ class LoopWatchdog:
                 continue
             unanswered = unanswered + 1 if alive is None else 2
             if unanswered >= 2:
-                why = ("Ray marked this run's node dead (its health checks went unanswered) and the driver's "
-                       "Ray calls no longer return" if alive is False else
+                why = ("this run's Ray node was marked dead by Ray (its health checks went unanswered) and the "
+                       "driver's Ray calls no longer return" if alive is False else
                        f"Ray's GCS does not answer and the driver has heard nothing for {silent:.0f} s")
                 self._stop.set()
                 self.on_lost(why)
