@@ -1,19 +1,19 @@
 """Worker revocations on a local multi-node Ray cluster: detection delay, recovery time, throughput.
 
-Each worker server is a Ray node of its own (:class:`cmdare.cloud.local.LocalClusterProvider`); the
-injected revocation removes the node without grace (``cluster.remove_node(..., allow_graceful=False)``,
-its processes are killed). Replacements start with no emulated provisioning delay (``startup='0'``),
-so recovery measures only what the engine and Ray do.
+Each worker server is a Ray node of its own (:class:`cmdare.cloud.local.LocalClusterProvider`). A revocation
+here is a *real failure*, not an emulated one: every ``--every`` global steps (the first at ``--first``) the
+bench removes a worker's node without grace (``cluster.remove_node(..., allow_graceful=False)``, its processes
+killed) behind the run's back, so the run learns it the way it learns of a real failure, through Ray (an
+emulated revocation is known at once: the controller decided it). Replacements start with no emulated
+provisioning delay (``startup='0'``), so recovery measures only what the engine and Ray do.
 
-Per revocation (from the run's :class:`EventReport` s):
+Per revocation (the bench's kill times and the run's :class:`EventReport` s):
 
-* detection delay: revocation to the coordinator's ``worker_lost``. The ``revocation`` event's time is
-  *after* the node removal returned; its ``kill_s`` says how long the removal took. ``from_kill_start``
-  = ``detection_delay_s`` (the engine's figure, from the start of the removal); ``from_node_death`` =
-  ``detection_delay_s - kill_s`` (from the end of the removal, i.e. after the node's processes are
-  dead). The < 1 s target refers to ``from_node_death``.
-* recovery: revocation (start of the kill) to the replacement's first step (``replacement_joined``'s
-  ``recovery_s``: the start of its first chunk, after its first pull), broken down
+* detection delay: node removal to the controller's ``worker_lost``; ``from_kill_start`` from the start of the
+  removal, ``from_node_death`` from its end (the node's processes dead). The < 1 s target refers to
+  ``from_node_death``.
+* recovery: node removal (its start) to the replacement's first step (``replacement_trained``: the start of its
+  first chunk, after its first pull), broken down
   (``breakdown_median_s``) into detection, node start (``cluster.add_node``, timed by a provider
   subclass; 0 for a warm spare, whose node was up), actor start (cold: node up -> worker process up with
   torch imported and the model built; warm: loss handled -> the spare adopted as the worker), first pull
@@ -24,7 +24,7 @@ With ``--warm-spares N`` (default 2) the run keeps N standby servers whose worke
 cold. ``--warm-spares 0`` measures the cold path alone; ``--cold-baseline`` runs it first, back to back, and
 reports its figures under ``cold_baseline``.
 
-Usage: .venv/bin/python bench/revocation.py [--workers 4] [--steps 1600] [--every 4] [--first 3]
+Usage: .venv/bin/python bench/revocation.py [--workers 4] [--steps 1600] [--every 250] [--first 150]
        [--warm-spares 2] [--cold-baseline]
 Prints one JSON object as its last line; the throughput plot goes to docs/img/revocation_throughput.png.
 """
@@ -35,6 +35,7 @@ import argparse
 import json
 import logging
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -122,7 +123,7 @@ def plot(cb: Any, path: Path, load: float, workers: int) -> None:
     ax.plot(bins, np.convolve(counts, np.ones(2) / 2, mode="same"), lw=1, label="global steps/s (2 s mean)")
     ax.plot([r.time - t0 for r in cb.steps], [r.cluster_steps_per_s for r in cb.steps], lw=1, alpha=0.7,
             label="coordinator's 5 s window")
-    for kind, color in (("revocation", "tab:red"), ("replacement_joined", "tab:green")):
+    for kind, color in (("revocation", "tab:red"), ("replacement_trained", "tab:green")):
         for i, e in enumerate(x for x in cb.events if x.kind == kind):
             ax.axvline(e.time - t0, color=color, lw=0.8, ls="--", label=kind if i == 0 else None)
     ax.set_ylabel("global steps/s")
@@ -132,7 +133,7 @@ def plot(cb: Any, path: Path, load: float, workers: int) -> None:
     # zoom on the first revocation whose replacement joined
     ax2 = axes[1]
     rev = [e for e in cb.events if e.kind == "revocation"]
-    joined = [e for e in cb.events if e.kind == "replacement_joined"]
+    joined = [e for e in cb.events if e.kind == "replacement_trained"]
     if rev and joined:
         others = [e.time for e in rev]
 
@@ -144,8 +145,8 @@ def plot(cb: Any, path: Path, load: float, workers: int) -> None:
         sel = (bins >= lo) & (bins <= hi)
         ax2.bar(bins[sel], counts[sel], width=0.9, align="edge", color="tab:blue", alpha=0.7)
         for e in cb.events:
-            if e.kind in ("revocation", "worker_lost", "replacement_joined") and lo <= e.time - t0 <= hi:
-                c = {"revocation": "tab:red", "worker_lost": "tab:orange", "replacement_joined": "tab:green"}[e.kind]
+            if e.kind in ("revocation", "worker_lost", "replacement_trained") and lo <= e.time - t0 <= hi:
+                c = {"revocation": "tab:red", "worker_lost": "tab:orange", "replacement_trained": "tab:green"}[e.kind]
                 ax2.axvline(e.time - t0, color=c, lw=1.2, label=e.kind)
         handles, names = ax2.get_legend_handles_labels()
         uniq = dict(zip(names, handles, strict=True))
@@ -170,17 +171,35 @@ def run_once(args: argparse.Namespace, warm_spares: int, t_bench: float) -> dict
     from cmdare.train.callbacks import TrainCallback
 
     class Collect(TrainCallback):
+        """Records the run's reports; removes a worker's node every ``args.every`` steps (a real failure)."""
+
         def __init__(self) -> None:
             self.steps: list[Any] = []
             self.events: list[Any] = []
+            self.kills: dict[int, tuple[float, float]] = {}  # worker id -> (removal started, removal ended)
+            self.next_kill = args.first
+            self.trainer: Any = None
+            self.rng = random.Random(1)
 
         def on_step(self, report: Any) -> None:
             self.steps.append(report)
+            if report.global_step < self.next_kill or self.trainer is None:
+                return
+            self.next_kill = report.global_step + args.every
+            live = [w for w in self.trainer.workers.values() if w.server.node is not None and w.is_up
+                    and w.worker_id not in self.kills]
+            if live:
+                w = self.rng.choice(live)
+                t0 = time.time()
+                cluster.remove_node(w.server.node, allow_graceful=False)
+                self.kills[w.worker_id] = (t0, time.time())
+                print(f"{time.time() - t_bench:7.1f}s step {report.global_step:5d} node of worker {w.worker_id} "
+                      "removed", file=sys.stderr, flush=True)
 
         def on_event(self, report: Any) -> None:
             self.events.append(report)
-            if report.kind in ("revocation", "worker_lost", "replacement_joined"):
-                keys = ("kill_s", "detection_delay_s", "recovery_s", "warm")
+            if report.kind in ("worker_lost", "replacement_trained"):
+                keys = ("detection_delay_s", "recovery_s", "warm")
                 got = {k: round(report.details[k], 2) for k in keys if k in report.details}
                 print(f"{time.time() - t_bench:7.1f}s step {report.global_step:5d} {report.kind} {got}",
                       file=sys.stderr, flush=True)
@@ -209,13 +228,15 @@ def run_once(args: argparse.Namespace, warm_spares: int, t_bench: float) -> dict
     cluster = start_local_cluster(num_cpus=3, resources={"cmdare_ps": 100}, _system_config=LOCAL_FAILURE_DETECTION)
     spec = TrainSpec(model=args.model, dataset="digits", workers=args.workers, ps=1, steps=args.steps,
                      batch_size=32, optimizer=OptimizerConfig(lr=0.05), checkpoint_every=0, eval_every=0,
-                     seed=5, transient=True, revocations=f"every={args.every:g},first={args.first:g},seed=1",
-                     replace="same", startup="0", chunk_steps=args.chunk_steps, warm_spares=warm_spares)
+                     seed=5, transient=True, revocations="none", replace="same", startup="0",
+                     chunk_steps=args.chunk_steps, warm_spares=warm_spares)
     cb = Collect()
     provider = TimedProvider(cluster)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            summary = Trainer(spec, [cb], checkpoint_dir=tmp, provider=provider).run()
+            trainer = Trainer(spec, [cb], checkpoint_dir=tmp, provider=provider)
+            cb.trainer = trainer
+            summary = trainer.run()
         probe = probe_startup(cluster, args.model, args.probes) if args.probes else {}
     finally:
         ray.shutdown()
@@ -228,15 +249,14 @@ def run_once(args: argparse.Namespace, warm_spares: int, t_bench: float) -> dict
 
 
 def figures(cb: Any, provider: Any, summary: Any, load_start: float) -> dict[str, Any]:
-    """Detection, recovery and its breakdown per replacement, from the run's events."""
-    rev = {e.worker_id: e for e in cb.events if e.kind == "revocation"}
+    """Detection, recovery and its breakdown per replacement, from the kill times and the run's events."""
     lost = {e.worker_id: e for e in cb.events if e.kind == "worker_lost"}
-    joined = [e for e in cb.events if e.kind == "replacement_joined"]
+    joined = [e for e in cb.events if e.kind == "replacement_trained"]
     requested = {e.server_id: e for e in cb.events if e.kind == "replacement_requested"}
     standbys = [e.server_id for e in cb.events if e.kind == "standby_requested"]
-    kill_s = [r.details.get("kill_s", 0.0) for r in rev.values()]
-    det_start = [lost[w].details["detection_delay_s"] for w in rev if w in lost]
-    det_end = [lost[w].details["detection_delay_s"] - rev[w].details.get("kill_s", 0.0) for w in rev if w in lost]
+    kill_s = [end - start for start, end in cb.kills.values()]
+    det_start = [lost[w].time - start for w, (start, _end) in cb.kills.items() if w in lost]
+    det_end = [lost[w].time - end for w, (_start, end) in cb.kills.items() if w in lost]
     # warm: the spare taken was up; spare_starting: it was still starting (a head start on a cold start)
     recovery: dict[str, list[float]] = {"all": [], "warm": [], "spare_starting": [], "cold": []}
     parts: dict[str, list[float]] = {k: [] for k in ("detection", "coordinator_until_node_start", "node_start",
@@ -244,29 +264,30 @@ def figures(cb: Any, provider: Any, summary: Any, load_start: float) -> dict[str
                                                      "actor_start_imports_first_pull")}
     for j in joined:
         w_old, warm = j.details["replaces_worker"], bool(j.details.get("warm"))
+        if w_old not in cb.kills or w_old not in lost:
+            continue
         kind = {"up": "warm", "starting": "spare_starting"}.get(j.details.get("spare") or "", "cold")
-        recovery["all"].append(j.details["recovery_s"])
-        recovery[kind].append(j.details["recovery_s"])
-        if w_old in lost:
-            revoked_at = rev[w_old].time - rev[w_old].details.get("kill_s", 0.0)
-            first_at = revoked_at + j.details["recovery_s"]  # the first chunk's start, after the first pull
-            up = j.details.get("worker_up_at")  # the worker's process up and its model built
-            parts["detection"].append(lost[w_old].time - revoked_at)
-            if warm:  # no node starts: the spare's process becomes the worker (adopt) and pulls
-                parts["node_start"].append(0.0)
-                parts["actor_start_imports_first_pull"].append(first_at - lost[w_old].time)
-                if up is not None:
-                    parts["actor_start"].append(up - lost[w_old].time)
-                parts["pull_only"].append(j.details.get("first_pull_s", float("nan")))
-            elif j.server_id in provider.node_start:
-                n0, n1 = provider.node_start[j.server_id]
-                parts["coordinator_until_node_start"].append(n0 - lost[w_old].time)
-                parts["node_start"].append(n1 - n0)
-                parts["actor_start_imports_first_pull"].append(first_at - n1)
-                if up is not None:
-                    parts["actor_start"].append(up - n1)
+        killed_at = cb.kills[w_old][0]
+        first_at = j.details["joined_at"]  # the first chunk's start, after the first pull
+        recovery["all"].append(first_at - killed_at)
+        recovery[kind].append(first_at - killed_at)
+        up = j.details.get("worker_up_at")  # the worker's process up and its model built
+        parts["detection"].append(lost[w_old].time - killed_at)
+        if warm:  # no node starts: the spare's process becomes the worker (adopt) and pulls
+            parts["node_start"].append(0.0)
+            parts["actor_start_imports_first_pull"].append(first_at - lost[w_old].time)
             if up is not None:
-                parts["first_pull"].append(first_at - up)
+                parts["actor_start"].append(up - lost[w_old].time)
+            parts["pull_only"].append(j.details.get("first_pull_s", float("nan")))
+        elif j.server_id in provider.node_start:
+            n0, n1 = provider.node_start[j.server_id]
+            parts["coordinator_until_node_start"].append(n0 - lost[w_old].time)
+            parts["node_start"].append(n1 - n0)
+            parts["actor_start_imports_first_pull"].append(first_at - n1)
+            if up is not None:
+                parts["actor_start"].append(up - n1)
+        if up is not None:
+            parts["first_pull"].append(first_at - up)
         first = [s for s in cb.steps if s.worker_id == j.worker_id]
         if first:
             parts["first_step"].append(first[0].duration_s / max(1, first[0].steps))
@@ -320,8 +341,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=1600)
-    ap.add_argument("--every", type=float, default=4.0)
-    ap.add_argument("--first", type=float, default=3.0)
+    ap.add_argument("--every", type=int, default=250, help="global steps between node removals")
+    ap.add_argument("--first", type=int, default=150, help="the global step of the first removal")
     ap.add_argument("--model", default="resnet8")
     ap.add_argument("--chunk-steps", type=int, default=5)
     ap.add_argument("--warm-spares", type=int, default=2, help="standby servers (0: every replacement cold)")

@@ -1,50 +1,32 @@
-"""The planner's simulator against a real local cmdare run under injected revocations (issue 7).
+"""The planner's simulator against a real local cmdare run under injected revocations (issues 7, 28).
 
-One real run: ``W`` emulated transient workers + 1 PS on the local Ray node, revocations injected by
-an exponential lifetime model (mean ``--lifetime-mean-s``, saved as a model file and passed as
-``lifetime=FILE,speedup=1,seed=N``) or every ``--every-s`` s (``every=S,first=F,seed=N``),
-replacement ``same`` after a fixed emulated start-up delay (``startup=S``). From the run's own
-reports we measure:
+One real run: ``W`` emulated transient workers + 1 PS on the local Ray node, revocations injected by an
+exponential lifetime model (mean ``--lifetime-mean-s``, saved as a model file: ``lifetime=FILE``) or every
+``--every-s`` (``every=S,first=F``), replacement ``same`` after a fixed emulated start-up (``startup=S``).
+The run is emulated: its cloud time advances with its training, ``--step-s`` emulated seconds per worker step
+(``step=S``), so its revocations fall at the same steps on any machine. What is compared is the job's time
+in that cloud time (the trainer's emulated clock when the target step is reached), which is what the
+planner predicts for a real cloud; the real run's wall time depends on this machine, not on the plan.
 
-* the training wall time: start of the first chunk to the report that reaches the target step
-  (Ray and actor start-up excluded, like the simulator's t=0);
-* the cluster speed per live-worker count (global steps over time in the intervals with that many
-  workers live): on 2 shared cores W workers are not W x one worker, so the simulator gets the table;
-* the replacement delay actually observed (``replacement_joined.recovery_s``: revocation to the
-  replacement's first chunk: detection + emulated start-up + actor start + first pull).
+From the real run's membership timeline (the controller's record, in emulated seconds) we take:
 
-Then the same job is simulated through :mod:`cmdare.plan` with :mod:`cmdare.plan.replay` models:
+* its emulated time to the target step, and its revocations;
+* the lifetime each server lived, counted as both drivers count it (from its server's ready time);
 
-* ``replay``: the real run's own revocation schedule (:class:`ScriptedLifetimes`) and replacement
-  delays, one deterministic run;
-* ``sim``: ``--runs`` seeded runs (mean, P50, P95) - the issue's comparison. Lifetime mode: plain
-  draws from the same lifetime model (:class:`ModelLifetimes`); periodic mode: the control kernel's
-  own :class:`~cmdare.control.PeriodicRevocations` (``Simulator(..., revocations=factory)``, one
-  seeded source per run). No hand correction of the lifetime clock (``"hand_correction": false``).
+then the same job is simulated through :mod:`cmdare.plan` with the same speeds (``1 / step_s`` steps per
+second per worker) and start-up:
 
-Lifetime clocks. Both drivers count a server's lifetime from its ``ready_at`` and revoke only
-workers that trained (an overdue one goes at its first step), but "ready" is not the same moment:
+* ``replay``: the real run's own lifetimes (:class:`~cmdare.plan.replay.ScriptedLifetimes`), one run: how
+  exactly the two drivers agree when they see the same revocations;
+* ``sim``: ``--runs`` seeded runs (mean, P50, P95), lifetimes drawn from the same model (:class:`ModelLifetimes`)
+  or the control kernel's own :class:`~cmdare.control.PeriodicRevocations`: how well the plan predicts one
+  run it does not know the draws of.
 
-* a replacement: in the engine its server is ready after detection + the emulated start-up, and its
-  worker actor then starts and pulls before its first chunk; in the simulator it is ready when it
-  joins, the observed recovery delay after the revocation, which already includes that actor start
-  and first pull. The simulator's replacement clock therefore starts later, by the engine's ready to
-  first chunk (``replacement_clock_lag_s`` in the JSON, a few seconds here);
-* an initial server: the engine sets ``ready_at`` to its request, before Ray starts its actor, so its
-  clock runs ``initial_offset_s`` (the run's actor start-up) before the first chunk; the simulator
-  counts it from t=0, the first chunk.
+``error_pct`` = |sim mean - real| / real, ``replay_error_pct`` the same for the replay. Usage::
 
-Both make the simulated lifetimes a few seconds longer than the engine's (fewer revocations in a
-short run); the bench reports the two figures and leaves them uncorrected. The periodic schedule
-has no such offset: both count its ticks from the first chunk (the engine's next tick from the
-coordinator check that revoked, so its ticks can slip by a chunk; and it picks among workers whose
-first chunk has reported, the simulator among those that joined).
-
-``error_pct`` = |sim mean - real| / real. Usage::
-
-    .venv/bin/python bench/sim_vs_real.py [--workers 3] [--steps 2500] [--mode lifetime|every]
-        [--lifetime-mean-s 45] [--every-s 10] [--first-s 5] [--startup-s 3] [--seed 7] [--runs 2000]
-        [--real-runs 1]
+    .venv/bin/python bench/sim_vs_real.py [--workers 3] [--steps 3000] [--mode lifetime|every]
+        [--lifetime-mean-s 45] [--every-s 10] [--first-s 5] [--startup-s 3] [--step-s 0.05] [--seed 7]
+        [--runs 2000] [--real-runs 1]
 
 Prints one JSON object as its last line.
 """
@@ -85,48 +67,44 @@ class Revocations:
 
 @dataclass
 class RealRun:
-    """What one real run reported."""
+    """What one real run reported: its membership timeline (emulated seconds) and its emulated end."""
 
     steps: int
     workers: int
-    steps_log: list[tuple[float, int, float]] = field(default_factory=list)  # (time, global_step, duration_s)
-    events: list[Any] = field(default_factory=list)
+    timeline: list[Any] = field(default_factory=list)  # MembershipEvent: kind, time, worker_id, slot
+    end_s: float = 0.0
+    wall_s: float = 0.0
     summary: Any = None
 
 
-def real_run(steps: int, workers: int, revocations: Revocations, startup_s: float, seed: int,
+def real_run(steps: int, workers: int, revocations: Revocations, startup_s: float, step_s: float, seed: int,
              workdir: Path, model: str = "resnet8") -> RealRun:
     """One real local cmdare run with injected revocations; Ray is started here (if not running)."""
     import ray
 
     from cmdare.measure.lifetime_models import ExponentialLifetime
     from cmdare.train import Trainer, TrainSpec
-    from cmdare.train.callbacks import TrainCallback
 
     if revocations.mode == "lifetime":
         model_path = workdir / "lifetime.json"
         model_path.write_text(json.dumps(ExponentialLifetime(revocations.mean_s).to_dict()))
-        text = f"lifetime={model_path},speedup=1,seed={seed}"
+        text = f"lifetime={model_path},speedup=1,seed={seed},step={step_s}"
     else:
-        text = f"every={revocations.every_s},first={revocations.first_s},seed={seed}"
-    out = RealRun(steps, workers)
-
-    class Recorder(TrainCallback):
-        def on_step(self, report):  # noqa: ANN001 - TrainCallback hook
-            out.steps_log.append((report.time, report.global_step, report.duration_s))
-
-        def on_event(self, report):  # noqa: ANN001
-            out.events.append(report)
-
+        text = f"every={revocations.every_s},first={revocations.first_s},seed={seed},step={step_s}"
     spec = TrainSpec(model=model, dataset="digits", workers=workers, ps=1, steps=steps, batch_size=32,
-                     checkpoint_every=0, eval_every=0, seed=seed, transient=True,
-                     revocations=text, replace="same",
+                     checkpoint_every=0, eval_every=0, seed=seed, transient=True, revocations=text, replace="same",
                      startup=str(startup_s))
     started = not ray.is_initialized()
     if started:
         start_local_ray(num_cpus=6)
+    out = RealRun(steps, workers)
     try:
-        out.summary = Trainer(spec, [Recorder()], checkpoint_dir=workdir / "ckpt").run()
+        t0 = time.perf_counter()
+        trainer = Trainer(spec, checkpoint_dir=workdir / "ckpt")
+        out.summary = trainer.run()
+        out.wall_s = time.perf_counter() - t0
+        out.timeline = list(trainer.kernel.timeline)
+        out.end_s = trainer.controller.now
     finally:
         if started:
             ray.shutdown()
@@ -135,124 +113,43 @@ def real_run(steps: int, workers: int, revocations: Revocations, startup_s: floa
 
 @dataclass
 class Observed:
-    """Figures measured from a real run, in seconds since the first chunk started (t0)."""
+    """Figures of a real run, in emulated seconds since its first step."""
 
-    wall_s: float
-    speed_table: dict[int, float]  # live workers -> cluster steps/s
-    time_at_count_s: dict[int, float]
-    recovery_s: list[float]
-    initial_offset_s: list[float]  # per initial worker: t0 - request (its engine lifetime already spent at t0)
-    replacement_clock_lag_s: list[float]  # per replacement: engine ready -> first chunk (simulator's ready)
-    script: list[float]  # the run's lifetimes as the simulator counts them, in its draw order
-    replay_delays_s: list[float]  # per replacement, in request order: revocation to first chunk
+    emulated_s: float
     revocations: int
-    startup_s: float  # the RunSummary's Ray + actor start-up, excluded from wall_s
-    initial_join_spread_s: float = 0.0  # first step to the last initial worker's first step
-
-
-def _step_at(log: np.ndarray, t: float) -> float:
-    """Global step at time ``t``, interpolated between reports."""
-    return float(np.interp(t, log[:, 0], log[:, 1]))
+    script: list[float]  # the lifetimes its servers lived, as the simulator draws them (slot-major, then in order)
+    wall_s: float
 
 
 def analyze(run: RealRun) -> Observed:
-    """Wall time, per-membership speed, observed delays and the lifetime script of a real run."""
-    log = np.array([(t, s) for t, s, _ in run.steps_log], dtype=float)
-    t0 = run.steps_log[0][0] - run.steps_log[0][2]
-    log = np.vstack([[t0, 0.0], log])
-    reached = np.nonzero(log[:, 1] >= run.steps)[0]
-    t_end = float(log[reached[0], 0]) if reached.size else float(log[-1, 0])
-    ev = run.events
-    slot_of: dict[int, int] = {}  # worker id -> slot (initial workers 0..W-1 in order, replacements inherit)
-    joined: dict[int, float] = {}
-    left: dict[int, float] = {}
-    requested: dict[int, float] = {}
-    ready: dict[int, float] = {}
-    recovery, lag = [], []
-    for e in ev:
-        d = e.details
-        if e.kind == "server_joined" and e.worker_id is not None:
-            slot_of.setdefault(e.worker_id, len(slot_of))
-            joined[e.worker_id] = d.get("joined_at", e.time)
-            requested[e.worker_id] = d["requested_at"]
-        elif e.kind == "revocation" and e.worker_id is not None:
-            left[e.worker_id] = e.time
-        elif e.kind == "replacement_joined":
-            slot_of[e.worker_id] = slot_of[d["replaces_worker"]]
-            joined[e.worker_id] = d.get("joined_at", e.time)
-            recovery.append(d["recovery_s"])
-            ready[e.worker_id] = d["requested_at"] + d["startup_s"]
-            lag.append(joined[e.worker_id] - ready[e.worker_id])
-    # Live-worker count over [t0, t_end]: +1 at a join, -1 at a revocation.
-    changes = sorted([(max(t, t0), +1) for t in joined.values()] + [(t, -1) for t in left.values()])
-    bounds, counts, live = [t0], [], 0
-    for t, delta in changes:
-        if t > bounds[-1]:
-            counts.append(live)
-            bounds.append(min(t, t_end))
-        live += delta
-    counts.append(live)
-    bounds.append(t_end)
-    steps_at: dict[int, float] = {}
-    time_at: dict[int, float] = {}
-    for (a, b), n in zip(zip(bounds[:-1], bounds[1:], strict=True), counts, strict=True):
-        if b > a and n > 0:
-            steps_at[n] = steps_at.get(n, 0.0) + _step_at(log, b) - _step_at(log, a)
-            time_at[n] = time_at.get(n, 0.0) + b - a
-    table = {n: steps_at[n] / time_at[n] for n in sorted(time_at) if time_at[n] > 0}
-    # Each replacement's delay in request (= revocation) order; one still starting at the end took longer
-    # than the rest of the run.
-    recovery_of = {e.details["replaces_worker"]: e.details["recovery_s"] for e in ev if e.kind == "replacement_joined"}
-    mean_delay = float(np.mean(recovery)) if recovery else 0.0
-    replay_delays = [recovery_of.get(w, max(mean_delay, t_end - left[w] + 1.0))
-                     for w in sorted(left, key=left.__getitem__)]
-    # Lifetimes as the simulator counts them, from each server's ready time there: an initial slot's
-    # from t0, a replacement's from its join (the revocation it replaces + that replacement's delay).
-    # Never-revoked ones are infinite. The simulator draws _LIFETIMES_PER_SLOT per slot up front
-    # (slot-major), further ones on demand when a replacement joins, in join order.
+    """The emulated time, the revocations and the lifetime script of a real run, from its timeline."""
     from cmdare.plan.simulator import _LIFETIMES_PER_SLOT as per
 
-    start = {w: t0 for w in slot_of if w not in ready}
-    for e in ev:
-        if e.kind == "replacement_joined":
-            lost = e.details["replaces_worker"]
-            start[e.worker_id] = left[lost] + recovery_of[lost]
-    per_slot: dict[int, list[tuple[float, float]]] = {s: [] for s in range(run.workers)}
-    for w in sorted(slot_of, key=start.__getitem__):
-        life = max(0.0, left[w] - start[w]) if w in left and left[w] <= t_end else np.inf
-        per_slot[slot_of[w]].append((start[w], life))
+    joined: dict[int, tuple[int, float]] = {}  # worker -> (slot, ready time)
+    lives: dict[int, list[tuple[float, float]]] = {s: [] for s in range(run.workers)}  # slot -> (start, life)
+    revocations = 0
+    for e in run.timeline:
+        if e.kind == "join":
+            joined[e.worker_id] = (e.slot, e.time)
+        elif e.kind == "loss":
+            revocations += 1
+            slot, start = joined.pop(e.worker_id)
+            lives[slot].append((start, e.time - start))
+    for _w, (slot, start) in joined.items():  # alive at the end: never revoked
+        lives[slot].append((start, np.inf))
     script: list[float] = []
     extra: list[tuple[float, float]] = []
-    for s in range(run.workers):
-        lives = per_slot[s]
-        script += [life for _, life in lives[:per]] + [np.inf] * max(0, per - len(lives))
-        extra += lives[per:]
-    script += [life for _, life in sorted(extra)]
-    initial_offset = [t0 - requested[w] for w in sorted(requested)]
-    return Observed(
-        wall_s=t_end - t0, speed_table=table, time_at_count_s=time_at, recovery_s=recovery,
-        initial_offset_s=initial_offset, replacement_clock_lag_s=lag, script=script,
-        replay_delays_s=replay_delays,
-        initial_join_spread_s=max(joined[w] for w in requested) - t0 if requested else 0.0,
-        revocations=len(left), startup_s=float(run.summary.details["startup_s"]) if run.summary else 0.0)
-
-
-class ScriptedStartup:
-    """The observed replacement delays, in request order (then their mean)."""
-
-    def __init__(self, delays_s: list[float]):
-        self.queue = list(delays_s)
-        self.mean_s = float(np.mean(delays_s)) if delays_s else 0.0
-
-    def sample(self, rng: np.random.Generator, server: str, transient: bool, region: str) -> float:
-        """The next observed delay."""
-        return self.queue.pop(0) if self.queue else self.mean_s
+    for s in range(run.workers):  # the simulator draws `per` lifetimes per slot up front, slot-major ...
+        ordered = sorted(lives[s])
+        script += [life for _, life in ordered[:per]] + [np.inf] * max(0, per - len(ordered))
+        extra += ordered[per:]
+    script += [life for _, life in sorted(extra)]  # ... and more in the order replacements join
+    return Observed(run.end_s, revocations, script, run.wall_s)
 
 
 class TableSpeed:
-    """Cluster speed by live-worker count, as measured. A count the run never had: below the smallest
-    measured one, that speed scaled by the worker ratio; above the largest, the largest's speed (the
-    cores are saturated: on 2 shared cores more workers do not add speed)."""
+    """Cluster speed by live-worker count. A count not in the table: below the smallest, that speed scaled by
+    the worker ratio; above the largest, the largest's speed."""
 
     def __init__(self, table: dict[int, float]):
         if not table:
@@ -260,7 +157,7 @@ class TableSpeed:
         self.table = dict(table)
 
     def cluster_steps_per_s(self, gpus: dict[str, int], ps: int) -> float:
-        """Measured cluster speed for the live count."""
+        """The cluster speed for the live count."""
         n = sum(gpus.values())
         if n in self.table:
             return self.table[n]
@@ -273,7 +170,7 @@ class TableSpeed:
         return float(np.interp(n, [below, above], [self.table[below], self.table[above]]))
 
     def worker_steps_per_s(self, gpu: str) -> float:
-        """Mean share of one worker in the largest measured membership."""
+        """Mean share of one worker in the largest membership."""
         n = max(self.table)
         return self.table[n] / n
 
@@ -301,39 +198,22 @@ def periodic_source(every_s: float, first_s: float, seed: int) -> Callable[[], A
     return lambda: PeriodicRevocations(every_s, first_s, np.random.default_rng(seeds.spawn(1)[0]))
 
 
-def _pool_speed(observed: list[Observed]) -> dict[int, float]:
-    """Time-weighted speed per live count over several runs."""
-    steps: dict[int, float] = {}
-    secs: dict[int, float] = {}
-    for o in observed:
-        for n, v in o.speed_table.items():
-            steps[n] = steps.get(n, 0.0) + v * o.time_at_count_s[n]
-            secs[n] = secs.get(n, 0.0) + o.time_at_count_s[n]
-    return {n: steps[n] / secs[n] for n in sorted(secs)}
-
-
-def simulate(observed: list[Observed], workers: int, steps: int, revocations: Revocations, runs: int,
-             seed: int) -> tuple[list[float], dict[str, float]]:
-    """(replay wall time per real run, Monte Carlo summary) with the observed speeds and delays.
-
-    The replay gives each real run its own revocation schedule and replacement delays (one
-    deterministic simulated run each); the Monte Carlo draws revocations from the same lifetime model
-    (or the kernel's periodic source) with every measurement pooled over the real runs.
-    """
+def simulate(observed: list[Observed], workers: int, steps: int, revocations: Revocations, startup_s: float,
+             step_s: float, runs: int, seed: int) -> tuple[list[float], dict[str, float]]:
+    """(replay time per real run, Monte Carlo summary) with the emulated speeds and start-up."""
     from cmdare.plan import ClusterSpec, JobSpec, PlanModels, WorkerGroup
-    from cmdare.plan.replay import FixedStartup, FlatPrices, ScriptedLifetimes
+    from cmdare.plan.replay import FixedStartup, FlatPrices, MeasuredSpeed, ScriptedLifetimes
     from cmdare.plan.simulator import Simulator
 
     job = JobSpec("local", steps, checkpoint_every_steps=10**9)
     cluster = ClusterSpec((WorkerGroup(GPU, workers, transient=True),), ps=1, replacement="same")
     prices = FlatPrices({GPU: 0.0, "cpu": 0.0})
+    speed = MeasuredSpeed({GPU: 1.0 / step_s})  # the emulated cluster's: the sum of its workers' speeds
     replays = []
     for o in observed:
-        models = PlanModels(TableSpeed(o.speed_table), ScriptedLifetimes({GPU: o.script}),
-                            ScriptedStartup(o.replay_delays_s), prices, checkpoint_s=0.0)
+        models = PlanModels(speed, ScriptedLifetimes({GPU: o.script}), FixedStartup(startup_s), prices,
+                            checkpoint_s=0.0)
         replays.append(Simulator(job, cluster, models).run_once(np.random.default_rng(seed)).wall_time_s)
-    recovery = [x for o in observed for x in o.recovery_s]
-    delay = float(np.mean(recovery)) if recovery else 0.0
     source: Callable[[], Any] | None = None
     if revocations.mode == "lifetime":
         from cmdare.measure.lifetime_models import ExponentialLifetime
@@ -342,15 +222,15 @@ def simulate(observed: list[Observed], workers: int, steps: int, revocations: Re
     else:
         lifetimes = ScriptedLifetimes()  # no lifetime ends a server: the periodic source revokes
         source = periodic_source(revocations.every_s, revocations.first_s, seed)
-    models = PlanModels(TableSpeed(_pool_speed(observed)), lifetimes, FixedStartup(delay), prices, checkpoint_s=0.0)
+    models = PlanModels(speed, lifetimes, FixedStartup(startup_s), prices, checkpoint_s=0.0)
     return replays, Simulator(job, cluster, models, revocations=source).summarize(runs, seed).to_dict()
 
 
-def compare(workers: int = 3, steps: int = 2500, revocations: Revocations | None = None,
-            startup_s: float = 3.0, seed: int = 7, runs: int = 2000, real_runs: int = 1,
+def compare(workers: int = 3, steps: int = 3000, revocations: Revocations | None = None, startup_s: float = 3.0,
+            step_s: float = 0.05, seed: int = 7, runs: int = 2000, real_runs: int = 1,
             model: str = "resnet8") -> dict[str, Any]:
     """Run the real job ``real_runs`` times (seeds ``seed``, ``seed + 1``, ...), simulate it, and return
-    the figures (see the module docstring); the real wall time compared is the runs' mean."""
+    the figures (see the module docstring); the real time compared is the runs' mean."""
     import ray
 
     revocations = revocations or Revocations()
@@ -362,37 +242,30 @@ def compare(workers: int = 3, steps: int = 2500, revocations: Revocations | None
     try:
         for k in range(real_runs):
             with tempfile.TemporaryDirectory(prefix="cmdare-simreal-") as tmp:
-                observed.append(analyze(real_run(steps, workers, revocations, startup_s, seed + k, Path(tmp),
-                                                 model)))
+                observed.append(analyze(real_run(steps, workers, revocations, startup_s, step_s, seed + k,
+                                                 Path(tmp), model)))
     finally:
         if started:
             ray.shutdown()
     real_total_s = time.perf_counter() - t
-    replays, sim = simulate(observed, workers, steps, revocations, runs, seed)
-    walls = [o.wall_s for o in observed]
-    lags = [x for o in observed for x in o.replacement_clock_lag_s]
-    real = float(np.mean(walls))
+    replays, sim = simulate(observed, workers, steps, revocations, startup_s, step_s, runs, seed)
+    times = [o.emulated_s for o in observed]
+    real = float(np.mean(times))
     return {
-        "real_wall_s": round(real, 2),
-        "sim_mean_wall_s": round(sim["time_mean_s"], 2),
-        "sim_p50": round(sim["time_p50_s"], 2),
-        "sim_p95": round(sim["time_p95_s"], 2),
+        "real_emulated_s": round(real, 3),
+        "sim_mean_s": round(sim["time_mean_s"], 3),
+        "sim_p50": round(sim["time_p50_s"], 3),
+        "sim_p95": round(sim["time_p95_s"], 3),
         "error_pct": round(100 * abs(sim["time_mean_s"] - real) / real, 2),
-        "real_walls_s": [round(w, 2) for w in walls],
-        "replay_walls_s": [round(r, 2) for r in replays],
-        "replay_error_pct": round(max(100 * abs(r - w) / w for r, w in zip(replays, walls, strict=True)), 2),
+        "real_emulated_times_s": [round(x, 3) for x in times],
+        "replay_times_s": [round(r, 3) for r in replays],
+        "replay_error_pct": round(max(100 * abs(r - x) / x for r, x in zip(replays, times, strict=True)), 3),
         "real_revocations": [o.revocations for o in observed],
         "sim_revocations_mean": round(sim["revocations_mean"], 2),
-        "speed_table_steps_per_s": {str(k): round(v, 2) for k, v in _pool_speed(observed).items()},
-        "time_at_count_s": [{str(k): round(v, 1) for k, v in o.time_at_count_s.items()} for o in observed],
-        "observed_recovery_s": [round(x, 2) for o in observed for x in o.recovery_s],
-        "initial_offset_s": round(float(np.mean([x for o in observed for x in o.initial_offset_s])), 2),
-        "replacement_clock_lag_s": round(float(np.mean(lags)), 2) if lags else None,
-        "hand_correction": False,  # the simulator's lifetimes are not shifted by the offsets above
-        "real_startup_s": [round(o.startup_s, 2) for o in observed],
-        "initial_join_spread_s": [round(o.initial_join_spread_s, 2) for o in observed],
+        "real_wall_s": [round(o.wall_s, 1) for o in observed],
+        "hand_correction": False,
         "real_total_s": round(real_total_s, 2),
-        "config": {"workers": workers, "ps": 1, "steps": steps, "model": model,
+        "config": {"workers": workers, "ps": 1, "steps": steps, "model": model, "step_s": step_s,
                    "revocations": revocations.__dict__, "startup_s": startup_s, "seed": seed, "runs": runs,
                    "real_runs": real_runs},
     }
@@ -401,19 +274,20 @@ def compare(workers: int = 3, steps: int = 2500, revocations: Revocations | None
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, default=3)
-    p.add_argument("--steps", type=int, default=2500)
+    p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--mode", choices=("lifetime", "every"), default="lifetime")
     p.add_argument("--lifetime-mean-s", type=float, default=45.0)
     p.add_argument("--every-s", type=float, default=10.0)
     p.add_argument("--first-s", type=float, default=5.0)
     p.add_argument("--startup-s", type=float, default=3.0)
+    p.add_argument("--step-s", type=float, default=0.05, help="emulated seconds per worker step")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--runs", type=int, default=2000)
     p.add_argument("--real-runs", type=int, default=1)
     p.add_argument("--model", default="resnet8")
     a = p.parse_args()
     rev = Revocations(a.mode, a.lifetime_mean_s, a.every_s, a.first_s)
-    print(json.dumps(compare(a.workers, a.steps, rev, a.startup_s, a.seed, a.runs, a.real_runs, a.model)))
+    print(json.dumps(compare(a.workers, a.steps, rev, a.startup_s, a.step_s, a.seed, a.runs, a.real_runs, a.model)))
 
 
 if __name__ == "__main__":
