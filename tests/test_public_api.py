@@ -25,7 +25,7 @@ PINNED: dict[str, list[str]] = {
     ],
     "cmdare.events": [
         "CheckpointReport", "EVENT_KINDS", "EvalReport", "EventReport", "RunInfo", "RunSummary", "ShardReport",
-        "StepReport", "TrainCallback",
+        "StepReport", "TrainCallback", "is_replacement", "is_revocation",
     ],
     "cmdare.measure": [
         "LIFETIME_MODELS", "LifetimeModel", "REPORTS", "Store", "StoreRecorder", "TensorBoardCallback", "build_report",
@@ -69,7 +69,7 @@ PINNED: dict[str, list[str]] = {
     "cmdare.train": ["OptimizerConfig", "TrainCallback", "TrainSpec", "Trainer", "train"],
     "cmdare.train.callbacks": [
         "CheckpointReport", "EVENT_KINDS", "EvalReport", "EventReport", "RunInfo", "RunSummary", "ShardReport",
-        "StepReport", "TrainCallback",
+        "StepReport", "TrainCallback", "is_replacement", "is_revocation",
     ],
     "cmdare.workloads": [
         "ModelSpec", "WorkloadProfile", "build_model", "count_flops_forward", "describe_model", "list_models",

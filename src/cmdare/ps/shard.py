@@ -98,9 +98,12 @@ class _ShardActorBase:
             return self.state.step
 
     def pull(self) -> tuple[np.ndarray, int]:
+        """The parameters and step; they cross the emulated link like a push's reply."""
         with self._lock:
             self.state.count_pull()
-            return self._params_out(), self.state.step
+            params, step = self._params_out(), self.state.step
+            self.state.transfer(params.nbytes)
+            return params, step
 
     def snapshot(self) -> BlockData:
         with self._whole_steps():
@@ -339,7 +342,9 @@ class SyncShardActor(_ShardActorBase):
 
     async def pull(self) -> tuple[np.ndarray, int]:  # type: ignore[override]
         self.state.count_pull()
-        return self.state.params.copy(), self.state.step
+        params, step = self.state.params.copy(), self.state.step
+        await self._transfer(params.nbytes)
+        return params, step
 
     async def snapshot(self) -> BlockData:  # type: ignore[override]
         return self.state.snapshot()

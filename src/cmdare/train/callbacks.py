@@ -17,6 +17,8 @@ from cmdare.events import (
     ShardReport,
     StepReport,
     TrainCallback,
+    is_replacement,
+    is_revocation,
 )
 
 __all__ = [
@@ -29,4 +31,6 @@ __all__ = [
     "ShardReport",
     "StepReport",
     "TrainCallback",
+    "is_replacement",
+    "is_revocation",
 ]

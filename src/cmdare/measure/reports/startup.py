@@ -33,9 +33,13 @@ def server_source(source: Any, run_id: Any, emulated: Any) -> str:
 
 
 def phase_table(store: Store) -> Any:
-    """Servers with phase durations (imported ones, and cmdare's own), each labelled with its ``source``."""
+    """GPU servers with phase durations (imported ones, and cmdare's own), each labelled with its ``source``.
+
+    Parameter servers are left out: the public data has no CPU servers, so an emulated one's start-up is
+    drawn from a GPU server's figures and says nothing of its own."""
     df = store.frame("servers")
     have = df[list(PHASES[:3])].notna().any(axis=1) if not df.empty else df.index == 0
+    have &= (df.role != "ps") if "role" in df.columns else True
     df = df[have].copy()
     require_rows(df, "server startup phases", store.url, "cmdare import cmdare DIR (CM-DARE's processed_data)")
     df["source"] = [server_source(*r) for r in zip(df.source, df.run_id, df.emulated, strict=True)]
