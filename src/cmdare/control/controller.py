@@ -22,7 +22,9 @@ from collections.abc import Sequence
 from cmdare.cloud.servers import ServerSpec
 from cmdare.control.duties import DutySchedule
 from cmdare.control.emulated_clock import EmulatedClock
+from cmdare.control.event_handlers import RunEventHandlers
 from cmdare.control.kernel import MembershipKernel
+from cmdare.control.liveness import Liveness
 from cmdare.control.ps_servers import PsServerKernel
 from cmdare.control.run_commands import (
     Balance,
@@ -31,7 +33,6 @@ from cmdare.control.run_commands import (
     EndRun,
     Fence,
     HoldAll,
-    Probe,
     SetRoundSize,
     StartDuty,
     Train,
@@ -40,23 +41,12 @@ from cmdare.control.run_config import RunConfig
 from cmdare.control.run_events import (
     ActionDone,
     AllStopped,
-    CheckpointFailed,
     CheckpointStored,
     ChunkDone,
-    ChunkFailed,
-    ClusterLost,
     DutyDone,
     Event,
-    PlacementRequested,
     ProbeDone,
-    PsNotice,
-    PsStartFailed,
     PsUp,
-    ServerStarting,
-    ShardLost,
-    Tick,
-    WorkerNotice,
-    WorkerStartFailed,
     WorkerStopped,
     WorkerUp,
 )
@@ -71,7 +61,7 @@ _SIGNS_OF_LIFE = (ChunkDone, WorkerStopped, AllStopped, WorkerUp, PsUp, DutyDone
                   CheckpointStored)
 
 
-class RunController:
+class RunController(RunEventHandlers):
     """Decides a run: feed it events with :meth:`handle`, carry out the commands it returns.
 
     Args:
@@ -103,9 +93,7 @@ class RunController:
         self.action: Command | None = None  # the action on quiesced shards under way
         self.balance_at = 0  # the next balancing step (0: none)
         self.balancing = False  # a Balance is out, not answered yet
-        self.heard_wall = 0.0  # the last news from training workers
-        self.progress_wall = 0.0  # the last time the step went up (or an action ended)
-        self.probe_wall: float | None = None  # a Probe is out since then
+        self.liveness = Liveness(config.probe_after_s, config.stuck_after_s)
         self.transitions: list[tuple[float, RunState, RunState]] = []
         #: The decisions taken: ``(cloud time, global step, command)`` of every command but the feeding of
         #: workers (Train, Fence, HoldAll), so two drivers' runs can be compared decision by decision.
@@ -134,7 +122,8 @@ class RunController:
         """The run starts at ``step``: the first wave of workers (one per data slot) and ``num_ps`` shards;
         ``up``: the first wave's processes are up already (the simulator; else each sends ``WorkerUp``)."""
         self.out.clear()
-        self.wall = self.heard_wall = self.progress_wall = self.workers.wall = self.shards.wall = wall
+        self.wall = self.workers.wall = self.shards.wall = wall
+        self.liveness.restart(wall)
         if self.clock is not None:
             self.clock.rebase(step)
             now = self.clock.time
@@ -159,7 +148,7 @@ class RunController:
         if handler is None:
             raise TypeError(f"the run controller takes no {type(event).__name__}")
         if isinstance(event, _SIGNS_OF_LIFE) and getattr(event, "ok", True):
-            self.heard_wall = self.wall  # the cluster answers (a failure report is no sign of life)
+            self.liveness.heard(self.wall)  # the cluster answers (a failure report is no sign of life)
         handler(event)
         self._settle()
         self._record()
@@ -172,174 +161,12 @@ class RunController:
         """When the driver should wake the controller (a Tick) at the latest, on its own clock: cloud events
         (for drivers that keep cloud time) and deadlines on real waits (inf: none)."""
         times = [t for t in (self.workers.next_wall(), self.shards.next_wall()) if t > self.wall]
-        times.append((self.probe_wall if self.probe_wall is not None else self.heard_wall) + self.config.probe_after_s)
+        times.append(self.liveness.next_wall())
         if self.clock is None:
             times.append(self._next_cloud_time())
         return min(times, default=math.inf)
 
-    # -- time ----------------------------------------------------------------------------------------
-    def _time(self, event: Event) -> None:
-        self.wall = self.workers.wall = self.shards.wall = event.wall
-        if self.clock is None:
-            if event.now is not None:
-                self.now = max(self.now, float(event.now))
-            return
-        step = getattr(event, "global_step", None)
-        if step is not None and step > self.clock.step:
-            self.now = self.clock.advance(step, self.rate())
-        elif isinstance(event, Tick):
-            at = self._jump_target()
-            if at is not None:
-                self.now = self.clock.jump(at)
-
-    def _jump_target(self) -> float | None:
-        """Emulation: when the emulated cluster cannot train until a cloud time (no member left until a
-        replacement is ready; the last shard parked, or a dead one, until its replacement is ready), cloud
-        time jumps to the next cloud event. None while training could go on, or while what it waits for is
-        real (a process starting, an action under way)."""
-        if self.action is not None:
-            return None
-        if self.rate() == 0:
-            ready = [r.ready_at for r in self.workers.waiting.values()]
-        elif self.shards.blocked(self.now):
-            ready = [s.ready_at for s in self.shards.spares.values()]
-        else:
-            return None
-        future = [t for t in ready if t is not None and t > self.now]
-        if not future:
-            return None
-        return min(min(future), self._next_cloud_time())
-
-    def _next_cloud_time(self) -> float:
-        """The next cloud time something falls due (what is due by now was decided already; inf: nothing)."""
-        return min(self.workers.next_time(self.now), self.shards.next_time(self.now))
-
-    def _progress(self, step: float) -> None:
-        if step > self.step:
-            self.step = step
-            self.progress_wall = self.wall
-
-    # -- events --------------------------------------------------------------------------------------
-    def _on_Tick(self, ev: Tick) -> None:
-        if ev.global_step is not None:
-            self._progress(ev.global_step)
-
-    def _on_ChunkDone(self, ev: ChunkDone) -> None:
-        self._progress(ev.global_step)
-        rec = self.workers.rec(ev.worker_id)
-        if rec is not None and rec.active and ev.steps:
-            info = self.kernel.state.worker(ev.worker_id)
-            if info is not None and info.trained_at is None:
-                self.workers.trained(ev.worker_id, self.now)
-
-    def _on_WorkerStopped(self, ev: WorkerStopped) -> None:
-        self._progress(ev.global_step)
-        self.workers.stopped(ev.worker_id)
-
-    def _on_AllStopped(self, ev: AllStopped) -> None:
-        self._progress(ev.global_step)
-        self.workers.training_ids.clear()
-
-    def _on_WorkerNotice(self, ev: WorkerNotice) -> None:
-        rec = self.workers.notice(ev.worker_id)
-        if rec is None:
-            return
-        if ev.worker_id == self.workers.chief and self.config.checkpoint_every and rec.up:
-            duty = self.duties.add("checkpoint", int(self.step), reason="notice")
-            self._run_duty(duty, rec)
-        else:
-            self.workers.release(ev.worker_id, self.now)
-            self._after_loss()
-
-    def _on_ChunkFailed(self, ev: ChunkFailed) -> None:
-        self.workers.stopped(ev.worker_id)
-        if not ev.shard_lost and self.workers.lose(ev.worker_id, self.now, "revoked"):
-            self._after_loss(ev.worker_id)
-
-    def _on_ServerStarting(self, ev: ServerStarting) -> None:
-        if ev.worker_id is not None:
-            self.workers.server_starting(ev.worker_id, ev.startup_s, self.now)
-        elif ev.key is not None:
-            self.shards.spare_starting(ev.key, ev.startup_s, self.now)
-
-    def _on_WorkerUp(self, ev: WorkerUp) -> None:
-        self.workers.process_up(ev.worker_id, self.now)
-
-    def _on_WorkerStartFailed(self, ev: WorkerStartFailed) -> None:
-        if ev.deterministic:
-            self._end("failed", f"worker {ev.worker_id} could not start: {ev.error}")
-            return
-        if self.workers.lose(ev.worker_id, self.now, f"failed to start ({ev.error})"):
-            self._after_loss(ev.worker_id)
-
-    def _on_PsNotice(self, ev: PsNotice) -> None:
-        self.shards.notice(ev.key, ev.deadline, self.now)
-
-    def _on_PsUp(self, ev: PsUp) -> None:
-        self.shards.spare_up(ev.key)
-
-    def _on_PsStartFailed(self, ev: PsStartFailed) -> None:
-        self.shards.spare_failed(ev.key)
-
-    def _on_ShardLost(self, ev: ShardLost) -> None:
-        self.shards.lost(ev.keys)
-
-    def _on_DutyDone(self, ev: DutyDone) -> None:
-        rec = self.workers.rec(ev.worker_id)
-        if rec is not None and rec.duties:
-            rec.duties -= 1
-        duty = self.duties.finished(ev.kind, ev.step, ev.ok, ev.worker_id)
-        if ev.ok:
-            if duty is not None and duty.reason == "notice":
-                self.workers.release(ev.worker_id, self.now)
-                self._after_loss(ev.worker_id)
-            return
-        if ev.shard_lost:
-            if isinstance(self.phase, Finishing):
-                self._end("failed", f"a parameter shard died during the final {ev.kind}; the latest stored "
-                                    f"checkpoint is kept ({self._resume_hint()})")
-                return
-            self.shards.lost(())
-        elif self.workers.lose(ev.worker_id, self.now, "revoked"):
-            self._after_loss(ev.worker_id)
-
-    def _on_CheckpointStored(self, ev: CheckpointStored) -> None:
-        self.duties.stored(ev.step)
-
-    def _on_CheckpointFailed(self, ev: CheckpointFailed) -> None:
-        self.duties.upload_failed(ev.step)
-
-    def _on_ActionDone(self, ev: ActionDone) -> None:
-        command, self.action = self.action, None
-        self.progress_wall = self.wall
-        if command is None:
-            return
-        self.shards.done(command, ev.ok, self.now, ev.num_shards, ev.removed_keys)
-        if ev.ok and ev.action == "restore" and ev.step is not None:
-            self.step = ev.step
-            if self.clock is not None:
-                self.clock.rebase(ev.step)
-            self.duties.restart(ev.step)
-            self.fence = ev.step
-
-    def _on_PlacementRequested(self, ev: PlacementRequested) -> None:
-        self.balancing = False
-        if ev.decisions:
-            self.shards.request_placement(tuple(ev.decisions))
-
-    def _on_ProbeDone(self, ev: ProbeDone) -> None:
-        self.probe_wall = None
-
-    def _on_ClusterLost(self, ev: ClusterLost) -> None:
-        self._end("failed", f"{ev.message}; {self._resume_hint()}")
-
     # -- decisions -----------------------------------------------------------------------------------
-    def _after_loss(self, worker_id: int | None = None) -> None:
-        """A worker left: its duties go to the next chief; a synchronous round shrinks at once."""
-        if worker_id is not None:
-            self.duties.chief_lost(worker_id)
-        self._shrink_round()
-
     def _shrink_round(self) -> None:
         n = max(1, self.workers.counted())
         if self.config.sync and n < self.round_size:
@@ -483,7 +310,7 @@ class RunController:
         if not trainable:
             return
         if not self.workers.training():  # training (re)starts: the silence and progress deadlines too
-            self.heard_wall = self.progress_wall = self.wall
+            self.liveness.restart(self.wall)
         self.holding = False
         for rec in trainable:
             self.workers.start_training(rec)
@@ -517,19 +344,13 @@ class RunController:
             self._end("finished", "no worker was left for the final evaluation and checkpoint")
 
     def _liveness(self) -> None:
-        """Deadlines on real waits: no news at all for a while (probe the workers, the shards and the cluster), no
-        answer to a probe, no progress though everything answers."""
-        wall, cfg = self.wall, self.config
-        if self.probe_wall is not None and wall - self.probe_wall >= cfg.probe_after_s:
-            self._end("failed", f"no answer from the cluster for {wall - self.probe_wall:.0f} s (a probe of the "
-                                f"workers and shards did not return); {self._resume_hint()}")
-            return
-        if (self.workers.training() or self.action is not None) and wall - self.progress_wall >= cfg.stuck_after_s:
-            self._end("failed", f"no training progress for {wall - self.progress_wall:.0f} s at step "
-                                f"{int(self.step)}, though the workers and shards answer; {self._resume_hint()}")
-        elif self.probe_wall is None and wall - self.heard_wall >= cfg.probe_after_s:
-            self.probe_wall = wall
-            self.out.append(Probe(wall - self.heard_wall))
+        """Deadlines on real waits (:class:`~cmdare.control.liveness.Liveness`): fail, or probe the cluster."""
+        busy = self.workers.training() or self.action is not None
+        failure = self.liveness.failure(self.wall, busy, int(self.step))
+        if failure is not None:
+            self._end("failed", f"{failure}; {self._resume_hint()}")
+        elif (probe := self.liveness.probe(self.wall)) is not None:
+            self.out.append(probe)
 
     def _resume_hint(self) -> str:
         return self.config.resume_hint(self.duties.latest_checkpoint())

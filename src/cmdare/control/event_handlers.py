@@ -1,0 +1,244 @@
+"""How events update a run's records and its time: the event half of :class:`~cmdare.control.controller.RunController`.
+
+Each ``_on_<Event>`` method takes one event type of :mod:`cmdare.control.run_events`; the controller then
+settles the run (its decision pass). Time: every event brings wall time; cloud time comes with the event
+(the simulator, a real cluster) or, in emulation, advances with the training progress it reports and jumps
+ahead when the emulated cluster can only wait for a cloud event.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cmdare.control.run_events import (
+    ActionDone,
+    AllStopped,
+    CheckpointFailed,
+    CheckpointStored,
+    ChunkDone,
+    ChunkFailed,
+    ClusterLost,
+    DutyDone,
+    Event,
+    PlacementRequested,
+    ProbeDone,
+    PsNotice,
+    PsStartFailed,
+    PsUp,
+    ServerStarting,
+    ShardLost,
+    Tick,
+    WorkerNotice,
+    WorkerStartFailed,
+    WorkerStopped,
+    WorkerUp,
+)
+from cmdare.control.run_state import Finishing
+
+if TYPE_CHECKING:
+    from cmdare.control.duties import DutySchedule
+    from cmdare.control.emulated_clock import EmulatedClock
+    from cmdare.control.liveness import Liveness
+    from cmdare.control.run_commands import Command
+    from cmdare.control.run_config import RunConfig
+    from cmdare.control.run_state import Phase
+    from cmdare.control.shard_control import ShardControl
+    from cmdare.control.worker_control import WorkerControl
+
+__all__ = ["RunEventHandlers"]
+
+
+class RunEventHandlers:
+    """The controller's event handlers and time keeping (a base of ``RunController``, never used alone)."""
+
+    config: RunConfig
+    clock: EmulatedClock | None
+    workers: WorkerControl
+    shards: ShardControl
+    duties: DutySchedule
+    liveness: Liveness
+    phase: Phase
+    action: Command | None
+    step: float
+    fence: int
+    now: float
+    wall: float
+    balancing: bool
+
+    # provided by the controller
+    def rate(self) -> float:
+        raise NotImplementedError
+
+    def _end(self, status: str, message: str = "") -> None:
+        raise NotImplementedError
+
+    def _resume_hint(self) -> str:
+        raise NotImplementedError
+
+    def _run_duty(self, duty: Any, rec: Any) -> None:
+        raise NotImplementedError
+
+    def _shrink_round(self) -> None:
+        raise NotImplementedError
+
+    # -- time ----------------------------------------------------------------------------------------
+    def _time(self, event: Event) -> None:
+        self.wall = self.workers.wall = self.shards.wall = event.wall
+        if self.clock is None:
+            if event.now is not None:
+                self.now = max(self.now, float(event.now))
+            return
+        step = getattr(event, "global_step", None)
+        if step is not None and step > self.clock.step:
+            self.now = self.clock.advance(step, self.rate())
+        elif isinstance(event, Tick):
+            at = self._jump_target()
+            if at is not None:
+                self.now = self.clock.jump(at)
+
+    def _jump_target(self) -> float | None:
+        """Emulation: when the emulated cluster cannot train until a cloud time (no member left until a
+        replacement is ready; the last shard parked, or a dead one, until its replacement is ready), cloud
+        time jumps to the next cloud event. None while training could go on, or while what it waits for is
+        real (a process starting, an action under way)."""
+        if self.action is not None:
+            return None
+        if self.rate() == 0:
+            ready = [r.ready_at for r in self.workers.waiting.values()]
+        elif self.shards.blocked(self.now):
+            ready = [s.ready_at for s in self.shards.spares.values()]
+        else:
+            return None
+        future = [t for t in ready if t is not None and t > self.now]
+        if not future:
+            return None
+        return min(min(future), self._next_cloud_time())
+
+    def _next_cloud_time(self) -> float:
+        """The next cloud time something falls due (what is due by now was decided already; inf: nothing)."""
+        return min(self.workers.next_time(self.now), self.shards.next_time(self.now))
+
+    def _progress(self, step: float) -> None:
+        if step > self.step:
+            self.step = step
+            self.liveness.progressed(self.wall)
+
+    # -- events --------------------------------------------------------------------------------------
+    def _on_Tick(self, ev: Tick) -> None:
+        if ev.global_step is not None:
+            self._progress(ev.global_step)
+
+    def _on_ChunkDone(self, ev: ChunkDone) -> None:
+        self._progress(ev.global_step)
+        rec = self.workers.rec(ev.worker_id)
+        if rec is not None and rec.active and ev.steps:
+            info = self.workers.kernel.state.worker(ev.worker_id)
+            if info is not None and info.trained_at is None:
+                self.workers.trained(ev.worker_id, self.now)
+
+    def _on_WorkerStopped(self, ev: WorkerStopped) -> None:
+        self._progress(ev.global_step)
+        self.workers.stopped(ev.worker_id)
+
+    def _on_AllStopped(self, ev: AllStopped) -> None:
+        self._progress(ev.global_step)
+        self.workers.training_ids.clear()
+
+    def _on_WorkerNotice(self, ev: WorkerNotice) -> None:
+        rec = self.workers.notice(ev.worker_id)
+        if rec is None:
+            return
+        if ev.worker_id == self.workers.chief and self.config.checkpoint_every and rec.up:
+            duty = self.duties.add("checkpoint", int(self.step), reason="notice")
+            self._run_duty(duty, rec)
+        else:
+            self.workers.release(ev.worker_id, self.now)
+            self._after_loss()
+
+    def _on_ChunkFailed(self, ev: ChunkFailed) -> None:
+        self.workers.stopped(ev.worker_id)
+        if not ev.shard_lost and self.workers.lose(ev.worker_id, self.now, "revoked"):
+            self._after_loss(ev.worker_id)
+
+    def _on_ServerStarting(self, ev: ServerStarting) -> None:
+        if ev.worker_id is not None:
+            self.workers.server_starting(ev.worker_id, ev.startup_s, self.now)
+        elif ev.key is not None:
+            self.shards.spare_starting(ev.key, ev.startup_s, self.now)
+
+    def _on_WorkerUp(self, ev: WorkerUp) -> None:
+        self.workers.process_up(ev.worker_id, self.now)
+
+    def _on_WorkerStartFailed(self, ev: WorkerStartFailed) -> None:
+        if ev.deterministic:
+            self._end("failed", f"worker {ev.worker_id} could not start: {ev.error}")
+            return
+        if self.workers.lose(ev.worker_id, self.now, f"failed to start ({ev.error})"):
+            self._after_loss(ev.worker_id)
+
+    def _on_PsNotice(self, ev: PsNotice) -> None:
+        self.shards.notice(ev.key, ev.deadline, self.now)
+
+    def _on_PsUp(self, ev: PsUp) -> None:
+        self.shards.spare_up(ev.key)
+
+    def _on_PsStartFailed(self, ev: PsStartFailed) -> None:
+        self.shards.spare_failed(ev.key)
+
+    def _on_ShardLost(self, ev: ShardLost) -> None:
+        self.shards.lost(ev.keys)
+
+    def _on_DutyDone(self, ev: DutyDone) -> None:
+        rec = self.workers.rec(ev.worker_id)
+        if rec is not None and rec.duties:
+            rec.duties -= 1
+        duty = self.duties.finished(ev.kind, ev.step, ev.ok, ev.worker_id)
+        if ev.ok:
+            if duty is not None and duty.reason == "notice":
+                self.workers.release(ev.worker_id, self.now)
+                self._after_loss(ev.worker_id)
+            return
+        if ev.shard_lost:
+            if isinstance(self.phase, Finishing):
+                self._end("failed", f"a parameter shard died during the final {ev.kind}; the latest stored "
+                                    f"checkpoint is kept ({self._resume_hint()})")
+                return
+            self.shards.lost(())
+        elif self.workers.lose(ev.worker_id, self.now, "revoked"):
+            self._after_loss(ev.worker_id)
+
+    def _on_CheckpointStored(self, ev: CheckpointStored) -> None:
+        self.duties.stored(ev.step)
+
+    def _on_CheckpointFailed(self, ev: CheckpointFailed) -> None:
+        self.duties.upload_failed(ev.step)
+
+    def _on_ActionDone(self, ev: ActionDone) -> None:
+        command, self.action = self.action, None
+        self.liveness.progressed(self.wall)
+        if command is None:
+            return
+        self.shards.done(command, ev.ok, self.now, ev.num_shards, ev.removed_keys)
+        if ev.ok and ev.action == "restore" and ev.step is not None:
+            self.step = ev.step
+            if self.clock is not None:
+                self.clock.rebase(ev.step)
+            self.duties.restart(ev.step)
+            self.fence = ev.step
+
+    def _on_PlacementRequested(self, ev: PlacementRequested) -> None:
+        self.balancing = False
+        if ev.decisions:
+            self.shards.request_placement(tuple(ev.decisions))
+
+    def _on_ProbeDone(self, ev: ProbeDone) -> None:
+        self.liveness.answered()
+
+    def _on_ClusterLost(self, ev: ClusterLost) -> None:
+        self._end("failed", f"{ev.message}; {self._resume_hint()}")
+
+    def _after_loss(self, worker_id: int | None = None) -> None:
+        """A worker left: its duties go to the next chief; a synchronous round shrinks at once."""
+        if worker_id is not None:
+            self.duties.chief_lost(worker_id)
+        self._shrink_round()
