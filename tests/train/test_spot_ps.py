@@ -114,5 +114,31 @@ def test_cli_summary_reports_evacuations_and_no_lost_steps(tmp_path):
            "--startup", "0", "--steps", "300", "--no-record", "--tensorboard", "none"]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    m = re.search(r"(\d+) shards evacuated, (\d+) steps lost", res.stdout)
-    assert m and int(m.group(1)) >= 1 and int(m.group(2)) == 0, res.stdout
+    m = re.search(r"(\d+) shards evacuated \((\d+) parked[^)]*\), (\d+) steps lost", res.stdout)
+    assert m and int(m.group(1)) >= 1 and int(m.group(3)) == 0, res.stdout
+
+
+def test_train_and_plan_simulate_park_the_last_shard_on_the_same_notice_trace(tmp_path):
+    # one PS server, noticed at cloud second 2 with a 4 s lead: its replacement's start-up (the startup model's,
+    # a minute or more) cannot make the deadline, so the last shard parks until it is up, in the trainer (emulated
+    # time, 0.02 s a worker step) and in the simulator alike, and no step is lost
+    trace = "trace=2@ps,notice=4"
+    cmdare = str(Path(sys.executable).parent / "cmdare")
+    env = dict(os.environ, CMDARE_HOME=str(tmp_path), COLUMNS="200")
+    train = subprocess.run([cmdare, "train", "--model", "resnet8", "--workers", "2", "--ps", "1", "--ps-transient",
+                            "--revocations", f"{trace},step=0.02", "--steps", "600", "--no-record",
+                            "--tensorboard", "none"], capture_output=True, text=True, env=env, timeout=300)
+    assert train.returncode == 0, train.stderr[-2000:]
+    plan = subprocess.run([cmdare, "plan", "simulate", "--model", "resnet32", "--workers", "k80:2", "--ps", "1",
+                           "--ps-transient", "--revocations", trace, "--steps", "2000", "--runs", "3"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    t = re.search(r"(\d+) shards evacuated \((\d+) parked until their replacement was up\), (\d+) steps lost",
+                  train.stdout)
+    p = re.search(r"([\d.]+) shards evacuated \(([\d.]+) parked until their replacement was up\), (\d+) steps lost",
+                  plan.stdout)
+    assert t and p, (train.stdout, plan.stdout)
+    assert (int(t.group(1)), int(t.group(2)), int(t.group(3))) == (1, 1, 0), train.stdout
+    assert (float(p.group(1)), float(p.group(2)), int(p.group(3))) == (1.0, 1.0, 0), plan.stdout
+    assert re.search(r"servers: 1 revoked, 1 replaced", train.stdout), train.stdout
+    assert "revocations 1.00, replacements 1.00" in plan.stdout, plan.stdout

@@ -364,6 +364,7 @@ def simulate_cmd(
         "revocations_mean": summary.revocations_mean,
         "replacements_mean": summary.replacements_mean,
         "evacuations_mean": summary.extra.get("evacuations_mean", 0.0),
+        "parks_mean": summary.extra.get("parks_mean", 0.0),
         **stats,
         "steps_lost_mean": summary.steps_lost_mean,
         "finished_fraction": summary.finished_fraction,
@@ -390,6 +391,10 @@ def simulate_cmd(
         table.add_row("accuracy", f"{a['mean']:.2%}", "", f"P5 {a['p5']:.2%}")
     console = Console()
     console.print(table)
+    if cluster.ps_transient:
+        console.print(f"parameter servers: {out['evacuations_mean']:.2f} shards evacuated ({out['parks_mean']:.2f} "
+                      f"parked until their replacement was up), {summary.steps_lost_mean:.0f} steps lost",
+                      highlight=False)
     console.print(
         f"revocations {summary.revocations_mean:.2f}, replacements {summary.replacements_mean:.2f}, "
         f"steps lost {summary.steps_lost_mean:.0f}; revocation-free time "

@@ -177,7 +177,8 @@ def train_command(
                   f"{summary.details.get('time_lost_s', 0.0):.1f} s of {clock} time lost; "
                   f"cost so far ${summary.cost_usd:.4f}{emulated}")
     if spec.ps_transient or summary.details.get("steps_lost"):
-        console.print(f"parameter servers: {summary.details.get('shards_evacuated', 0)} shards evacuated, "
+        console.print(f"parameter servers: {summary.details.get('shards_evacuated', 0)} shards evacuated "
+                      f"({summary.details.get('shards_parked', 0)} parked until their replacement was up), "
                       f"{summary.details.get('steps_lost', 0)} steps lost")
     console.print(f"measurements: {where}; checkpoints: {summary.details.get('checkpoint_dir')}")
     if summary.details.get("failed_checkpoints"):

@@ -158,7 +158,8 @@ class PsServerExecutor:
         k = self._index(server)
         placement = self.shards.placement
         assert placement is not None and k is not None
-        if cmd.onto == "survivors" and len(self.shards.shards) > 1:
+        onto_spare = not (cmd.onto == "survivors" and len(self.shards.shards) > 1)
+        if not onto_spare:
             decisions = self.drain_plan(placement, k)
         else:  # onto the spare: it becomes shard n, then shard k is emptied into it and removed
             assert cmd.spare is not None
@@ -173,6 +174,8 @@ class PsServerExecutor:
                            details={"shard_id": k, "onto": cmd.onto, "moved_bytes": result.moved_bytes,
                                     "pause_s": pause_s, "margin_s": cmd.deadline - now,
                                     "num_shards": len(self.shards.shards), "global_step": global_step})
+        if onto_spare:
+            self._replacement_joined()
         return E.ActionDone(wall=wall, action="evacuate", num_shards=len(self.shards.shards))
 
     def park(self, cmd: C.ParkPs, wall: float, now: float) -> E.ActionDone:
@@ -209,6 +212,7 @@ class PsServerExecutor:
             "shard_id": k, "onto": "replacement", "parked": True, "parked_s": time.time() - parked_at,
             "moved_bytes": int(data.params.nbytes + data.momentum.nbytes), "pause_s": time.perf_counter() - t0,
             "num_shards": len(self.shards.shards), "global_step": global_step})
+        self._replacement_joined()
         return E.ActionDone(wall=wall, action="unpark", num_shards=len(self.shards.shards))
 
     def fill(self, cmd: C.FillPs, workers: Sequence[Any], global_step: int, wall: float) -> E.ActionDone:
@@ -218,8 +222,12 @@ class PsServerExecutor:
         assert placement is not None
         result, _pause = self.changes.migrate(self.fill_plan(placement), workers, global_step)
         if not result.rolled_back:
-            self.emitter.event("ps_replacement_joined", details={"num_shards": len(self.shards.shards)})
+            self._replacement_joined()
         return E.ActionDone(wall=wall, action="fill", ok=not result.rolled_back, num_shards=len(self.shards.shards))
+
+    def _replacement_joined(self) -> None:
+        """A replacement PS server took blocks: it joined the run (counted as a replacement)."""
+        self.emitter.event("ps_replacement_joined", details={"num_shards": len(self.shards.shards)})
 
     def kill(self, cmd: C.KillPs) -> None:
         """Revoke the PS server now: its shard dies with its updates (a restore follows)."""

@@ -37,6 +37,7 @@ class RunMetrics(TrainCallback):
         self.lost_worker_s = 0.0  # worker-seconds lost: recovery of each replacement, detection of the rest
         self._open_losses: dict[int, float] = {}  # lost worker -> cloud time of the loss, until it is replaced
         self.shards_evacuated = 0
+        self.shards_parked = 0  # of which the last shard's, parked until its replacement was up
         self.steps_lost = 0  # rolled back to a checkpoint when a shard died
 
     def start_chunk(self, started_at: float, global_step: int) -> None:
@@ -58,6 +59,7 @@ class RunMetrics(TrainCallback):
             self.replacements += 1
         elif report.kind == "shard_evacuated":
             self.shards_evacuated += 1
+            self.shards_parked += bool(details.get("parked"))
         elif report.kind == "replacement_joined":
             self.replacements += 1
             self.lost_worker_s += float(details.get("recovery_s", 0.0))
@@ -104,4 +106,5 @@ class RunMetrics(TrainCallback):
                           details={"checkpoint_dir": checkpoint_dir, "startup_s": (self.first_step_at or now) - t_start,
                                    "time_lost_s": lost_worker_s / max(1, planned_workers), "emulated": emulated,
                                    "servers": len(servers), "failed_checkpoints": failed_checkpoints,
-                                   "shards_evacuated": self.shards_evacuated, "steps_lost": self.steps_lost})
+                                   "shards_evacuated": self.shards_evacuated, "shards_parked": self.shards_parked,
+                                   "steps_lost": self.steps_lost})
