@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from cmdare.train.watchdog import LoopWatchdog
+from cmdare.train.cluster_health import LoopWatchdog
 
 _RUN = """
 import ray

@@ -33,6 +33,7 @@ from cmdare.errors import ShardLostError
 from cmdare.events import StepReport
 from cmdare.storage import Storage
 from cmdare.train.chief_duties import ChiefDuties
+from cmdare.train.cluster_health import LoopWatchdog, cluster_lost, probe_actors
 from cmdare.train.detached import DetachedCalls
 from cmdare.train.emitter import RunEmitter
 from cmdare.train.faults import classify
@@ -42,7 +43,6 @@ from cmdare.train.run_control import write_status
 from cmdare.train.run_metrics import RunMetrics
 from cmdare.train.shard_group import ShardGroup
 from cmdare.train.spec import TrainSpec
-from cmdare.train.watchdog import LoopWatchdog
 from cmdare.train.worker import ChunkResult
 from cmdare.train.worker_executor import WorkerExecutor
 
@@ -370,25 +370,17 @@ class RayDriver:
     # -- commands: the run -------------------------------------------------------------------------------------
     def _do_Probe(self, cmd: C.Probe) -> list[E.Event]:
         """Nothing heard for a while: are the training workers, the shards and the cluster still there?"""
-        import ray
-
         wall = time.time()
-        events: list[E.Event] = []
-        lost = _cluster_lost()
+        lost = cluster_lost()
         if lost is not None:
             return [E.ClusterLost(wall=wall, message=lost)]
-        pings = {self.workers.workers[wid].actor.ping.remote(): wid for wid in self.feeding
-                 if wid in self.workers.workers}
-        ready, pending = ray.wait(list(pings), num_returns=len(pings), timeout=PROBE_TIMEOUT_S) if pings else ([], [])
-        for ref in pending:
-            self.detached.add(ref)
-            events.append(E.ChunkFailed(wall=wall, worker_id=pings[ref],
-                                        error=f"unresponsive for {cmd.silent_s:.0f} s"))
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayError as err:
-                events.append(E.ChunkFailed(wall=wall, worker_id=pings[ref], error=type(err).__name__))
+        actors = {wid: self.workers.workers[wid].actor for wid in self.feeding if wid in self.workers.workers}
+        failed, pending = probe_actors(actors, PROBE_TIMEOUT_S)
+        self.detached.add(*pending)
+        events: list[E.Event] = [
+            E.ChunkFailed(wall=wall, worker_id=wid,
+                          error=f"unresponsive for {cmd.silent_s:.0f} s" if why == "unresponsive" else why)
+            for wid, why in failed.items()]
         dead = self.ps.dead_keys()
         if dead:
             events.append(E.ShardLost(wall=wall, keys=dead))
@@ -402,19 +394,4 @@ class RayDriver:
         running = [*self.inflight, *self.duties.refs, *self.workers.ready_refs, *self.ps.ping_refs]
         self.inflight, self.duties.refs, self.workers.ready_refs, self.ps.ping_refs = {}, {}, {}, {}
         return running
-
-
-def _cluster_lost() -> str | None:
-    """Why the Ray cluster this driver uses is gone (its own node marked dead, the GCS unreachable), or None."""
-    import ray
-
-    try:
-        node = ray.get_runtime_context().get_node_id()
-        nodes = ray.nodes()
-    except Exception as err:  # noqa: BLE001 - the GCS does not answer
-        return f"the Ray cluster does not answer ({type(err).__name__})"
-    mine = next((n for n in nodes if n.get("NodeID") == node), None)
-    if mine is not None and not mine.get("Alive", True):
-        return "this run's Ray node was marked dead by Ray (its health checks went unanswered)"
-    return None
 

@@ -40,6 +40,7 @@ from cmdare.train.checkpoint import CheckpointStore
 from cmdare.train.checkpoint_uploads import CheckpointUploads
 from cmdare.train.chief_duties import ChiefDuties
 from cmdare.train.cluster import ensure_ray
+from cmdare.train.cluster_health import LoopWatchdog
 from cmdare.train.detached import DetachedCalls
 from cmdare.train.emitter import RunEmitter
 from cmdare.train.gpu_speeds import emulated_step_stretch
@@ -60,7 +61,6 @@ from cmdare.train.setup import (
 from cmdare.train.shard_group import ShardGroup
 from cmdare.train.spec import TrainSpec
 from cmdare.train.teardown import release_run
-from cmdare.train.watchdog import LoopWatchdog
 from cmdare.train.worker_executor import WorkerExecutor, WorkerHandle
 
 
