@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-slow lint install install-test
+.PHONY: run test test-cluster test-slow lint install install-test
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,11 @@ run: install
 
 test: install-test
 	$(BIN)/ruff check src tests bench
-	$(BIN)/python -m pytest -q -m "not slow" --durations=15
+	$(BIN)/python -m pytest -q -m "not slow and not cluster" --durations=15
+
+# Multi-node clusters, Ray's autoscaler and long end-to-end fault runs on real Ray (.ci/run runs them too).
+test-cluster: install-test
+	$(BIN)/python -m pytest -q -m "cluster and not slow" --durations=15
 
 # Tests that compare wall times of real runs (timing-sensitive on a shared machine): run apart.
 test-slow: install-test

@@ -100,6 +100,7 @@ def test_start_local_ray_refuses_a_ray_imported_too_early():
     assert "ClusterError" in proc.stderr and "127.0.0.1" in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.cluster  # make test-cluster: every bench up to its Ray start
 @pytest.mark.parametrize("bench", sorted(BENCHES))
 def test_bench_ray_runs_on_loopback(bench, probes):
     report = probes[bench]

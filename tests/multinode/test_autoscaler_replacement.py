@@ -26,6 +26,8 @@ _HEAD_ENV = {**FAST_NODE_DEATH, "AUTOSCALER_HEARTBEAT_TIMEOUT_S": "5"}
 # Prints [class, state, node id] of every actor (the fake provider's nodes share the head's temp dir).
 _ACTORS = """
 import json, sys, ray
+
+pytestmark = pytest.mark.cluster  # make test-cluster: Ray's autoscaler on a multi-node cluster
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 print(json.dumps([[a["ActorClassName"], a["State"], a["Address"]["NodeID"]]
                   for a in ray._private.state.actors().values()]))

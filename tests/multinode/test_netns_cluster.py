@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from netns_cluster import CMDARE, FAST_NODE_DEATH, NetnsCluster
 
+pytestmark = pytest.mark.cluster  # make test-cluster: a multi-node `ray start` cluster
+
 
 def _alive(pid: int) -> bool:
     """Whether host process ``pid`` runs (a zombie does not)."""

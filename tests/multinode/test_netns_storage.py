@@ -14,6 +14,8 @@ from netns_cluster import CMDARE, NetnsCluster
 from cmdare.storage import Storage
 from cmdare.train.checkpoint import CheckpointStore
 
+pytestmark = pytest.mark.cluster  # make test-cluster: a multi-node `ray start` cluster
+
 
 @pytest.mark.timeout(600)
 def test_joined_run_checkpoints_into_storage_and_resumes_on_a_fresh_local_ray(

@@ -35,6 +35,7 @@ def _spec(steps: int, storage: str) -> TrainSpec:
                      storage=storage, seed=3)
 
 
+@pytest.mark.cluster  # make test-cluster: two runs against the S3 emulator
 def test_a_run_checkpoints_into_s3_and_resumes_elsewhere(local_ray, s3, tmp_path):
     root = f"{s3.url}/runs"
     log = _Log()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 from sqlalchemy import text
 
 from cmdare.cloud.local import LocalClusterProvider
@@ -14,6 +15,8 @@ from cmdare.measure.store import open_store
 from cmdare.ps.optimizer import OptimizerConfig
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
+
+pytestmark = pytest.mark.cluster  # make test-cluster: a long run under random faults
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 

@@ -51,6 +51,7 @@ def _simulated():
     return run.controller
 
 
+@pytest.mark.cluster  # make test-cluster: a multi-node cluster against the simulator
 def test_trainer_and_simulator_take_the_same_decisions_at_the_same_cloud_times(cluster, tmp_path):
     trace = "+".join(f"{t}@{slot}" for t, slot in SCHEDULE)
     spec = TrainSpec(model="resnet8", dataset="digits", workers=3, ps=1, steps=STEPS, batch_size=16,

@@ -58,6 +58,7 @@ def _raylet_of(pid: int) -> int:
     raise AssertionError("no raylet under the run's process")
 
 
+@pytest.mark.cluster  # make test-cluster: a run on Ray until its node is marked dead
 def test_a_run_whose_ray_node_is_marked_dead_ends_with_one_line(tmp_path):
     env = dict(os.environ, CMDARE_HOME=str(tmp_path))
     err_file = (tmp_path / "stderr.txt").open("w")  # Ray logs a lot when its raylet dies: no pipe to fill up

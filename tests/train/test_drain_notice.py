@@ -8,6 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from cmdare.cloud.drain_watcher import DRAIN_PROVIDER, DrainWatcher
 from cmdare.cloud.local import LocalClusterProvider
 from cmdare.train import Trainer, TrainSpec
@@ -50,6 +52,7 @@ class _DrainChief(TrainCallback):
         self.checkpoints.append(r)
 
 
+@pytest.mark.cluster  # make test-cluster: a multi-node cluster with a drain
 def test_a_preemption_drain_is_a_notice_the_chief_checkpoints_leaves_and_is_replaced(cluster, tmp_path):
     spec = TrainSpec(model="resnet8", workers=2, steps=300, checkpoint_every=1000, eval_every=0, transient=True,
                      revocations="none", replace="same", startup="0", chunk_steps=5)

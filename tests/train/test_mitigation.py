@@ -58,6 +58,7 @@ class _Log(TrainCallback):
         self.events.append(r)
 
 
+@pytest.mark.cluster  # make test-cluster: a long run until the PS saturates
 def test_overloaded_ps_on_a_live_run_gets_a_second_shard(local_ray, tmp_path):
     # CM-DARE's case: one PS saturates on its network link. Here the PS server's link is emulated at 8 MB/s
     # (resnet8: 0.62 MB per push, ~13 pushes/s), so the PS stays the bottleneck however slow the shared CPUs

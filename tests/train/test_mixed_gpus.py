@@ -17,6 +17,8 @@ from cmdare.measure.store import open_store
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.gpu_speeds import step_time_s
 
+pytestmark = pytest.mark.cluster  # make test-cluster: multi-node clusters of mixed GPU types
+
 MIX = "k80:2,v100:1"
 
 

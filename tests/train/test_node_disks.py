@@ -13,6 +13,8 @@ from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
 from cmdare.train.checkpoint import CheckpointStore
 
+pytestmark = pytest.mark.cluster  # make test-cluster: multi-node clusters with a disk per node
+
 
 def test_a_node_writes_to_its_own_disk_and_loses_it_with_the_node(cluster, tmp_path):
     import ray

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_ps_equivalence import OPT  # noqa: E402
 
 from cmdare.train import Trainer, TrainSpec
@@ -61,6 +62,7 @@ def test_sync_run_with_ps_evacuations_equals_the_fault_free_run(local_ray, tmp_p
     np.testing.assert_array_equal(_params(tmp_path / "spot"), _params(tmp_path / "plain"))
 
 
+@pytest.mark.cluster  # make test-cluster: a long run with PS notices
 def test_the_last_shard_moves_to_its_replacement_within_the_notice(local_ray, tmp_path):
     plain = Trainer(_spec(ps=1, steps=300, checkpoint_every=300), checkpoint_dir=tmp_path / "plain").run()
     log = _Events()
@@ -74,6 +76,7 @@ def test_the_last_shard_moves_to_its_replacement_within_the_notice(local_ray, tm
     np.testing.assert_array_equal(_params(tmp_path / "spot"), _params(tmp_path / "plain"))
 
 
+@pytest.mark.cluster  # make test-cluster: a long run with PS notices
 def test_a_short_notice_parks_the_last_shards_blocks_until_its_replacement_is_up(local_ray, tmp_path):
     # the notice at round 50, its deadline 1 emulated second later: the replacement's start-up is 60 s (startup),
     # so at half the notice (round 100) the last shard parks until the replacement is up
@@ -107,6 +110,7 @@ def test_without_notice_the_shards_roll_back_and_the_lost_steps_are_reported(loc
     assert all(e.details["steps_lost"] < 20 for e in restored)
 
 
+@pytest.mark.cluster  # make test-cluster: a long CLI run with PS notices
 def test_cli_summary_reports_evacuations_and_no_lost_steps(tmp_path):
     env = dict(os.environ, CMDARE_HOME=str(tmp_path))
     cmd = [str(Path(sys.executable).parent / "cmdare"), "train", "--model", "resnet8", "--sync", "--workers", "2",
@@ -118,6 +122,7 @@ def test_cli_summary_reports_evacuations_and_no_lost_steps(tmp_path):
     assert m and int(m.group(1)) >= 1 and int(m.group(3)) == 0, res.stdout
 
 
+@pytest.mark.cluster  # make test-cluster: a long CLI run and its simulation
 def test_train_and_plan_simulate_park_the_last_shard_on_the_same_notice_trace(tmp_path):
     # one PS server, noticed at cloud second 2 with a 4 s lead: its replacement's start-up (the startup model's,
     # a minute or more) cannot make the deadline, so the last shard parks until it is up, in the trainer (emulated

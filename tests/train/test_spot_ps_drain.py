@@ -17,6 +17,8 @@ from cmdare.train.callbacks import TrainCallback
 from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
 from cmdare.train.cluster import start_local_cluster
 
+pytestmark = pytest.mark.cluster  # make test-cluster: a multi-node cluster whose PS node is drained
+
 DEADLINE_S = 60
 
 

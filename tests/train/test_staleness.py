@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cmdare.measure.recorder import StoreRecorder
 from cmdare.ps.optimizer import OptimizerConfig
 from cmdare.train import Trainer, TrainSpec
@@ -27,6 +29,7 @@ def _run(workers: int, tmp_path, recorder=None, steps: int = 60) -> tuple[_Stale
     return log, summary
 
 
+@pytest.mark.cluster  # make test-cluster: runs with 1 to 4 async workers
 def test_staleness_grows_with_async_workers(local_ray, tmp_path):
     url = f"sqlite:///{tmp_path / 'store.db'}"
     one, s1 = _run(1, tmp_path)

@@ -92,7 +92,8 @@ def test_ps_commands_refuse_finished_runs_and_the_last_shard(tmp_path):
 TB_TAGS = ("global_step/sec", "loss", "accuracy", "checkpoint_s")
 
 
-@pytest.mark.parametrize("where", ["default", "none", "dir"])
+@pytest.mark.parametrize("where", ["default", pytest.param("none", marks=pytest.mark.cluster),
+                                   pytest.param("dir", marks=pytest.mark.cluster)])  # make test-cluster: 2 more runs
 def test_tensorboard_scalars_by_default(tmp_path, where):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -132,6 +133,7 @@ print(f"status {s.status} step {s.global_step} revoked {s.revocations} replaced 
 """
 
 
+@pytest.mark.cluster  # make test-cluster: a CLI run with two revocations at once
 def test_two_revocations_in_one_tick_print_no_unhandled_ray_errors(tmp_path):
     # Both workers revoked at once, replacements with no start-up delay. Calls on revoked workers fail; the
     # coordinator must fetch each failed result itself instead of leaving it for Ray to print as an

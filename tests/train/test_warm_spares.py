@@ -90,6 +90,7 @@ def _assert_replaced_from_the_pool(trainer, log):
     return joined
 
 
+@pytest.mark.cluster  # make test-cluster: a multi-node cluster with warm spares
 def test_a_killed_workers_replacement_is_a_warm_spare(cluster, tmp_path):
     trainer, summary, log = _run_with_a_node_killed(cluster, tmp_path, _spec())
     assert summary.status == "finished" and summary.global_step == 400
@@ -97,6 +98,7 @@ def test_a_killed_workers_replacement_is_a_warm_spare(cluster, tmp_path):
     _assert_replaced_from_the_pool(trainer, log)
 
 
+@pytest.mark.cluster  # make test-cluster: a multi-node cluster with warm spares
 def test_a_synchronous_run_trains_on_with_a_warm_replacement(cluster, tmp_path):
     trainer, summary, log = _run_with_a_node_killed(cluster, tmp_path, _spec(sync=True, steps=200, eval_every=0))
     assert summary.status == "finished" and summary.global_step == 200  # the target, not one round past it
