@@ -91,6 +91,7 @@ def test_servers_emulated_column_migrates_with_backfill(tmp_path):
     assert servers == {"a": True, "b": False, "c": False}
 
 
+@pytest.mark.cluster  # make test-cluster: a real run with replacements, then its report
 def test_startup_report_keeps_emulated_servers_apart(local_ray, tmp_path):
     from cmdare.ps.optimizer import OptimizerConfig
     from cmdare.train import Trainer, TrainSpec

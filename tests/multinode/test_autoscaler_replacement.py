@@ -20,14 +20,14 @@ import yaml
 from netns_cluster import CMDARE, FAST_NODE_DEATH, PYTHON, RAY, NetnsCluster
 from sqlalchemy import create_engine, text
 
+pytestmark = pytest.mark.cluster  # make test-cluster: Ray's autoscaler on a multi-node cluster
+
 # The autoscaler gives up on a node that stopped reporting after this many seconds (a cloud reports a
 # preempted VM gone by itself; the fake provider keeps listing a killed node until the autoscaler ends it).
 _HEAD_ENV = {**FAST_NODE_DEATH, "AUTOSCALER_HEARTBEAT_TIMEOUT_S": "5"}
 # Prints [class, state, node id] of every actor (the fake provider's nodes share the head's temp dir).
 _ACTORS = """
 import json, sys, ray
-
-pytestmark = pytest.mark.cluster  # make test-cluster: Ray's autoscaler on a multi-node cluster
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 print(json.dumps([[a["ActorClassName"], a["State"], a["Address"]["NodeID"]]
                   for a in ray._private.state.actors().values()]))

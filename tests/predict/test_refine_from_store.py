@@ -49,6 +49,7 @@ def _own_rows(home, monkeypatch):
         store.close()
 
 
+@pytest.mark.cluster  # make test-cluster: real runs recorded, then refit
 def test_refit_from_store_reports_held_out_errors(recorded_home, monkeypatch):
     _clear_caches()
     code, out, err = _cli(recorded_home, "models", "fit", "--from-store")
@@ -64,6 +65,7 @@ def test_refit_from_store_reports_held_out_errors(recorded_home, monkeypatch):
 @pytest.mark.xfail(strict=False, reason="issue 17 target not reliably met: on the shared 2-core host the CPU "
                    "runs' speeds (1-3 workers) are set by other load; the PS-queue correction has beaten the "
                    "prior in 3 of 6 trials (see docs/models.md)")
+@pytest.mark.cluster  # make test-cluster: real runs recorded, then refit
 def test_refit_from_store_lowers_held_out_error(recorded_home, monkeypatch):
     import cmdare.predict as P
     from cmdare.predict.refine import fit_speed_refinement, zoo_workload_features
@@ -85,6 +87,7 @@ def test_refit_from_store_lowers_held_out_error(recorded_home, monkeypatch):
     assert err_refined < err_prior
 
 
+@pytest.mark.cluster  # make test-cluster: real runs recorded, then refit
 def test_plan_says_it_uses_the_refined_models(recorded_home):
     _clear_caches()
     code, out, err = _cli(recorded_home, "models", "fit", "--from-store")

@@ -60,6 +60,7 @@ def test_a_run_checkpoints_into_s3_and_resumes_elsewhere(local_ray, s3, tmp_path
     assert not (tmp_path / "other-machine" / "checkpoints" / "run-s3").exists()
 
 
+@pytest.mark.cluster  # make test-cluster: two runs against the GCS emulator
 def test_a_run_checkpoints_into_gcs_and_resumes(local_ray, gcs):
     root = f"{gcs.url}/runs"
     assert Trainer(_spec(10, root), run_id="run-gs").run().status == "finished"

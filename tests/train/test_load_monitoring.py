@@ -4,6 +4,7 @@ the emulated PS link, and their records in the store."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from sqlalchemy import text
 
 from cmdare.measure.recorder import StoreRecorder
@@ -30,6 +31,7 @@ def _spec(**kw) -> TrainSpec:
     return TrainSpec(**base)
 
 
+@pytest.mark.cluster  # make test-cluster: a run over a slow emulated link
 def test_slow_link_shard_shows_in_busy_queue_and_wait_and_blocks_are_recorded(local_ray, tmp_path):
     got = _Shards()
     store = open_store(f"sqlite:///{tmp_path / 'm.db'}")

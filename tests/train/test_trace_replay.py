@@ -28,6 +28,7 @@ def _simulated(monkeypatch, capsys, trace: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.cluster  # make test-cluster: a trace through a real run and the simulator
 def test_one_trace_through_train_and_plan_simulate(local_ray, tmp_path, monkeypatch, capsys):
     trace = tmp_path / "trace.csv"
     trace.write_text(TRACE)

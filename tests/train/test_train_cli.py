@@ -92,8 +92,8 @@ def test_ps_commands_refuse_finished_runs_and_the_last_shard(tmp_path):
 TB_TAGS = ("global_step/sec", "loss", "accuracy", "checkpoint_s")
 
 
-@pytest.mark.parametrize("where", ["default", pytest.param("none", marks=pytest.mark.cluster),
-                                   pytest.param("dir", marks=pytest.mark.cluster)])  # make test-cluster: 2 more runs
+@pytest.mark.cluster  # make test-cluster: three real CLI runs
+@pytest.mark.parametrize("where", ["default", "none", "dir"])
 def test_tensorboard_scalars_by_default(tmp_path, where):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
