@@ -24,7 +24,7 @@ CLOUD_FAILURE_DETECTION = {"health_check_period_ms": 1000, "health_check_timeout
 INLINE_OBJECTS = {"max_direct_call_object_size": 1 << 20}
 #: Ray starts its worker processes at niceness 15, below everything else on the machine. The training
 #: processes are the job: on a machine shared with other work, niceness 15 starved them (one core shared
-#: with a busy loop: 670 ms per step instead of ~50 ms, `cmdare train` 32x slower than on an idle machine).
+#: with a busy loop: 670 ms of compute per step against 16 ms idle, `cmdare train` 32x slower than idle).
 #: Only for the instance ``cmdare train`` starts itself; a cluster it joins keeps the cluster's setting.
 TRAINING_PRIORITY = {"worker_niceness": 0}
 #: What cmdare gives Ray's ``_system_config`` / ``ray start --system-config`` on this machine and on a cloud.
