@@ -173,3 +173,44 @@ def test_lower_bounds_hold_for_every_run():
         runs = sim.run_many(100, seed=5)
         assert sum(r.revocations for r in runs) > 0
         assert all(r.wall_time_s >= t_low * (1 - 1e-9) and r.cost_usd >= c_low * (1 - 1e-9) for r in runs)
+
+
+@pytest.mark.parametrize(("gpu", "region"), [("k80", "us-east1"), ("v100", "us-west1"), ("t4", "europe-west4")])
+def test_replacement_startup_draws_are_the_startup_models_draws(gpu, region):
+    """The planner's replacement start-up (drawn thousands of times per plan, so drawn in one call) is exactly
+    the sum of the startup model's per-phase draws from the same stream."""
+    from cmdare.plan.adapters import _Startup
+
+    startup = _Startup()
+    coast = "west" if "west" in region else "east" if "east" in region else None
+    for seed in range(200):
+        fast = startup.sample(np.random.default_rng(seed), gpu, True, region)
+        phases = startup.model.sample(np.random.default_rng(seed), gpu, True, coast)
+        assert fast == float(sum(phases.values()))
+
+
+def test_events_of_one_instant_decided_at_once_change_no_run(monkeypatch):
+    """The simulator hands the controller a Tick and what happened at that instant together (one decision
+    pass); handing them one by one, as a driver without batches does, gives the very same runs."""
+    from cmdare.plan import sim_driver
+    from cmdare.plan.adapters import load_plan_models
+
+    models = load_plan_models("resnet32", "bathtub")
+    cluster = ClusterSpec((WorkerGroup("k80", 12, True, "us-east1"), WorkerGroup("v100", 4, True, "us-east1")),
+                          ps=2, region="us-east1", replacement="cheapest")
+    sim = Simulator(JobSpec("resnet32", 2_000_000), cluster, models)
+
+    def runs():
+        return [sim.run_traced(np.random.default_rng(seed)) for seed in range(6)]
+
+    batched = runs()
+
+    def one_by_one(self, events):
+        self._feed(events)
+
+    monkeypatch.setattr(sim_driver.SimRun, "_feed_at_once", one_by_one)
+    single = runs()
+    assert [r for r, _ in batched] == [r for r, _ in single]
+    assert [[(e.kind, e.time, e.worker_id, e.slot) for e in t] for _, t in batched] == \
+        [[(e.kind, e.time, e.worker_id, e.slot) for e in t] for _, t in single]
+    assert sum(r.revocations for r, _ in batched) > 0

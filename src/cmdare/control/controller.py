@@ -140,16 +140,22 @@ class RunController(RunEventHandlers):
 
     def handle(self, event: Event) -> list[Command]:
         """Take one event; returns the commands to carry out, in order."""
+        return self.handle_all((event,))
+
+    def handle_all(self, events: Sequence[Event]) -> list[Command]:
+        """Take events that happened at once (the same instant, in order), then decide once; returns the
+        commands to carry out, in order."""
         self.out.clear()
         if self.ended:
             return []
-        self._time(event)
-        handler = getattr(self, "_on_" + type(event).__name__, None)
-        if handler is None:
-            raise TypeError(f"the run controller takes no {type(event).__name__}")
-        if isinstance(event, _SIGNS_OF_LIFE) and getattr(event, "ok", True):
-            self.liveness.heard(self.wall)  # the cluster answers (a failure report is no sign of life)
-        handler(event)
+        for event in events:
+            handler = getattr(self, "_on_" + type(event).__name__, None)
+            if handler is None:
+                raise TypeError(f"the run controller takes no {type(event).__name__}")
+            self._time(event)
+            if isinstance(event, _SIGNS_OF_LIFE) and getattr(event, "ok", True):
+                self.liveness.heard(self.wall)  # the cluster answers (a failure report is no sign of life)
+            handler(event)
         self._settle()
         self._record()
         return list(self.out)
@@ -168,8 +174,10 @@ class RunController(RunEventHandlers):
 
     # -- decisions -----------------------------------------------------------------------------------
     def _shrink_round(self) -> None:
+        if not self.config.sync:  # only synchronous rounds have a size
+            return
         n = max(1, self.workers.counted())
-        if self.config.sync and n < self.round_size:
+        if n < self.round_size:
             self.round_size = n
             self.out.append(SetRoundSize(n))
 

@@ -86,8 +86,16 @@ class MembershipKernel:
     # -- what happened ---------------------------------------------------------------------------
     def start(self, workers: Sequence[WorkerInfo], now: float) -> list[Decision]:
         """The first wave of workers, all at once (one chief election, one learning-rate decision)."""
-        for w in workers:
-            self._add(w, now)
+        ids = {w.worker_id for w in workers}
+        if len(ids) == len(workers) and not ids & {w.worker_id for w in self.state.workers}:
+            slots = {w.slot for w in workers}  # the membership is built once, not worker by worker
+            self.state = self.state.replace(workers=(*self.state.workers, *workers),
+                                            pending=tuple(p for p in self.state.pending if p.slot not in slots))
+            for w in workers:
+                self._admitted(w, now)
+        else:
+            for w in workers:
+                self._add(w, now)
         decisions: list[Decision] = [self._set_chief(self.chief_policy.elect(self.state.workers), now)]
         return decisions + self._apply_lr(now)
 
@@ -165,17 +173,29 @@ class MembershipKernel:
         ``others`` are more servers a periodic or scripted source picks among (transient PS servers, with
         negative ids, see :class:`~cmdare.control.ps_servers.PsServerInfo`); ``workers=False`` leaves the
         workers out (``hit=ps``)."""
-        trained = [w for w in self.state.workers if w.trained_at is not None and w.worker_id not in self._revoking]
-        trained = trained if workers else []
-        out = [w.worker_id for w in trained if self.deadlines.get(w.worker_id, float("inf")) <= now]
-        for wid in self.revocations.due(now, started_at, [*trained, *others]):
-            if wid not in out:
-                out.append(wid)
+        out: list[int] = []
+        if workers and self.deadlines and min(self.deadlines.values()) <= now:
+            expired = {wid for wid, t in self.deadlines.items() if t <= now}
+            out = [w.worker_id for w in self.state.workers if w.worker_id in expired and w.trained_at is not None
+                   and w.worker_id not in self._revoking]
+        at = self.revocations.next_due(started_at)
+        if at is not None and at <= now:  # a scheduled pick falls due
+            for wid in self.revocations.due(now, started_at, [*(self._trained() if workers else ()), *others]):
+                if wid not in out:
+                    out.append(wid)
         return out
 
+    def _trained(self) -> list[WorkerInfo]:
+        """Live workers that trained and whose revocation is not under way (those a revocation may hit)."""
+        return [w for w in self.state.workers if w.trained_at is not None and w.worker_id not in self._revoking]
+
     def _add(self, worker: WorkerInfo, now: float) -> None:
-        self._tried.pop(worker.slot, None)
         self.state = self.state.with_worker(worker)
+        self._admitted(worker, now)
+
+    def _admitted(self, worker: WorkerInfo, now: float) -> None:
+        """``worker`` is in the membership: record its join and draw its server's lifetime."""
+        self._tried.pop(worker.slot, None)
         self._record("join", now, worker.worker_id, worker.slot, gpu=worker.server.gpu_type)
         deadline = self.revocations.deadline(worker)  # drawn once per server, when it is ready
         if deadline is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from cmdare.cloud.servers import ServerSpec
@@ -64,6 +65,9 @@ class MembershipEvent:
         return (self.kind, self.worker_id, self.slot, tuple(sorted(value.items())))
 
 
+_WORKER_ID = attrgetter("worker_id")
+
+
 @dataclass(frozen=True)
 class Membership:
     """Who trains now."""
@@ -81,17 +85,28 @@ class Membership:
 
     def worker(self, worker_id: int) -> WorkerInfo | None:
         """The live worker ``worker_id``, or None."""
-        return next((w for w in self.workers if w.worker_id == worker_id), None)
+        i = self._index(worker_id)
+        return None if i is None else self.workers[i]
+
+    def _index(self, worker_id: int) -> int | None:
+        ids = list(map(_WORKER_ID, self.workers))
+        return ids.index(worker_id) if worker_id in ids else None
 
     def with_worker(self, worker: WorkerInfo) -> Membership:
         """Add (or update) a worker; a replacement for its slot is no longer pending."""
-        rest = tuple(w for w in self.workers if w.worker_id != worker.worker_id)
-        pending = tuple(p for p in self.pending if p.slot != worker.slot)
-        return dataclasses.replace(self, workers=(*rest, worker), pending=pending)
+        rest, i = self.workers, self._index(worker.worker_id)
+        if i is not None:  # an update: the worker moves to the end, as a join would put it
+            rest = rest[:i] + rest[i + 1:]
+        pending = tuple(p for p in self.pending if p.slot != worker.slot) if self.pending else ()
+        return Membership(self.planned, (*rest, worker), self.chief, pending, self.lr_scale)
 
     def without_worker(self, worker_id: int) -> Membership:
         """Drop a worker (lost or gone)."""
-        return dataclasses.replace(self, workers=tuple(w for w in self.workers if w.worker_id != worker_id))
+        i = self._index(worker_id)
+        if i is None:
+            return self
+        return Membership(self.planned, self.workers[:i] + self.workers[i + 1:], self.chief, self.pending,
+                          self.lr_scale)
 
     def replace(self, **changes: Any) -> Membership:
         """A copy with ``changes`` (chief, pending, lr_scale)."""

@@ -88,8 +88,8 @@ class WorkerControl:
         """Members that could take work now (up, idle, no duty, not leaving)."""
         if len(self.training_ids) >= len(self.active):
             return []
-        return [r for r in self.active.values()
-                if r.up and r.worker_id not in self.training_ids and not r.duties and not r.leaving]
+        idle = self.active.keys() - self.training_ids
+        return [r for wid, r in self.active.items() if wid in idle and r.up and not r.duties and not r.leaving]
 
     def training(self) -> bool:
         """Whether any worker is training."""
@@ -238,8 +238,8 @@ class WorkerControl:
         """The earliest cloud time the revocation source may revoke a member (cached until members change)."""
         if "due" not in self._cache:
             times = []
-            if self.config.hit_workers:
-                times = [t for wid, t in self.kernel.deadlines.items() if wid in self.active]
+            if self.config.hit_workers and self.kernel.deadlines:  # members' deadlines (a lost one's is dropped)
+                times = [min(self.kernel.deadlines.values())]
             if self.started_at is not None:
                 at = self.kernel.revocations.next_due(self.started_at)
                 if at is not None:
@@ -290,6 +290,8 @@ class WorkerControl:
 
     def next_wall(self) -> float:
         """The next wall time a start time-out falls due (inf: none)."""
+        if math.isinf(self.config.start_timeout_s):
+            return math.inf
         if "wall" not in self._cache:
             self._cache["wall"] = min((r.requested_wall + self.config.start_timeout_s for r in
                                        [*self.active.values(), *self.waiting.values()] if not r.up),

@@ -82,6 +82,7 @@ class SimRun:
         self.controller = RunController(config, kernel, ps_kernel)
         self.workers: dict[int, ServerSpec] = {}  # live worker servers, billed
         self.training: set[int] = set()
+        self._counts = [0] * len(sim.gpus)  # workers training per GPU type (kept with ``training``)
         self.ps_billed = cluster.ps
         self.num_shards = cluster.ps
         self.result_done = self.env.event()
@@ -170,7 +171,7 @@ class SimRun:
         self.cost_per_s += delta_per_s
 
     def _price_s(self, spec: ServerSpec) -> float:
-        return self.sim.models.prices.price_per_hour_usd(spec.gpu_type, spec.region, spec.transient) / 3600
+        return self.sim.price_s(spec)
 
     def _advance(self) -> None:
         now = self.env.now
@@ -185,14 +186,10 @@ class SimRun:
         controller = self.controller
         self.speed = 0.0
         if self.training:
-            index = self.sim.gpu_index
-            counts = [0] * len(self.sim.gpus)
-            for wid in self.training:
-                counts[index[self.workers[wid].gpu_type]] += 1
             chief = controller.workers.chief
             chief = chief if chief in self.workers else min(self.training)
-            chief_gpu = self.workers[chief].gpu_type
-            self.speed = self.sim.rate(tuple(counts), index[chief_gpu], self.num_shards) * self.speed_factor
+            chief_gpu = self.sim.gpu_index[self.workers[chief].gpu_type]
+            self.speed = self.sim.rate(tuple(self._counts), chief_gpu, self.num_shards) * self.speed_factor
         at = controller.next_wakeup()
         if self.speed > 0:
             at = min(at, self.env.now + (min(self.fence, self.total) - self.progress) / self.speed)
@@ -207,7 +204,7 @@ class SimRun:
         fence = min(self.fence, self.total)
         if self.training and self.progress >= fence - 1e-9 * max(1.0, fence):
             self.progress = fence
-            self.training = set()
+            self._stop_all()
             self._feed([E.AllStopped(wall=self.env.now, now=self.env.now, global_step=fence)])
         else:
             self._feed([self._tick()])
@@ -228,6 +225,18 @@ class SimRun:
         if self.ended is None:
             self._reschedule()
 
+    def _feed_at_once(self, events: list[E.Event]) -> None:
+        """Events of one instant (a Tick with the progress, then what happened), decided at once."""
+        if self._busy:
+            self._pending.extend(events)
+            return
+        self._busy = True
+        try:
+            self._run(self.controller.handle_all(events))
+        finally:
+            self._busy = False
+        self._feed([])
+
     def _run(self, commands: list[C.Command]) -> None:
         for c in commands:
             getattr(self, "_do_" + type(c).__name__)(c)
@@ -242,7 +251,7 @@ class SimRun:
         if self.ended is not None:
             return
         self._advance()
-        self._feed([self._tick(), event(self.env.now) if callable(event) else event])
+        self._feed_at_once([self._tick(), event(self.env.now) if callable(event) else event])
 
     def _give_up(self, _ev: simpy.Event) -> None:
         if not self.result_done.triggered:
@@ -254,10 +263,16 @@ class SimRun:
         self.fence = c.step
 
     def _do_Train(self, c: C.Train) -> None:
-        self.training.add(c.worker_id)
+        if c.worker_id not in self.training:
+            self.training.add(c.worker_id)
+            self._counts[self.sim.gpu_index[self.workers[c.worker_id].gpu_type]] += 1
+
+    def _stop_all(self) -> None:
+        self.training = set()
+        self._counts = [0] * len(self._counts)
 
     def _do_HoldAll(self, c: C.HoldAll) -> None:
-        self.training = set()
+        self._stop_all()
         self._pending.append(E.AllStopped(wall=self.env.now, now=self.env.now, global_step=self.progress))
 
     def _do_StartWorker(self, c: C.StartWorker) -> None:
@@ -275,7 +290,9 @@ class SimRun:
 
     def _end_worker(self, worker_id: int) -> None:
         spec = self.workers.pop(worker_id, None)
-        self.training.discard(worker_id)
+        if worker_id in self.training:
+            self.training.discard(worker_id)
+            self._counts[self.sim.gpu_index[spec.gpu_type]] -= 1  # type: ignore[union-attr]  # training: live
         if spec is not None:
             self._bill(-self._price_s(spec))
 

@@ -127,6 +127,7 @@ class Simulator:
             models.prices.price_per_hour_usd(PS_SERVER, cluster.region, cluster.ps_transient) / 3600
         )
         self._rates: dict[tuple, float] = {}
+        self._server_price_s: dict[tuple[str | None, str, bool], float] = {}
         #: Hour of day the job starts when lifetimes depend on it, else None (hour-agnostic draws).
         self.start_hour: float | None = (
             float(job.start_hour)
@@ -148,6 +149,15 @@ class Simulator:
         return offers
 
     # ---- speed ---------------------------------------------------------------------------------
+    def price_s(self, spec: ServerSpec) -> float:
+        """USD per second of a server of ``spec`` (cached: every replacement asks)."""
+        key = (spec.gpu_type, spec.region, spec.transient)
+        price = self._server_price_s.get(key)
+        if price is None:
+            price = self._server_price_s[key] = (
+                self.models.prices.price_per_hour_usd(spec.gpu_type, spec.region, spec.transient) / 3600)
+        return price
+
     def rate(self, counts: tuple[int, ...], chief_gpu: int, ps: int | None = None) -> float:
         """Effective steps/s of a live membership (``counts`` per GPU type) with ``ps`` PS up (default all)."""
         ps = self.cluster.ps if ps is None else ps

@@ -79,6 +79,13 @@ class StartupModel:
                 return self.params_[key]
         return self.params_[next(iter(self.params_))]
 
+    def phase_params(self, gpu: str, transient: bool, region: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The log-normal ``(mu, sigma)`` of each phase, in :meth:`sample`'s order (``Framework`` not included):
+        ``rng.lognormal(mu, sigma)`` draws what :meth:`sample` does."""
+        group = self._group(gpu, transient, region)
+        return (np.array([v[0] for v in group.values()], dtype=float),
+                np.array([v[1] for v in group.values()], dtype=float))
+
     def sample(
         self, rng: np.random.Generator, gpu: str, transient: bool, region: str | None = None
     ) -> dict[str, float]:
