@@ -21,16 +21,14 @@ import numpy as np
 import simpy
 
 from cmdare.cloud.servers import ServerSpec
-from cmdare.control import LifetimeRevocations, MembershipKernel, PsServerKernel, RunController, WorkerInfo
+from cmdare.control import LifetimeRevocations, MembershipKernel, PsServerKernel, RunController
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
 from cmdare.control.run_config import RunConfig
+from cmdare.plan.sim_lifetimes import LIFETIMES_PER_SLOT, SlotLifetimes
 from cmdare.plan.spec import PS_SERVER, RunResult
 
 __all__ = ["HORIZON_FACTOR", "LIFETIMES_PER_SLOT", "SimRun"]
-
-#: Lifetimes pre-drawn per transient slot and run; a slot revoked more often draws more on demand.
-LIFETIMES_PER_SLOT = 3
 #: A run that has not finished after this many times its revocation-free duration is stopped.
 HORIZON_FACTOR = 50.0
 
@@ -60,18 +58,15 @@ class SimRun:
         #: Pause of one shard's evacuation (None: no notices, every PS revocation rolls back).
         self.evacuation_s = (evacuation.pause_s(sim.models.ps_state_bytes / max(1, cluster.ps))
                              if evacuation is not None else None)
-        self._tod = sim.start_hour is not None
-        self._first: dict[int, float] = {}  # time-of-day runs: initial lifetime per transient slot
-        self._lifetimes = self._draw_uniforms() if self._tod else self._draw_lifetimes()
-        self._same_type = {i: True for i in range(len(sim._slots))}  # slot still on its original GPU type
-        source = revocations if revocations is not None else LifetimeRevocations(self._draw_life)
+        self.lifetimes = SlotLifetimes(sim, rng, lambda: self.env.now)
+        source = revocations if revocations is not None else LifetimeRevocations(self.lifetimes.draw)
         kernel = MembershipKernel(cluster.n_workers, replacement=cluster.replacement, lr_policy=job.lr_policy,
                                   revocations=source, offers=sim.offers)
         plan = sim.plan
         lead = plan.notice_s if plan.notice_s is not None else sim.models.notice_s
         notice = lead if self.evacuation_s is not None else 0.0
         hit_ps = cluster.ps_transient and plan.hits("ps")
-        ps_source = LifetimeRevocations(self._draw_life) if revocations is None else source
+        ps_source = LifetimeRevocations(self.lifetimes.draw) if revocations is None else source
         ps_kernel = PsServerKernel(ps_source if hit_ps else None, notice_s=notice,
                                    replace=cluster.replacement != "none")
         config = RunConfig(steps=job.total_steps, workers=cluster.n_workers,
@@ -105,63 +100,6 @@ class SimRun:
         cluster = self.sim.cluster
         return ServerSpec(None, getattr(self.sim.models.prices, "cloud", "gcp"), cluster.region, cluster.ps_transient,
                           self.sim._ps_price_s * 3600, role="ps")
-
-    # -- lifetimes (common random numbers across cluster sizes) -----------------------------------------
-    def _draw_lifetimes(self) -> dict[int, list[float]]:
-        """Slot-major lifetimes for every transient slot, one vectorized draw per worker group."""
-        out: dict[int, list[float]] = {}
-        slot_id = 0
-        for group in self.sim.cluster.workers:
-            if group.transient:
-                draws = self.sim.models.lifetimes.sample(self.rng, group.gpu, group.region,
-                                                         group.count * LIFETIMES_PER_SLOT)
-                rows = np.asarray(draws, dtype=float).reshape(group.count, LIFETIMES_PER_SLOT).tolist()
-                for i in range(group.count):
-                    out[slot_id + i] = rows[i][::-1]  # pop() from the end
-            slot_id += group.count
-        return out
-
-    def _draw_uniforms(self) -> dict[int, list[float]]:
-        """Time-of-day runs: the same slot-major uniforms as :meth:`_draw_lifetimes`. The first of each slot is
-        inverted now (the initial servers launch at the start hour) into ``self._first``; the others stay
-        uniforms, inverted when the slot's replacement is requested, through the model of that hour."""
-        out: dict[int, list[float]] = {}
-        lifetimes = self.sim.models.lifetimes
-        slot_id = 0
-        for group in self.sim.cluster.workers:
-            if group.transient:
-                u = self.rng.random(group.count * LIFETIMES_PER_SLOT).reshape(group.count, LIFETIMES_PER_SLOT)
-                first = lifetimes.lifetimes_at(u[:, 0], group.gpu, group.region, self.sim.start_hour).tolist()
-                rows = u[:, 1:].tolist()
-                for i in range(group.count):
-                    self._first[slot_id + i] = first[i]
-                    out[slot_id + i] = rows[i][::-1]
-            slot_id += group.count
-        return out
-
-    def _hour(self) -> float:
-        return (self.sim.start_hour + self.env.now / 3600.0) % 24.0
-
-    def _draw_life(self, w: WorkerInfo) -> float:
-        """A lifetime for the server of ``w`` (counted from its ready time): a worker's from its slot's draws,
-        a PS server's on demand."""
-        lifetimes = self.sim.models.lifetimes
-        if w.server.role == "ps":
-            region = self.sim.cluster.region
-            if not self._tod:
-                return float(lifetimes.sample(self.rng, PS_SERVER, region, 1)[0])
-            return float(lifetimes.lifetimes_at(self.rng.random(1), PS_SERVER, region, self._hour())[0])
-        gpu, region, same_type = w.server.gpu_type, w.server.region, self._same_type[w.slot]
-        pool = self._lifetimes.get(w.slot)
-        if not self._tod:
-            if same_type and pool:
-                return pool.pop()
-            return float(lifetimes.sample(self.rng, gpu, region, 1)[0])
-        first = self._first.pop(w.slot, None)
-        if first is not None:
-            return first
-        u = pool.pop() if same_type and pool else float(self.rng.random())
-        return float(lifetimes.lifetimes_at(np.array([u]), gpu, region, self._hour())[0])
 
     # -- bookkeeping ------------------------------------------------------------------------------------
     def _bill(self, delta_per_s: float) -> None:
@@ -280,8 +218,7 @@ class SimRun:
         now = self.env.now
         if c.replaces is None:  # the first wave (billed above): up from the start
             return
-        lost = self.sim._specs[c.slot]
-        self._same_type[c.slot] = self._same_type[c.slot] and c.spec.gpu_type == lost.gpu_type
+        self.lifetimes.replaced(c.slot, c.spec.gpu_type)
         delay = float(self.sim.models.startup.sample(self.rng, c.spec.gpu_type, True, c.spec.region))
         self.replacements += 1
         self._bill(self._price_s(c.spec))
