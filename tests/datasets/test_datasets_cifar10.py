@@ -75,3 +75,43 @@ def test_corrupt_file_is_a_format_error(tmp_path: Path, content: bytes) -> None:
     with pytest.raises(DataFormatError, match="test_batch") as info:
         load_dataset("cifar10", tmp_path)
     assert "\n" not in str(info.value)
+
+
+class _RunsAShellCommand:
+    """A pickle payload: unpickling it calls os.system (what a crafted batch file would do)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_batches_of_every_pickle_protocol_load(tmp_path: Path, protocol: int) -> None:
+    rng = np.random.default_rng(1)
+    for name in FILES:
+        batch = {b"data": rng.integers(0, 256, size=(3, 3072), dtype=np.uint8), b"labels": [1, 2, 3],
+                 b"batch_label": b"training batch 1 of 5", b"filenames": [b"a.png", b"b.png", b"c.png"]}
+        (tmp_path / name).write_bytes(pickle.dumps(batch, protocol=protocol))
+    assert load_dataset("cifar10", tmp_path).num_train == 15
+
+
+@pytest.mark.parametrize("where", ["data", "labels", "top"])
+def test_a_crafted_batch_cannot_run_code(tmp_path: Path, where: str) -> None:
+    """A batch file that would run a shell command when unpickled is refused with one line; nothing runs."""
+    _write_batches(tmp_path)
+    marker = tmp_path / "ran"
+    payload = _RunsAShellCommand(marker)
+    batch = payload if where == "top" else {b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 1]}
+    if where != "top":
+        batch[f"{where}".encode()] = payload
+    (tmp_path / "data_batch_2").write_bytes(pickle.dumps(batch))
+    with pytest.raises(DataFormatError, match=r"refusing to read .*data_batch_2: it asks to load (posix|os)\.system"):
+        load_dataset("cifar10", tmp_path)
+    assert not marker.exists()
+    # the same file through plain pickle would have run the command (the test's payload is real)
+    pickle.loads((tmp_path / "data_batch_2").read_bytes())
+    assert marker.exists()

@@ -92,15 +92,42 @@ def load_synthetic(data_dir: Path | None, num_train: int, num_test: int, seed: i
     return Dataset("synthetic", train_x, train_y, test_x, test_y, 10, (3, 32, 32))
 
 
+#: The only globals a CIFAR-10 python batch names (numpy arrays and their dtypes, as pickled by Python 2's
+#: cPickle and by Python 3 at any protocol; ``_codecs.encode`` is how protocol 2 writes bytes from Python 3).
+#: Dicts, lists, strings, bytes and ints need no global.
+_CIFAR_GLOBALS = frozenset({
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+})
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """An unpickler that builds only what a CIFAR-10 batch holds: anything else (a function to call, a class
+    to build) is refused before it runs."""
+
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) not in _CIFAR_GLOBALS:
+            raise _RefusedGlobal(f"{module}.{name}")
+        return super().find_class(module, name)
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    pass
+
+
 def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
         raise DataNotFoundError(f"CIFAR-10 batch file not found: {path}")
     try:
         with path.open("rb") as f:
-            batch = pickle.load(f, encoding="bytes")
+            batch = _CifarUnpickler(f, encoding="bytes").load()
         batch = {(k.decode() if isinstance(k, bytes) else k): v for k, v in batch.items()}
         data = np.asarray(batch["data"], dtype=np.uint8)
         labels = np.asarray(batch["labels"], dtype=np.int64)
+    except _RefusedGlobal as err:
+        raise DataFormatError(f"refusing to read {path}: it asks to load {err}, which a CIFAR-10 batch never "
+                              "does (a batch holds only arrays, lists, strings and numbers)") from None
     except Exception as err:  # pickle raises many types on a corrupt file
         raise DataFormatError(f"not a CIFAR-10 python batch file: {path} ({type(err).__name__})") from err
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(labels) != len(data):
