@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
+import os
+import socket
 import threading
 import time
 
 import numpy as np
 import pytest
 
+from cmdare.ps import channel as channel_module
 from cmdare.ps.channel import (
+    ChannelAddress,
     ChannelClient,
     ChannelClosed,
+    ChannelRefused,
     ChannelServer,
     SharedHostMemory,
     channels_enabled,
@@ -165,3 +171,110 @@ def test_a_shard_process_that_dies_closes_the_channel_under_the_worker():
 def test_off_switch(monkeypatch):
     monkeypatch.setenv("CMDARE_SHM", "0")
     assert not channels_enabled()
+
+
+# -- the attack of issue 29: another local process finds the abstract socket and pushes a poisoned gradient --------
+
+def _listed_in_proc(name: str) -> bool:
+    """Whether the channel's name is visible to every local user (how the attack found it)."""
+    with open("/proc/net/unix") as f:
+        return any(line.rstrip().endswith("@" + name) for line in f)
+
+
+def _poison(address: ChannelAddress, n: int) -> None:
+    """The attacker: hand the shard a memory full of NaN and push it."""
+    memory = SharedHostMemory(n)
+    memory.grads[:] = float("nan")
+    client = ChannelClient(address, memory, 0, n)
+    client.send(0, None, 0)
+    client.receive()
+
+
+def test_a_peer_without_the_secret_is_refused_logged_and_changes_nothing(caplog):
+    state = _Adder(6)
+    server = ChannelServer(state.connect)
+    before = state.params.copy()
+    try:
+        assert _listed_in_proc(server.address.name)
+        with caplog.at_level(logging.WARNING, logger="cmdare.ps.channel"):
+            for secret in (b"", b"\0" * 32, server.address.secret[:-1] + b"x"):
+                with pytest.raises(ChannelRefused):
+                    _poison(ChannelAddress(server.address.name, secret), 6)
+        assert server.refused == 3
+        assert state.params.tobytes() == before.tobytes() and state.calls == [] and state.closed == 0
+        assert caplog.text.count("did not prove the channel's secret") == 3
+        assert server.address.secret.hex() not in caplog.text and repr(server.address.secret) not in caplog.text
+        assert "secret" not in repr(server.address)  # the address can be logged: its secret does not show
+        _poison(server.address, 6)  # the run's own worker, with the secret, is served
+        assert np.isnan(state.params).all() and state.calls == [(0, None, 0)]
+    finally:
+        server.close()
+
+
+def test_the_old_hello_without_a_proof_and_malformed_hellos_are_refused():
+    state = _Adder(4)
+    server = ChannelServer(state.connect)
+    try:
+        memory = SharedHostMemory(4)
+        for hello in (channel_module._HELLO.pack(4, 0, 4),  # the hello before issue 29: no proof
+                      b"\xff" * (channel_module._HELLO.size + channel_module._MAC_BYTES - 1)):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect("\0" + server.address.name)
+            sock.recv(channel_module._NONCE_BYTES)
+            socket.send_fds(sock, [hello], [memory.fd])
+            assert sock.recv(64) == b""  # closed without a reply
+            sock.close()
+        with pytest.raises(ChannelRefused):  # proven, but claims memory beyond its own
+            ChannelClient(server.address, memory, 0, 10**6)
+        assert server.refused == 3 and state.calls == [] and state.params.tolist() == [0, 1, 2, 3]
+    finally:
+        server.close()
+
+
+def test_a_peer_that_never_says_hello_is_dropped(monkeypatch):
+    monkeypatch.setattr(channel_module, "_HANDSHAKE_S", 0.2)
+    state = _Adder(2)
+    server = ChannelServer(state.connect)
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect("\0" + server.address.name)
+        sock.settimeout(30)
+        assert len(sock.recv(channel_module._NONCE_BYTES)) == channel_module._NONCE_BYTES
+        assert sock.recv(64) == b""  # the shard gave up on it: no thread held forever
+        sock.close()
+        memory = SharedHostMemory(2)
+        client = ChannelClient(server.address, memory, 0, 2)  # and it still serves its workers
+        client.send(0, None, 0)
+        assert client.receive() == (1, True)
+        client.close()
+    finally:
+        server.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+def test_another_user_is_refused_even_with_the_secret():
+    """As ``nobody`` against a root-owned shard (the probe of issue 29), even holding the secret: refused by
+    SO_PEERCRED, the parameters bit-identical."""
+    state = _Adder(8)
+    server = ChannelServer(state.connect)
+    before = state.params.copy()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the attacker
+            code = 3
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                _poison(server.address, 8)
+                code = 1  # served: the attack worked
+            except ChannelRefused:
+                code = 0
+            except BaseException:  # noqa: BLE001
+                code = 2
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert server.refused == 1
+        assert state.params.tobytes() == before.tobytes() and state.calls == []
+    finally:
+        server.close()

@@ -242,3 +242,34 @@ def test_a_snapshot_waits_for_a_push_whose_pieces_are_being_applied(nodes):
     client.close()
     assert ray.get(shard.snapshot.remote(), timeout=30).step == 2  # released: its claim and piece stay
     ray.kill(shard)
+
+
+def test_a_local_process_without_the_secret_cannot_touch_a_running_shard(nodes):
+    """Issue 29's probe against a real shard actor: a process that finds the channel's name (it is listed
+    in /proc/net/unix) and pushes a NaN gradient without the channel's secret is refused; the shard's
+    parameters and step stay bit-identical, and a worker with the secret (from Ray) is served."""
+    import ray
+
+    from cmdare.ps.channel import ChannelAddress, ChannelRefused
+
+    head, _ = nodes
+    n = 1024
+    start = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+    shard = ray.remote(AsyncShardActor).options(num_cpus=0, max_concurrency=4, **_on(head)).remote(0, OPT)
+    ray.get(shard.load.remote(BlockData((Block(0, 0, "p", 0, n),), start, np.zeros(n, np.float32), 0)))
+    _, address = ray.get(shard.channel.remote())
+    with open("/proc/net/unix") as f:
+        assert any(line.rstrip().endswith("@" + address.name) for line in f)
+    memory = SharedHostMemory(n)
+    memory.grads[:] = float("nan")
+    for guess in (b"", b"\0" * 32):
+        with pytest.raises(ChannelRefused):
+            ChannelClient(ChannelAddress(address.name, guess), memory, 0, n)
+    taken = ray.get(shard.snapshot.remote(), timeout=30)
+    assert taken.step == 0 and taken.params.tobytes() == start.tobytes()
+    memory.grads[:] = 0.0
+    client = ChannelClient(address, memory, 0, n)
+    client.send(0, None, 0)
+    assert client.receive() == (1, True)
+    client.close()
+    ray.kill(shard)

@@ -14,12 +14,19 @@ The shard side is a :class:`Session` per channel (``connect(grad, out)`` makes i
 gradient and parameter memory for the shard's range, and the state of a push whose pieces are coming.
 
 The socket lives in the abstract namespace (no file to clean up); a peer that dies closes it, which
-the other side sees at once.
+the other side sees at once. Its name is visible to every local user (``/proc/net/unix``), so a channel is
+authenticated before the shard maps anything: the peer must run as the shard's user (``SO_PEERCRED``) and
+prove the channel's secret (an HMAC-SHA256 of a fresh challenge and its hello). The secret is made by the
+shard and reaches workers only through Ray (:class:`ChannelAddress`; it never appears in a repr, a log or
+a command line). A refused peer is logged and changes nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
+import logging
 import math
 import mmap
 import os
@@ -31,12 +38,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-__all__ = ["ChannelClient", "ChannelClosed", "ChannelServer", "Session", "SharedHostMemory", "channels_enabled",
-           "receive_all"]
+__all__ = ["ChannelAddress", "ChannelClient", "ChannelClosed", "ChannelRefused", "ChannelServer", "Session",
+           "SharedHostMemory", "channels_enabled", "receive_all"]
+
+log = logging.getLogger(__name__)
 
 _HELLO = struct.Struct("<qqq")  # gradient offset, parameter offset, element count (float32)
 # kind, pulled step (-1: none), sent_at (nan: none), sender (-1: none), count (piece: its elements; push:
@@ -44,6 +54,9 @@ _HELLO = struct.Struct("<qqq")  # gradient offset, parameter offset, element cou
 _REQUEST = struct.Struct("<Bqdqqq")
 _PUSH, _PIECE = 0, 1
 _REPLY = struct.Struct("<Bq")  # status, global step after the push
+_NONCE_BYTES = 32  # the shard's challenge; the hello carries HMAC-SHA256(secret, challenge + hello)
+_MAC_BYTES = hashlib.sha256().digest_size
+_HANDSHAKE_S = 10.0  # a peer that does not complete its hello in time is dropped (no thread held forever)
 _APPLIED, _NOT_APPLIED, _FAILED = 0, 1, 2
 
 
@@ -64,6 +77,19 @@ class Session(Protocol):
 
 #: ``connect(grad, out)``: a new channel's session.
 Connect = Callable[[np.ndarray, np.ndarray], Session]
+
+
+@dataclass(frozen=True)
+class ChannelAddress:
+    """Where a shard's channel listens and the secret a worker proves to use it (the secret never shows in
+    a repr, so never in a log)."""
+
+    name: str
+    secret: bytes = field(repr=False)
+
+
+class ChannelRefused(ConnectionError):
+    """The shard refused the channel (wrong user or secret, or a malformed hello)."""
 
 
 class ChannelClosed(ConnectionError):
@@ -117,13 +143,18 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 class ChannelClient:
     """The worker's end of one channel: shard range ``[start, start + count)`` of ``memory``."""
 
-    def __init__(self, address: str, memory: SharedHostMemory, start: int, count: int):
+    def __init__(self, address: ChannelAddress, memory: SharedHostMemory, start: int, count: int):
         self.count = count
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.sock.connect("\0" + address)
-            socket.send_fds(self.sock, [_HELLO.pack(memory.numel + start, start, count)], [memory.fd])
+            self.sock.connect("\0" + address.name)
+            challenge = _recv_exact(self.sock, _NONCE_BYTES)
+            hello = _HELLO.pack(memory.numel + start, start, count)
+            socket.send_fds(self.sock, [hello + _mac(address.secret, challenge, hello)], [memory.fd])
             self._reply()  # the shard mapped the memory
+        except ChannelClosed as err:
+            self.sock.close()
+            raise ChannelRefused(f"the shard closed the channel during its handshake ({err})") from err
         except BaseException:
             self.sock.close()
             raise
@@ -188,15 +219,26 @@ def receive_all(clients: Mapping[int, ChannelClient], t_sent: float,
     return replies
 
 
+def _mac(secret: bytes, challenge: bytes, hello: bytes) -> bytes:
+    return hmac.new(secret, challenge + hello, hashlib.sha256).digest()
+
+
+def _peer(conn: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a Unix socket."""
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
+
+
 class ChannelServer:
-    """The shard's end: accepts channels and serves each on a thread of its own, through the
-    :class:`Session` that ``connect`` makes for it."""
+    """The shard's end: accepts channels from workers that prove :attr:`address`'s secret and serves each on a
+    thread of its own, through the :class:`Session` that ``connect`` makes for it."""
 
     def __init__(self, connect: Connect):
         self._connect = connect
-        self.address = f"cmdare-shard-{uuid.uuid4().hex}"
+        self.address = ChannelAddress(f"cmdare-shard-{uuid.uuid4().hex}", os.urandom(32))
+        self.refused = 0  # channels refused (wrong user or secret, malformed hello)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind("\0" + self.address)
+        self._listener.bind("\0" + self.address.name)
         self._listener.listen(64)
         self._closed = False
         threading.Thread(target=self._accept, name="cmdare-channel-accept", daemon=True).start()
@@ -209,20 +251,49 @@ class ChannelServer:
                 return
             threading.Thread(target=self._connection, args=(conn,), name="cmdare-channel", daemon=True).start()
 
+    def _refuse(self, pid: int, uid: int, why: str) -> None:
+        self.refused += 1
+        log.warning("shard channel %s refused a peer (pid %d, uid %d): %s", self.address.name, pid, uid, why)
+
+    def _handshake(self, conn: socket.socket) -> tuple[np.ndarray, np.ndarray] | None:
+        """The peer's gradient and parameter memory, once it proved it may use the channel (None: refused)."""
+        pid, uid = _peer(conn)
+        if uid != os.geteuid():
+            self._refuse(pid, uid, f"not this run's user (uid {os.geteuid()})")
+            return None
+        challenge = os.urandom(_NONCE_BYTES)
+        conn.settimeout(_HANDSHAKE_S)
+        conn.sendall(challenge)
+        message, fds, _, _ = socket.recv_fds(conn, _HELLO.size + _MAC_BYTES, 1)
+        try:
+            hello, mac = message[:_HELLO.size], message[_HELLO.size:]
+            if len(fds) != 1 or len(message) != _HELLO.size + _MAC_BYTES:
+                self._refuse(pid, uid, "malformed hello")
+                return None
+            if not hmac.compare_digest(mac, _mac(self.address.secret, challenge, hello)):
+                self._refuse(pid, uid, "it did not prove the channel's secret")
+                return None
+            memory = mmap.mmap(fds[0], 0)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        conn.settimeout(None)
+        grad_at, params_at, count = _HELLO.unpack(hello)
+        values = np.frombuffer(memory, dtype=np.float32)
+        if count <= 0 or min(grad_at, params_at) < 0 or max(grad_at, params_at) + count > values.size:
+            self._refuse(pid, uid, f"a hello outside its memory ({count} values at {grad_at} and {params_at} of "
+                                   f"{values.size})")
+            return None
+        return values[grad_at:grad_at + count], values[params_at:params_at + count]
+
     def _connection(self, conn: socket.socket) -> None:
         with conn:
             try:
-                hello, fds, _, _ = socket.recv_fds(conn, _HELLO.size, 1)
-                if len(hello) != _HELLO.size or len(fds) != 1:
+                memory = self._handshake(conn)
+                if memory is None:
                     return
-                grad_at, params_at, count = _HELLO.unpack(hello)
-                try:
-                    memory = mmap.mmap(fds[0], 0)
-                finally:
-                    os.close(fds[0])
-                values = np.frombuffer(memory, dtype=np.float32)
-                session = self._connect(values[grad_at:grad_at + count], values[params_at:params_at + count])
-            except (ChannelClosed, OSError):
+                session = self._connect(*memory)
+            except (ChannelClosed, OSError, ValueError):
                 return
             try:
                 conn.sendall(_REPLY.pack(_APPLIED, 0))

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from cmdare.ps.channel import ChannelServer, channels_enabled
+from cmdare.ps.channel import ChannelAddress, ChannelServer, channels_enabled
 from cmdare.ps.optimizer import OptimizerConfig
 from cmdare.ps.shard_sessions import AsyncSession, StagedGradient, SyncSession, scatter_ranges
 from cmdare.ps.shard_state import BlockData, ShardState, ShardStats
@@ -144,9 +144,10 @@ class _ShardActorBase:
         """The Ray node this shard runs on (hex), to watch for its drain."""
         return _node_id()
 
-    def channel(self) -> tuple[str, str | None]:
-        """(this shard's Ray node, its channel address): workers on that node push through the channel;
-        the address is None where channels are off (``CMDARE_SHM=0``, not Linux)."""
+    def channel(self) -> tuple[str, ChannelAddress | None]:
+        """(this shard's Ray node, its channel address and secret): workers on that node push through the
+        channel; the address is None where channels are off (``CMDARE_SHM=0``, not Linux). Ray carries the
+        secret to the worker that asks (with Ray's token authentication on, only the run's own processes can)."""
         if self._channel is None and channels_enabled():
             self._channel = ChannelServer(self._session)
         return _node_id(), self._channel.address if self._channel is not None else None
@@ -332,7 +333,7 @@ class SyncShardActor(_ShardActorBase):
         if self._count and self._count >= self.num_workers:
             self._finish_round()
 
-    async def channel(self) -> tuple[str, str | None]:  # type: ignore[override]
+    async def channel(self) -> tuple[str, ChannelAddress | None]:  # type: ignore[override]
         self._loop = asyncio.get_running_loop()
         return _ShardActorBase.channel(self)
 

@@ -7,7 +7,7 @@ coordinator regains control often: to record progress, checkpoint, move blocks o
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +24,8 @@ from cmdare.ps.shard_state import complement
 from cmdare.train.checkpoint import Checkpoint
 from cmdare.train.overlap import GradientPieces, pieced_shard
 from cmdare.train.spec import TrainSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -157,8 +159,10 @@ class Worker:
             for k, (node, address) in zip(live, replies, strict=True):
                 if address is not None and node == self.node_id:
                     a, b = self.layout.shard_ranges[k]
-                    with contextlib.suppress(OSError):  # e.g. another network namespace: reached through Ray
+                    try:
                         self.channels[k] = ChannelClient(address, memory, a, b - a)
+                    except OSError as err:  # e.g. another network namespace: reached through Ray
+                        log.warning("shard %d's channel refused or unreachable (%s): pushes go through Ray", k, err)
             memory.close()  # the shards hold their own descriptors; the buffers stay mapped
         spans = self.layout.param_spans()
         pieced = [k for k in live if pieced_shard(self.spec, k in self.channels, self.layout.shard_ranges[k])]
