@@ -57,3 +57,25 @@ def test_an_unknown_protocol_or_options_are_user_errors(monkeypatch):
     monkeypatch.setenv("CMDARE_STORAGE_OPTIONS", "{not json")
     with pytest.raises(UserInputError, match="CMDARE_STORAGE_OPTIONS"):
         Storage("s3://b/x")
+
+
+def test_a_password_in_a_storage_url_shows_nowhere(tmp_path):
+    """Issue 29: ``--storage sftp://alice:S3cretPW@...`` printed the password and stored it with the run."""
+    from cmdare.errors import StorageError
+    from cmdare.storage.location import mask_credentials
+    from cmdare.train.spec import TrainSpec
+
+    url = "sftp://alice:S3cretPW@127.0.0.1:1/runs"
+    assert mask_credentials(url) == "sftp://alice:***@127.0.0.1:1/runs"
+    assert mask_credentials(f"cannot reach {url} (and s3://k:v@b/p)") == \
+        "cannot reach sftp://alice:***@127.0.0.1:1/runs (and s3://k:***@b/p)"
+    assert mask_credentials("/a/b:c@d and s3://bucket/p and http://h:80/x") == "/a/b:c@d and s3://bucket/p and " \
+        "http://h:80/x"
+    storage = Storage(url)
+    for shown in (storage.uri, str(storage), repr(storage), storage.url("x")):
+        assert "S3cretPW" not in shown and "alice:***@" in shown
+    with pytest.raises(StorageError) as failed:  # no SFTP client here, or nothing listening on port 1
+        storage.child("run-1").check_writable()
+    assert "S3cretPW" not in str(failed.value)
+    stored = TrainSpec(storage=url).to_dict()  # what the store's runs.config, run.json and checkpoints keep
+    assert stored["storage"] == "sftp://alice:***@127.0.0.1:1/runs" and "S3cretPW" not in str(stored)

@@ -17,12 +17,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from cmdare.errors import StorageError, UserInputError
 
-__all__ = ["MissingObjectError", "Storage", "storage_options"]
+__all__ = ["MissingObjectError", "Storage", "mask_credentials", "storage_options"]
+
+# ``scheme://user:password@`` anywhere in a text: the password is what must not show.
+_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):(?P<secret>[^@\s/]*)@")
+
+
+def mask_credentials(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***`` (``sftp://alice:***@host/...``)."""
+    return _CREDENTIALS.sub(lambda m: f"{m['head']}:***@", text)
 
 # Packages that provide a protocol, for the hint when one is missing.
 _EXTRAS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs")}
@@ -50,7 +59,8 @@ class Storage:
     """Named objects under one location (``uri``); :meth:`child` gives a sub-location.
 
     Args:
-        uri: a local path or an fsspec URL.
+        uri: a local path or an fsspec URL (a password in it is used, and shown nowhere: :attr:`uri`, every
+            message and every :meth:`url` have it masked).
         options: fsspec options for a remote protocol (default: :func:`storage_options`).
     """
 
@@ -63,11 +73,12 @@ class Storage:
         self._options = storage_options() if options is None else options
         if self.protocol == "file":
             self.path: Path | None = Path(text.removeprefix("file://")).expanduser().absolute()
-            self.uri = str(self.path)
+            self.uri = self._url = str(self.path)
             self._fs, self._root = None, str(self.path)
         else:
             self.path = None
-            self.uri = text.rstrip("/")
+            self._url = text.rstrip("/")  # with its credentials: for fsspec only
+            self.uri = mask_credentials(self._url)
             self._fs = _fs
             self._root = _root
 
@@ -87,7 +98,7 @@ class Storage:
         if self.path is not None:
             return Storage(self.path / name, self._options)
         fs, root = self._filesystem()
-        return Storage(f"{self.uri}/{name}", self._options, _fs=fs, _root=f"{root}/{name}")
+        return Storage(f"{self._url}/{name}", self._options, _fs=fs, _root=f"{root}/{name}")
 
     def url(self, name: str) -> str:
         """Where object ``name`` lives, as a path or URL to show to the user."""
@@ -176,13 +187,18 @@ class Storage:
             import fsspec
 
             try:
-                self._fs, self._root = fsspec.core.url_to_fs(self.uri, **self._options)
+                self._fs, self._root = fsspec.core.url_to_fs(self._url, **self._options)
             except ImportError as err:
-                package, extra = _EXTRAS.get(self.protocol, (getattr(err, "name", None) or "its fsspec package", ""))
-                hint = f"pip install 'cmdare[{extra}]'" if extra else f"install {package}"
+                named = getattr(err, "name", None) or next(iter(re.findall(r'"([\w.-]+)"', str(err))), None)
+                package, extra = _EXTRAS.get(self.protocol, (named, ""))
+                if package is None:
+                    raise StorageError(f"storage {self.uri}: {_first_line(err)}") from None
+                hint = f"pip install 'cmdare[{extra}]'" if extra else f"pip install {package}"
                 raise StorageError(f"storage {self.uri} needs {package}: {hint}") from None
             except ValueError as err:  # unknown protocol
                 raise UserInputError(f"--storage {self.uri}: {_first_line(err)}") from None
+            except Exception as err:  # noqa: BLE001 - a backend that connects at once (sftp) fails its own way
+                raise StorageError(f"cannot open storage {self.uri}: {_first_line(err)}") from None
             self._root = str(self._root).rstrip("/")
         assert self._root is not None
         return self._fs, self._root
@@ -202,5 +218,5 @@ class Storage:
 
 
 def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
+    text = mask_credentials(str(err).strip())
     return text.splitlines()[0] if text else type(err).__name__

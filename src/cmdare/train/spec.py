@@ -7,6 +7,7 @@ from typing import Any
 
 from cmdare.errors import UserInputError
 from cmdare.ps.optimizer import OptimizerConfig
+from cmdare.storage.location import mask_credentials
 
 _RATE_UNITS = {"b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30,
                "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8}
@@ -178,8 +179,12 @@ class TrainSpec:
         return parse_rate_bytes_per_s(self.ps_bandwidth) if self.ps_bandwidth else None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able configuration (stored with the run and in checkpoints)."""
-        return asdict(self)
+        """JSON-able configuration (stored with the run and in checkpoints; a password in ``storage`` is
+        masked: it is stored nowhere)."""
+        data = asdict(self)
+        if data.get("storage"):
+            data["storage"] = mask_credentials(data["storage"])
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainSpec:
