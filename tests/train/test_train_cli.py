@@ -48,6 +48,8 @@ def _run(args, home):
     ["--gpus-per-worker", "lots"],
     ["--gpus-per-worker", "-1"],
     ["--replacement-timeout", "0"],
+    ["--lr", "nan"],  # trained to exit 0 at accuracy 0.078 before issue 29
+    ["--storage", "memory://ckpt"],  # checkpoints that vanish with the process
 ])
 def test_bad_input_is_one_line(tmp_path, args):
     res = _run([*args, "--steps", "5"], tmp_path)

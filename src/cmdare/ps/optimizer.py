@@ -39,6 +39,9 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise UnknownNameError("learning-rate schedule", self.schedule, SCHEDULES)
+        for name in ("lr", "momentum", "weight_decay", "decay_factor"):
+            if not math.isfinite(getattr(self, name)):
+                raise UserInputError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
         if self.lr <= 0 or self.momentum < 0 or self.weight_decay < 0:
             raise UserInputError("lr must be positive; momentum and weight decay non-negative")
         if self.nesterov and self.momentum == 0:

@@ -23,8 +23,17 @@ InitialState = tuple[list[ParamInfo], np.ndarray, np.ndarray, dict[str, np.ndarr
 
 def training_storage(spec: TrainSpec, run_id: str, checkpoint_dir: str | os.PathLike[str] | Storage | None) -> Storage:
     """Where the run keeps checkpoints and control files: ``checkpoint_dir`` (the run's own location)
-    if given, else ``RUN`` under ``spec.storage``, ``CMDARE_STORAGE`` or the data directory."""
-    return as_storage(checkpoint_dir) if checkpoint_dir is not None else run_storage(run_id, spec.storage)
+    if given, else ``RUN`` under ``spec.storage``, ``CMDARE_STORAGE`` or the data directory. Storage that ends
+    with the process (``memory://``) is refused: a checkpoint there protects nothing."""
+    storage = as_storage(checkpoint_dir) if checkpoint_dir is not None else run_storage(run_id, spec.storage)
+    if storage.protocol in _PROCESS_MEMORY:
+        raise UserInputError(f"--storage {storage.uri} keeps checkpoints in this process's memory: they would "
+                             "vanish with it; give a directory or an object store (s3://, gs://)")
+    return storage
+
+
+#: fsspec protocols whose objects live in the process that wrote them.
+_PROCESS_MEMORY = frozenset({"memory"})
 
 
 def joined_storage_warning(address: str | None, spec: TrainSpec, checkpoint_dir: object) -> str | None:

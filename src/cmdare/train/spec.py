@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -104,6 +105,9 @@ class TrainSpec:
     overlap: bool = True
 
     def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if isinstance(value, float) and math.isnan(value):
+                raise UserInputError(f"--{name.replace('_', '-')} must be a number, got nan")
         for name in ("workers", "ps", "steps", "batch_size", "chunk_steps", "chunks_ahead"):
             if getattr(self, name) < 1:
                 raise UserInputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")

@@ -1,0 +1,30 @@
+"""Run options refused before anything starts: non-finite numbers, storage that ends with the process."""
+
+from __future__ import annotations
+
+import pytest
+
+from cmdare.errors import UserInputError
+from cmdare.train.spec import TrainSpec
+
+
+@pytest.mark.parametrize("field", ["lr", "momentum", "weight_decay", "decay_factor"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_optimizer_options_are_refused(field, value):
+    from cmdare.ps.optimizer import OptimizerConfig
+
+    with pytest.raises(UserInputError, match=f"--{field.replace('_', '-')} must be a finite number"):
+        OptimizerConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["chunk_s", "cpus_per_worker", "cpus_per_shard", "replacement_timeout_s"])
+def test_nan_run_options_are_refused(field):
+    with pytest.raises(UserInputError, match="must be a number, got nan"):
+        TrainSpec(**{field: float("nan")})
+
+
+def test_storage_that_ends_with_the_process_is_refused_for_checkpoints():
+    from cmdare.train.setup import training_storage
+
+    with pytest.raises(UserInputError, match="vanish"):
+        training_storage(TrainSpec(storage="memory://ckpt"), "run-1", None)
