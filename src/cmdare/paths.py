@@ -2,13 +2,20 @@
 
 ``CMDARE_HOME`` overrides the data directory (default ``$XDG_DATA_HOME/cmdare`` or
 ``~/.local/share/cmdare``); ``CMDARE_DB_URL`` overrides the store with any SQLAlchemy URL.
-``CMDARE_SCRATCH`` names a server's own scratch space (on a transient server: lost with it).
+``CMDARE_SCRATCH`` names a server's own scratch space (on a transient server: lost with it). The
+directories cmdare creates are readable by their owner only (0700).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory; created readable by its owner only (missing parents get the default mode)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
 
 
 def data_dir() -> Path:
@@ -19,8 +26,7 @@ def data_dir() -> Path:
     else:
         base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
         path = Path(base) / "cmdare"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return private_dir(path)
 
 
 def default_db_url() -> str:
@@ -30,16 +36,12 @@ def default_db_url() -> str:
 
 def checkpoint_root() -> Path:
     """Directory holding one sub-directory of checkpoints per run."""
-    path = data_dir() / "checkpoints"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return private_dir(data_dir() / "checkpoints")
 
 
 def models_dir() -> Path:
     """Directory holding fitted performance models."""
-    path = data_dir() / "models"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return private_dir(data_dir() / "models")
 
 
 def scratch_dir() -> Path:
@@ -49,6 +51,4 @@ def scratch_dir() -> Path:
     survive a revocation belongs here (checkpoints go to :mod:`cmdare.storage`).
     """
     env = os.environ.get("CMDARE_SCRATCH")
-    path = Path(env).expanduser() if env else data_dir() / "scratch"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return private_dir(Path(env).expanduser() if env else data_dir() / "scratch")

@@ -79,3 +79,23 @@ def test_a_password_in_a_storage_url_shows_nowhere(tmp_path):
     assert "S3cretPW" not in str(failed.value)
     stored = TrainSpec(storage=url).to_dict()  # what the store's runs.config, run.json and checkpoints keep
     assert stored["storage"] == "sftp://alice:***@127.0.0.1:1/runs" and "S3cretPW" not in str(stored)
+
+
+def test_what_cmdare_creates_is_readable_by_its_owner_only(tmp_path, monkeypatch):
+    """Issue 29: the store and checkpoints were world-readable (644, directories 755)."""
+    import stat
+
+    from cmdare.measure.store import open_store
+    from cmdare.paths import checkpoint_root, data_dir
+
+    def mode(path):
+        return stat.S_IMODE(path.stat().st_mode)
+
+    monkeypatch.setenv("CMDARE_HOME", str(tmp_path / "home"))
+    assert mode(data_dir()) == 0o700 and mode(checkpoint_root()) == 0o700
+    storage = Storage(tmp_path / "runs" / "run-1")
+    storage.put("manifest.json", b"{}")
+    assert mode(tmp_path / "runs" / "run-1") == 0o700 and mode(tmp_path / "runs" / "run-1" / "manifest.json") == 0o600
+    store = open_store(f"sqlite:///{tmp_path / 'store' / 'cmdare.db'}")
+    store.engine.dispose()
+    assert mode(tmp_path / "store" / "cmdare.db") == 0o600 and mode(tmp_path / "store") == 0o700

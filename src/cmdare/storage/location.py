@@ -172,8 +172,8 @@ class Storage:
     def _local_put(self, path: Path, data: bytes) -> None:
         tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a run's objects: its owner's only
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())

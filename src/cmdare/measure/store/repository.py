@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -48,7 +49,10 @@ def _make_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         db = parsed.database
         if db and db != ":memory:" and not db.startswith("file:"):
-            Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            path = Path(db).expanduser()
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not path.exists():  # a new store is its owner's only (SQLite gives its journal the same mode)
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
         kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
     elif parsed.get_backend_name() == "postgresql":
         kwargs["connect_args"] = {"connect_timeout": PG_CONNECT_TIMEOUT_S}
