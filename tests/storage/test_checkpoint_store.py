@@ -86,5 +86,73 @@ def test_an_interrupted_upload_leaves_the_previous_checkpoint_valid(storage_url)
     assert len(_data(st)) == 2  # the cut-off upload's data is there, unnamed by any manifest
     store = CheckpointStore(st)
     assert store.load().step == 10  # ... and does not count
+    with pytest.raises(CheckpointError, match="step 20 without a manifest.*--from-step 10"):
+        store.resume_point()  # resuming past it is the user's choice
+    assert store.resume_point(10) == "ckpt-000000010.json"
     store.save(_ckpt(30))
-    assert len(_data(st)) == 2 and [json.loads(st.get(m))["step"] for m in store.manifests()] == [10, 30]
+    # the cut-off data stays while a kept checkpoint is older than it (it may be all that is left of step 20)
+    assert len(_data(st)) == 3 and [json.loads(st.get(m))["step"] for m in store.manifests()] == [10, 30]
+    store.save(_ckpt(40))
+    store.save(_ckpt(50))  # keep 3: 30, 40, 50; now older than every kept checkpoint
+    assert sorted(int(n[5:14]) for n in _data(st)) == [30, 40, 50]
+
+
+def test_a_deleted_newest_manifest_is_reported_and_its_data_kept(storage_url):
+    """Issue 29: deleting the newest manifest silently resumed from the previous one, and the rotation
+    then deleted the intact newer data."""
+    st = Storage(storage_url)
+    store = CheckpointStore(st)
+    for step in (10, 20, 30):
+        store.save(_ckpt(step))
+    newest_data = json.loads(st.get("ckpt-000000030.json"))["file"]
+    st.delete("ckpt-000000030.json")
+    with pytest.raises(CheckpointError, match="step 30 without a manifest.*resume from it with --from-step 20"):
+        store.resume_point()
+    store.prune()
+    assert newest_data in _data(st)  # never rotated away
+    assert store.load(store.resume_point(20)).step == 20  # the explicit choice
+    with pytest.raises(CheckpointError, match=r"no checkpoint of step 25 .*\(steps: 10, 20\)"):
+        store.resume_point(25)
+
+
+def test_a_manifest_names_only_its_own_runs_data(storage_url, tmp_path):
+    st = Storage(storage_url)
+    store = CheckpointStore(st)
+    saved = store.save(_ckpt(10))
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(st.get(saved.name))  # a valid checkpoint, outside the run
+    for file in ("../../../outside.bin", str(outside), "ckpt-000000020-abcdef.npz", "notes.npz", 7):
+        manifest = json.loads(st.get("ckpt-000000010.json"))
+        st.put("ckpt-000000010.json", json.dumps(dict(manifest, file=file)).encode())
+        with pytest.raises(CheckpointError, match="not this run's checkpoint of its step: refused") as err:
+            store.load()
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("bad", ["empty", "short_momentum", "nan_params", "inf_momentum"])
+def test_bad_checkpoint_contents_are_one_line_errors(storage_url, bad):
+    """A 0-byte data file with a matching manifest ended with 'Aborted.'; a checkpoint whose momentum is
+    shorter than its parameters reached the shards; NaN parameters loaded without complaint."""
+    import hashlib
+
+    from cmdare.train.checkpoint import encode_checkpoint
+
+    st = Storage(storage_url)
+    store = CheckpointStore(st)
+    saved = store.save(_ckpt(10, n=8))
+    good = _ckpt(10, n=8)
+    if bad == "empty":
+        data = b""
+    elif bad == "short_momentum":
+        data = encode_checkpoint(Checkpoint(10, good.params, good.momentum[:-1]))
+    elif bad == "nan_params":
+        data = encode_checkpoint(Checkpoint(10, np.full(8, np.nan, np.float32), good.momentum))
+    else:
+        data = encode_checkpoint(Checkpoint(10, good.params, np.full(8, np.inf, np.float32)))
+    st.put(saved.name, data)  # with a manifest that vouches for it: a store that was written this way
+    manifest = json.loads(st.get("ckpt-000000010.json"))
+    st.put("ckpt-000000010.json", json.dumps(dict(manifest, size_bytes=len(data),
+                                                  sha256=hashlib.sha256(data).hexdigest())).encode())
+    with pytest.raises(CheckpointError, match="unreadable") as err:
+        store.load()
+    assert "\n" not in str(err.value)

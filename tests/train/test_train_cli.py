@@ -50,6 +50,7 @@ def _run(args, home):
     ["--replacement-timeout", "0"],
     ["--lr", "nan"],  # trained to exit 0 at accuracy 0.078 before issue 29
     ["--storage", "memory://ckpt"],  # checkpoints that vanish with the process
+    ["--from-step", "10"],  # without --resume
 ])
 def test_bad_input_is_one_line(tmp_path, args):
     res = _run([*args, "--steps", "5"], tmp_path)

@@ -8,8 +8,12 @@ Layout of a run's storage location (a directory or an object-store prefix)::
 A checkpoint counts only once its manifest exists: an upload cut off mid-way leaves the previous
 checkpoint as the latest, intact. Each upload writes a data object of its own name, so rewriting
 the checkpoint of a step never changes the bytes an existing manifest vouches for; the manifest's
-replacement is the switch. Rotation keeps the newest ``keep`` manifests and deletes every data object
-none of them names. Parameters are stored in model order, so a run can resume with another placement.
+replacement is the switch. A manifest names only a data object of its own run and step. Rotation keeps
+the newest ``keep`` manifests and deletes only data that none of them names and that is older than every
+one of them (or whose step's manifest names another object): data newer than the newest manifest (an
+upload cut off, or a manifest deleted) stays, and resuming past it is an explicit choice
+(:meth:`CheckpointStore.resume_point`). Parameters are stored in model order, so a run can resume with
+another placement.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -31,6 +36,8 @@ from cmdare.storage import MissingObjectError, Storage, as_storage
 
 _PREFIX = "ckpt-"
 _STEP_DIGITS = 9
+_DATA_NAME = re.compile(rf"^{_PREFIX}(\d{{{_STEP_DIGITS}}})-[0-9a-f]+\.npz$")
+_MANIFEST_NAME = re.compile(rf"^{_PREFIX}(\d{{{_STEP_DIGITS}}})\.json$")
 
 __all__ = ["Checkpoint", "CheckpointStore", "SavedCheckpoint", "decode_checkpoint", "encode_checkpoint",
            "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
@@ -69,15 +76,30 @@ def encode_checkpoint(ckpt: Checkpoint) -> bytes:
 
 
 def decode_checkpoint(data: bytes) -> Checkpoint:
-    """The checkpoint in ``data`` (bytes from :func:`encode_checkpoint`)."""
+    """The checkpoint in ``data`` (bytes from :func:`encode_checkpoint`).
+
+    Raises:
+        ValueError: not a checkpoint, or one whose parameters and momentum differ in shape or hold
+            non-finite values (a run that diverged must not be resumed as if it had not).
+    """
     with np.load(io.BytesIO(data)) as z:
         meta = json.loads(bytes(z["meta"]).decode())
         buffers = {k.split("::", 1)[1]: z[k] for k in z.files if k.startswith("buffer::")}
-        return Checkpoint(int(meta["step"]), z["params"], z["momentum"], buffers, meta)
+        ckpt = Checkpoint(int(meta["step"]), z["params"], z["momentum"], buffers, meta)
+    if ckpt.params.ndim != 1 or ckpt.momentum.shape != ckpt.params.shape:
+        raise ValueError(f"{ckpt.params.size} parameters but {ckpt.momentum.size} momentum values")
+    if not (np.isfinite(ckpt.params).all() and np.isfinite(ckpt.momentum).all()):
+        raise ValueError("its parameters or momentum hold non-finite values (NaN or inf)")
+    return ckpt
 
 
 def _manifest_name(step: int) -> str:
     return f"{_PREFIX}{step:0{_STEP_DIGITS}d}.json"
+
+
+def _step_of(name: str) -> int:
+    """The step in a checkpoint object's name (``ckpt-000000200-3f9a1c.npz`` -> 200)."""
+    return int(name[len(_PREFIX):len(_PREFIX) + _STEP_DIGITS])
 
 
 class CheckpointStore:
@@ -101,6 +123,10 @@ class CheckpointStore:
         """Manifest names, oldest first."""
         return self.storage.names(_PREFIX, ".json")
 
+    def steps(self) -> list[int]:
+        """The steps that have a manifest, oldest first."""
+        return [_step_of(n) for n in self.manifests() if _MANIFEST_NAME.match(n)]
+
     def latest(self) -> str | None:
         """The newest manifest's name, or None when the run has no checkpoint."""
         names = self.manifests()
@@ -117,6 +143,11 @@ class CheckpointStore:
             raise CheckpointError(f"checkpoint {where} is missing") from None
         except ValueError:
             raise CheckpointError(f"checkpoint manifest {where} is unreadable") from None
+        file, step = manifest["file"], manifest["step"]
+        if (not isinstance(file, str) or not _DATA_NAME.match(file) or not _MANIFEST_NAME.match(name)
+                or _step_of(file) != step or _step_of(name) != step):
+            raise CheckpointError(f"checkpoint manifest {where} names {str(file)[:80]!r}, which is not this "
+                                  f"run's checkpoint of its step: refused")
         return manifest
 
     def data_url(self, manifest_name: str) -> str:
@@ -139,22 +170,52 @@ class CheckpointStore:
             raise CheckpointError(f"checkpoint {manifest['file']} in {self.storage.uri} is corrupt: checksum mismatch")
         try:
             return decode_checkpoint(data)
-        except (ValueError, KeyError, OSError) as err:
-            raise CheckpointError(f"checkpoint {manifest['file']} in {self.storage.uri} is unreadable: {err}") from None
+        except Exception as err:  # noqa: BLE001 - numpy and zipfile raise many types on bad bytes
+            raise CheckpointError(f"checkpoint {manifest['file']} in {self.storage.uri} is unreadable: "
+                                  f"{err or type(err).__name__}") from None
+
+    def resume_point(self, step: int | None = None) -> str:
+        """The manifest to resume from: step ``step``'s, or the newest. The newest is refused when checkpoint
+        data newer than it has no manifest (an upload cut off, or a manifest deleted): resuming from an older
+        checkpoint is then the user's choice, by step."""
+        steps = self.steps()
+        if step is not None:
+            if step not in steps:
+                have = ", ".join(map(str, steps)) or "none"
+                raise CheckpointError(f"no checkpoint of step {step} in {self.storage.uri} (steps: {have})")
+            return _manifest_name(step)
+        if not steps:
+            raise CheckpointError(f"no checkpoint in {self.storage.uri}")
+        newer = sorted({_step_of(d) for d in self.storage.names(_PREFIX, ".npz") if _DATA_NAME.match(d)
+                        and _step_of(d) > steps[-1]})
+        if newer:
+            raise CheckpointError(
+                f"{self.storage.uri} holds checkpoint data of step {newer[-1]} without a manifest (an upload cut "
+                f"off, or its manifest deleted); the newest complete checkpoint is step {steps[-1]}: resume from "
+                f"it with --from-step {steps[-1]}")
+        return _manifest_name(steps[-1])
 
     def prune(self) -> None:
-        """Keep the newest ``keep`` manifests; delete every data object none of them names."""
-        manifests = self.manifests()
+        """Keep the newest ``keep`` manifests; delete the data none of them names that is older than all of
+        them, or whose step's kept manifest names other data (a rewritten step). Data newer than the oldest
+        kept manifest and without a manifest of its step stays: it may be all that is left of a checkpoint."""
+        manifests = [n for n in self.manifests() if _MANIFEST_NAME.match(n)]
         for old in manifests[: max(0, len(manifests) - self.keep)]:
             self.storage.delete(old)  # the manifest first: a half-deleted checkpoint never looks valid
-        kept = set()
+        kept: dict[int, str | None] = {}
         for name in manifests[-self.keep:]:
             try:
-                kept.add(str(self.manifest(name)["file"]))
+                kept[_step_of(name)] = str(self.manifest(name)["file"])
             except CheckpointError:
-                continue  # unreadable: its data cannot be told apart; left for the user to look at
+                kept[_step_of(name)] = None  # unreadable: its data cannot be told apart; left for the user
+        if not kept:
+            return
+        oldest = min(kept)
         for data in self.storage.names(_PREFIX, ".npz"):
-            if data not in kept:
+            if not _DATA_NAME.match(data) or data in kept.values():
+                continue
+            step = _step_of(data)
+            if step < oldest or kept.get(step) is not None:
                 self.storage.delete(data)
 
 

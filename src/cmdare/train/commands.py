@@ -54,6 +54,9 @@ def train_command(
     seed: int = typer.Option(0, help="Random seed."),
     resume: str = typer.Option(None, help="Resume run RUN from its latest checkpoint, with the options it ran "
                                "with (options given here override them)."),
+    from_step: int = typer.Option(None, help="With --resume: the checkpoint of step N instead of the latest "
+                                  "(when the latest is missing or corrupt, resuming from an older one is a choice "
+                                  "made here)."),
     storage: str = typer.Option(None, envvar="CMDARE_STORAGE",
                                 help="Where checkpoints and the run's control files go: a directory or a URL "
                                 "(s3://bucket/prefix, gs://bucket/prefix, any fsspec URL). Default: the data "
@@ -116,6 +119,8 @@ def train_command(
         raise UserInputError("--elastic-ps needs --placement psld (the PSLD balancer adds and removes shards)")
     if dataset == "cifar10" and data_dir is None:
         raise UserInputError("--dataset cifar10 needs --data-dir DIR (the CIFAR-10 python batches)")
+    if from_step is not None and not resume:
+        raise UserInputError("--from-step needs --resume RUN")
     num_workers, worker_gpus = TrainSpec.parse_workers(workers)
     gpus: float | str = gpus_per_worker.strip().lower()
     if gpus != "auto":
@@ -167,7 +172,8 @@ def train_command(
 
         tb_dir = Path(tensorboard).expanduser() if tensorboard else data_dir() / "tensorboard" / run_id
         callbacks.append(TensorBoardCallback(str(tb_dir)))
-    trainer = Trainer(spec, callbacks, address=address, run_id=run_id, resume=resume is not None)
+    trainer = Trainer(spec, callbacks, address=address, run_id=run_id, resume=resume is not None,
+                      resume_step=from_step)
     summary = trainer.run()
     acc = f"{summary.final_accuracy:.3f}" if summary.final_accuracy is not None else "-"
     console.print(f"[bold]run {summary.run_id}[/] {summary.status}: step {summary.global_step}, "

@@ -12,7 +12,7 @@ from cmdare.errors import CheckpointError, UserInputError
 from cmdare.ps.blocks import ParamInfo, param_infos
 from cmdare.ps.placement import get_placement
 from cmdare.storage import Storage, as_storage, run_storage
-from cmdare.train.checkpoint import CheckpointStore, load_checkpoint
+from cmdare.train.checkpoint import Checkpoint, CheckpointStore, load_checkpoint
 from cmdare.train.spec import TrainSpec
 
 __all__ = ["InitialState", "gpus_per_worker", "initial_state", "joined_storage_warning", "server_specs",
@@ -45,9 +45,10 @@ def joined_storage_warning(address: str | None, spec: TrainSpec, checkpoint_dir:
 
 
 def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: Path | None,
-                  resuming: bool) -> InitialState:
+                  resuming: bool, resume_step: int | None = None) -> InitialState:
     """Validate names and data on the driver; the parameter layout, parameters, momentum, batch-norm
-    buffers and step to start from (fresh, or from the latest checkpoint when ``resuming``).
+    buffers and step to start from (fresh, or, when ``resuming``, from the checkpoint of ``resume_step``,
+    by default the latest: :meth:`CheckpointStore.resume_point`).
 
     Raises:
         CheckpointError: nothing to resume, or a checkpoint of another model.
@@ -74,10 +75,10 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
             where, ckpt = str(resume_from), load_checkpoint(resume_from)
         else:
             store = CheckpointStore(storage)
-            name = store.latest()
-            if name is None:
+            if resume_step is None and store.latest() is None:
                 raise CheckpointError(f"no checkpoint to resume run {run_id} in {storage.uri}")
-            where, ckpt = storage.url(name), store.load(name)
+            name = store.resume_point(resume_step)
+            where, ckpt = storage.url(name), _load_or_say_the_previous(store, name, resume_step)
         if ckpt.params.size != params.size:
             raise CheckpointError(f"checkpoint {where} holds {ckpt.params.size} parameters; model "
                                   f"{spec.model} has {params.size}")
@@ -121,3 +122,17 @@ def gpus_per_worker(spec: TrainSpec, joined: bool) -> float:
     if total <= 0:
         return 0.0
     return 1.0 if joined else min(1.0, total / (spec.workers + spec.warm_spares))
+
+
+def _load_or_say_the_previous(store: CheckpointStore, name: str, step: int | None) -> Checkpoint:
+    """Checkpoint ``name``; when the newest (``step`` None) cannot be loaded, the error names the previous one
+    (resuming from it is the user's choice, ``--from-step``)."""
+    try:
+        return store.load(name)
+    except CheckpointError as err:
+        newest = store.steps()[-1]
+        older = [s for s in store.steps() if s < newest]
+        if step is not None or not older:
+            raise
+        raise CheckpointError(f"{err}; the previous checkpoint is step {older[-1]}: resume from it with "
+                              f"--from-step {older[-1]}") from None

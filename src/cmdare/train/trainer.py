@@ -72,7 +72,8 @@ class Trainer:
         callbacks: measurement hooks (store recorder, TensorBoard, progress bar).
         address: join this Ray cluster (``"auto"`` on a cluster node) instead of starting one.
         run_id: the run's id (default: a new one).
-        resume: continue run ``run_id`` from its latest checkpoint (or from ``resume_from``).
+        resume: continue run ``run_id`` from its latest checkpoint (or from ``resume_from``, or from the
+            checkpoint of step ``resume_step``).
         checkpoint_dir: the run's own storage location (a directory, URL or :class:`~cmdare.storage.Storage`;
             default: ``RUN`` under ``spec.storage``, ``CMDARE_STORAGE`` or the data directory's ``checkpoints``).
         background_uploads: store checkpoints on a background thread (False: the loop waits for each).
@@ -85,7 +86,7 @@ class Trainer:
                  address: str | None = None, run_id: str | None = None, resume: bool = False,
                  resume_from: str | Path | None = None, checkpoint_dir: str | Path | Storage | None = None,
                  provider: ServerProvider | None = None, decisions: DecisionSource | None = None,
-                 background_uploads: bool = True):
+                 background_uploads: bool = True, resume_step: int | None = None):
         if resume and run_id is None and resume_from is None:
             raise UserInputError("resume needs the run id or a checkpoint path")
         self.spec = spec
@@ -96,6 +97,7 @@ class Trainer:
         self.storage_warning = joined_storage_warning(address, spec, checkpoint_dir)
         self.background_uploads = background_uploads
         self.resume_from = Path(resume_from) if resume_from else None
+        self.resume_step = resume_step
         self.plan = RevocationPlan.parse(spec.revocations, seed=spec.seed)
         from cmdare.control import LR_POLICIES, REPLACEMENT_POLICIES
 
@@ -159,7 +161,7 @@ class Trainer:
         """The starting parameters (fresh or resumed); the revocation source (fails fast on a bad model)."""
         self.storage.check_writable()  # a bad --storage fails here, before Ray starts
         self.infos, params, momentum, buffers, step = initial_state(
-            self.spec, self.run_id, self.storage, self.resume_from, self.resuming)
+            self.spec, self.run_id, self.storage, self.resume_from, self.resuming, self.resume_step)
         write_run_spec(self.storage, self.run_id, self.spec.to_dict())
         source = build_revocation_source(self.plan)
         self._source = source if self.spec.transient or self.spec.ps_transient else NoRevocations()

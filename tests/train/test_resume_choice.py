@@ -1,0 +1,48 @@
+"""Resuming when the newest checkpoint is gone or corrupt: reported, and an older one only by choice."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cmdare.errors import CheckpointError
+from cmdare.storage import Storage
+from cmdare.train.checkpoint import Checkpoint, CheckpointStore
+from cmdare.train.setup import initial_state
+from cmdare.train.spec import TrainSpec
+
+SPEC = TrainSpec(model="resnet8", steps=100)
+
+
+@pytest.fixture()
+def run(tmp_path):
+    """A run's storage with checkpoints of steps 10 and 20 that fit SPEC's model."""
+    storage = Storage(tmp_path / "run-1")
+    infos, params, momentum, _, _ = initial_state(SPEC, "run-1", storage, None, resuming=False)
+    store = CheckpointStore(storage)
+    for step in (10, 20):
+        store.save(Checkpoint(step, params + step, momentum))
+    return storage, params
+
+
+def test_a_corrupt_newest_checkpoint_names_the_previous_one_and_from_step_takes_it(run):
+    storage, params = run
+    name = json.loads(storage.get("ckpt-000000020.json"))["file"]
+    data = bytearray(storage.get(name))
+    data[-30] ^= 0xFF
+    storage.put(name, bytes(data))
+    with pytest.raises(CheckpointError, match="checksum mismatch; the previous checkpoint is step 10: resume "
+                                              "from it with --from-step 10"):
+        initial_state(SPEC, "run-1", storage, None, resuming=True)
+    _, resumed, _, _, step = initial_state(SPEC, "run-1", storage, None, resuming=True, resume_step=10)
+    assert step == 10 and np.array_equal(resumed, params + 10)
+
+
+def test_a_missing_newest_manifest_is_not_resumed_past_silently(run):
+    storage, params = run
+    storage.delete("ckpt-000000020.json")
+    with pytest.raises(CheckpointError, match="step 20 without a manifest"):
+        initial_state(SPEC, "run-1", storage, None, resuming=True)
+    assert initial_state(SPEC, "run-1", storage, None, resuming=True, resume_step=10)[4] == 10
