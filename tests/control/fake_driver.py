@@ -43,6 +43,8 @@ class FakeDriver:
     ps_startup_s: float | None = None
     fail_start: dict[int, str] = field(default_factory=dict)  # worker id -> constructor error
     stuck: bool = False  # the world stops answering (a dead Ray node)
+    failing_uploads: set[int] = field(default_factory=set)  # steps whose checkpoint upload fails (a full disk)
+    stalled_uploads: set[int] = field(default_factory=set)  # steps whose upload never ends
     real_time: bool = False  # cloud time is this driver's clock (a real cluster): every event brings it
     wall: float = 0.0
     step: int = 0
@@ -251,7 +253,9 @@ class FakeDriver:
         def done() -> None:
             ok = self.workers[c.worker_id].alive
             self.feed(E.DutyDone(wall=self.wall, kind=c.kind, worker_id=c.worker_id, step=c.step, ok=ok))
-            if ok and c.kind == "checkpoint":
+            if ok and c.kind == "checkpoint" and step in self.failing_uploads:
+                self.feed(E.CheckpointFailed(wall=self.wall, step=step, error="No space left on device"))
+            elif ok and c.kind == "checkpoint" and step not in self.stalled_uploads:
                 self.stored.append(step)
                 self.feed(E.CheckpointStored(wall=self.wall, step=step))
 

@@ -225,6 +225,35 @@ def test_a_failed_checkpoint_upload_keeps_the_previous_one():
     assert d.controller.duties.failed == [50]
 
 
+def test_a_final_checkpoint_that_cannot_be_stored_fails_the_run_and_names_the_last_stored_one():
+    """Issue 29: storage full at the end ended 'finished', exit 0, one warning, over lost work."""
+    d = make(steps=100, checkpoint_every=50, driver_kw={"failing_uploads": {100}})
+    end = d.run()
+    assert end.status == "failed" and d.stored == [50]
+    assert end.message == ("the final checkpoint (step 100) could not be stored (No space left on device); the latest "
+                           "checkpoint is step 50; resume with --resume r")
+
+
+def test_the_end_waits_for_the_final_upload_and_fails_when_it_never_ends():
+    d = make(steps=100, checkpoint_every=50, stuck_after_s=30.0, driver_kw={"stalled_uploads": {100}})
+    end = d.run(max_wall=1000)
+    assert end.status == "failed" and "the final checkpoint (step 100) was not stored within 30 s" in end.message
+    assert d.wall >= 30.0
+
+
+def test_uploads_failing_in_a_row_stop_the_run_and_one_stored_between_resets_the_count():
+    d = make(steps=400, checkpoint_every=50, max_failed_uploads=3, driver_kw={"failing_uploads": {100, 150, 200}})
+    end = d.run()
+    assert end.status == "failed" and d.step < 250 and d.stored == [50]
+    assert end.message.startswith("3 checkpoint uploads in a row failed (the last, of step 200: No space left on "
+                                  "device); training stopped rather than go on with nothing stored; the latest "
+                                  "checkpoint is step 50")
+    d = make(steps=400, checkpoint_every=50, max_failed_uploads=3, driver_kw={"failing_uploads": {100, 150, 250}})
+    d.run()
+    finished(d)
+    assert d.controller.duties.failed == [100, 150, 250]
+
+
 # -- liveness -------------------------------------------------------------------------------------------
 def test_a_silent_cluster_is_probed_and_a_lost_one_ends_the_run():
     d = make(steps=200, probe_after_s=5.0)
@@ -263,3 +292,13 @@ def test_bad_run_configs_are_refused(bad):
 
     with pytest.raises(UserInputError):
         RunConfig(**{"steps": 10, "workers": 1, **bad})
+
+
+def test_a_non_finite_loss_ends_the_run_before_anything_more_is_stored():
+    d = make(steps=200, checkpoint_every=50)
+    d.on_step[120] = lambda d: d.feed(E.ChunkDone(wall=d.wall, worker_id=0, global_step=d.step, steps=1,
+                                                  loss=float("nan")))
+    end = d.run()
+    assert end.status == "failed" and d.stored == [50, 100]
+    assert end.message.startswith("training diverged: worker 0's loss is nan at step 120 (try a lower --lr); "
+                                  "nothing non-finite is stored; the latest checkpoint is step 100")

@@ -156,3 +156,15 @@ def test_bad_checkpoint_contents_are_one_line_errors(storage_url, bad):
     with pytest.raises(CheckpointError, match="unreadable") as err:
         store.load()
     assert "\n" not in str(err.value)
+
+
+def test_a_non_finite_checkpoint_is_never_stored_so_rotation_keeps_the_good_ones(storage_url):
+    st = Storage(storage_url)
+    store = CheckpointStore(st, keep=2)
+    store.save(_ckpt(10))
+    store.save(_ckpt(20))
+    for bad in (Checkpoint(30, np.full(4, np.nan, np.float32), np.zeros(4, np.float32)),
+                Checkpoint(40, np.zeros(4, np.float32), np.array([0, np.inf, 0, 0], np.float32))):
+        with pytest.raises(CheckpointError, match=f"step {bad.step} holds non-finite values"):
+            store.save(bad)
+    assert store.steps() == [10, 20] and store.load().step == 20

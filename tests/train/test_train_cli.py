@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cmdare.train.checkpoint import Checkpoint, latest_checkpoint, save_checkpoint
+from cmdare.train.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 
 CMDARE = [str(Path(sys.executable).parent / "cmdare")]
 
@@ -174,3 +174,17 @@ def test_train_overhead_bench_refuses_no_queued_chunk_in_one_line():
                          timeout=120)
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert "--chunks-ahead must be at least 1" in res.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.cluster  # make test-cluster: a real run until it diverges
+def test_a_diverging_run_ends_with_one_line_and_stores_nothing_non_finite(tmp_path):
+    """Issue 29: a run whose parameters went NaN finished with exit 0 at chance accuracy, storing NaN
+    checkpoints that rotated the good ones out."""
+    res = _run(["--lr", "1e6", "--steps", "300", "--checkpoint-every", "5"], tmp_path)
+    assert res.returncode == 1 and "Traceback" not in res.stderr + res.stdout
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: training diverged: worker"), res.stderr
+    for run_dir in (tmp_path / "checkpoints").iterdir():
+        for path in run_dir.glob("ckpt-*.json"):
+            ckpt = load_checkpoint(path)  # loading refuses non-finite values: every stored one is finite
+            assert np.isfinite(ckpt.params).all()

@@ -28,3 +28,19 @@ def test_storage_that_ends_with_the_process_is_refused_for_checkpoints():
 
     with pytest.raises(UserInputError, match="vanish"):
         training_storage(TrainSpec(storage="memory://ckpt"), "run-1", None)
+
+
+def test_failed_uploads_are_shown_as_they_happen_first_with_the_error_then_a_count(capsys):
+    from cmdare.events import EventReport
+    from cmdare.train.commands import RunNotices
+
+    notices = RunNotices()
+    for step in (50, 100, 150):
+        notices.on_event(EventReport("r", 0.0, "checkpoint_failed", details={"step": step, "error": "disk [full]"}))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "warning: the checkpoint of step 50 could not be stored (disk [full]); training goes on, the previous "
+        "checkpoints stay valid",
+        "warning: the checkpoint of step 100 could not be stored either (2 failed so far)",
+        "warning: the checkpoint of step 150 could not be stored either (3 failed so far)",
+    ]

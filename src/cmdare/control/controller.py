@@ -28,9 +28,7 @@ from cmdare.control.liveness import Liveness
 from cmdare.control.ps_servers import PsServerKernel
 from cmdare.control.run_commands import (
     Balance,
-    CancelWorker,
     Command,
-    EndRun,
     Fence,
     HoldAll,
     SetRoundSize,
@@ -38,6 +36,7 @@ from cmdare.control.run_commands import (
     Train,
 )
 from cmdare.control.run_config import RunConfig
+from cmdare.control.run_end import RunEnding
 from cmdare.control.run_events import (
     ActionDone,
     AllStopped,
@@ -61,7 +60,7 @@ _SIGNS_OF_LIFE = (ChunkDone, WorkerStopped, AllStopped, WorkerUp, PsUp, DutyDone
                   CheckpointStored)
 
 
-class RunController(RunEventHandlers):
+class RunController(RunEnding, RunEventHandlers):
     """Decides a run: feed it events with :meth:`handle`, carry out the commands it returns.
 
     Args:
@@ -94,6 +93,9 @@ class RunController(RunEventHandlers):
         self.balance_at = 0  # the next balancing step (0: none)
         self.balancing = False  # a Balance is out, not answered yet
         self.liveness = Liveness(config.probe_after_s, config.stuck_after_s)
+        self.failed_uploads_in_a_row = 0
+        self.last_upload_error = ""
+        self.final_upload_since: float | None = None  # wall time the end began waiting for the final upload
         self.transitions: list[tuple[float, RunState, RunState]] = []
         #: The decisions taken: ``(cloud time, global step, command)`` of every command but the feeding of
         #: workers (Train, Fence, HoldAll), so two drivers' runs can be compared decision by decision.
@@ -323,52 +325,6 @@ class RunController(RunEventHandlers):
         for rec in trainable:
             self.workers.start_training(rec)
             self.out.append(Train(rec.worker_id))
-
-    def _finishing(self) -> None:
-        """The target step: the final evaluation and checkpoint on the chief, then the end."""
-        if not isinstance(self.phase, Finishing):
-            self.phase = Finishing(int(self.step))
-            self._to(RunState.FINISHING)
-            self.workers.replace_lost = False  # a worker lost now is not replaced: the run is over
-            for rec in list(self.workers.waiting.values()):  # a replacement on its way is not needed now
-                self.workers.waiting.pop(rec.worker_id)
-                rec.gone = True
-                self.out.append(CancelWorker(rec.worker_id, "cancelled"))
-            step = int(self.step)
-            if not self.config.virtual_duties:
-                self.duties.add("eval", step, final=True)
-                if self.config.final_checkpoint:
-                    self.duties.add("checkpoint", step, final=True)
-        if self.config.virtual_duties:
-            self.duties.catch_up(self.step)
-            self._end("finished")
-            return
-        if not self._quiesced():
-            return
-        self._start_duties()
-        if not self.duties.pending:
-            self._end("finished")
-        elif self.workers.chief is None and not self.workers.active and not self.workers.waiting:
-            self._end("finished", "no worker was left for the final evaluation and checkpoint")
-
-    def _liveness(self) -> None:
-        """Deadlines on real waits (:class:`~cmdare.control.liveness.Liveness`): fail, or probe the cluster."""
-        busy = self.workers.training() or self.action is not None
-        failure = self.liveness.failure(self.wall, busy, int(self.step))
-        if failure is not None:
-            self._end("failed", f"{failure}; {self._resume_hint()}")
-        elif (probe := self.liveness.probe(self.wall)) is not None:
-            self.out.append(probe)
-
-    def _resume_hint(self) -> str:
-        return self.config.resume_hint(self.duties.latest_checkpoint())
-
-    def _end(self, status: str, message: str = "") -> None:
-        if self.ended:
-            return
-        self._to(RunState.FINISHED if status == "finished" else RunState.FAILED)
-        self.phase = Ended(status, message)
-        self.out.append(EndRun(status, message))
 
     def _report(self) -> None:
         """The phase and reported state after a pass: running, degraded (fewer workers than planned) or

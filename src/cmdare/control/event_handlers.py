@@ -8,6 +8,7 @@ ahead when the emulated cluster can only wait for a cloud event.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from cmdare.control.run_events import (
@@ -130,6 +131,11 @@ class RunEventHandlers:
 
     def _on_ChunkDone(self, ev: ChunkDone) -> None:
         self._progress(ev.global_step)
+        if ev.loss is not None and not math.isfinite(ev.loss):
+            self._end("failed", f"training diverged: worker {ev.worker_id}'s loss is {ev.loss} at step "
+                                f"{int(ev.global_step)} (try a lower --lr); nothing non-finite is stored; "
+                                f"{self._resume_hint()}")
+            return
         rec = self.workers.rec(ev.worker_id)
         if rec is not None and rec.active and ev.steps:
             info = self.workers.kernel.state.worker(ev.worker_id)
@@ -209,9 +215,16 @@ class RunEventHandlers:
 
     def _on_CheckpointStored(self, ev: CheckpointStored) -> None:
         self.duties.stored(ev.step)
+        self.failed_uploads_in_a_row = 0
 
     def _on_CheckpointFailed(self, ev: CheckpointFailed) -> None:
         self.duties.upload_failed(ev.step)
+        self.failed_uploads_in_a_row += 1
+        self.last_upload_error = ev.error
+        if self.failed_uploads_in_a_row >= self.config.max_failed_uploads and not isinstance(self.phase, Finishing):
+            self._end("failed", f"{self.failed_uploads_in_a_row} checkpoint uploads in a row failed (the last, of step "
+                                f"{ev.step}: {ev.error}); training stopped rather than go on with nothing stored; "
+                                f"{self._resume_hint()}")
 
     def _on_ActionDone(self, ev: ActionDone) -> None:
         command, self.action = self.action, None

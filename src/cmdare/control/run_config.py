@@ -36,7 +36,10 @@ class RunConfig:
             no limit.
         start_timeout_s: wall seconds a worker process may take to start (local emulation).
         probe_after_s: wall seconds without news from training workers before they are probed.
-        stuck_after_s: wall seconds without progress, though everything answers, before the run fails.
+        stuck_after_s: wall seconds without progress, though everything answers, before the run fails (also
+            the longest the end waits for the final checkpoint's upload).
+        max_failed_uploads: checkpoint uploads that may fail in a row before the run stops rather than train on
+            with nothing stored.
         step_s: emulated cloud seconds per step of one worker, per GPU type (lower case); ``"*"``: any type.
         run_id: named in error messages (how to resume).
         checkpoints: where the run's checkpoints are (named in error messages).
@@ -60,6 +63,7 @@ class RunConfig:
     start_timeout_s: float = 300.0
     probe_after_s: float = 60.0
     stuck_after_s: float = 600.0
+    max_failed_uploads: int = 3
     step_s: Mapping[str, float] = field(default_factory=lambda: {"*": 1.0})
     run_id: str = "run"
     checkpoints: str = ""
@@ -67,6 +71,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.steps < 1 or self.workers < 1:
             raise UserInputError(f"a run needs steps >= 1 and workers >= 1, got {self.steps} and {self.workers}")
+        if self.max_failed_uploads < 1:
+            raise UserInputError(f"max_failed_uploads must be at least 1, got {self.max_failed_uploads}")
         bad = {k: v for k, v in self.step_s.items() if not (isinstance(v, int | float) and math.isfinite(v) and v > 0)}
         if bad:
             raise UserInputError(f"emulated seconds per step must be positive numbers, got {bad}")

@@ -61,12 +61,14 @@ class Tick(Event):
 @dataclass(frozen=True, kw_only=True)
 class ChunkDone(Event):
     """A chunk of ``steps`` steps of worker ``worker_id`` ended at ``global_step`` (the shards' step after
-    its last push); ``refused``: the shards refused its last push (the fence or the target step)."""
+    its last push); ``refused``: the shards refused its last push (the fence or the target step); ``loss``:
+    the chunk's training loss, where the driver knows it (a non-finite loss ends the run)."""
 
     worker_id: int
     global_step: float
     steps: int = 0
     refused: bool = False
+    loss: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

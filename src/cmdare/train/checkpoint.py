@@ -109,7 +109,11 @@ class CheckpointStore:
         self.storage, self.keep = storage, max(1, keep)
 
     def save(self, ckpt: Checkpoint) -> SavedCheckpoint:
-        """Write the data, then the manifest; then rotate. Returns what was stored."""
+        """Write the data, then the manifest; then rotate. Returns what was stored. A checkpoint holding NaN or
+        infinite values is refused (:class:`CheckpointError`): it would rotate the good ones out."""
+        if not (np.isfinite(ckpt.params).all() and np.isfinite(ckpt.momentum).all()):
+            raise CheckpointError(f"the checkpoint of step {ckpt.step} holds non-finite values (training "
+                                  "diverged): not stored")
         data = encode_checkpoint(ckpt)
         name = f"{_PREFIX}{ckpt.step:0{_STEP_DIGITS}d}-{secrets.token_hex(3)}.npz"
         self.storage.put(name, data)

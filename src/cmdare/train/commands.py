@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from cmdare.errors import UserInputError
 from cmdare.events import EventReport, TrainCallback
@@ -194,14 +195,27 @@ def train_command(
 
 
 class RunNotices(TrainCallback):
-    """Prints ``resumed RUN from step N`` when a resumed run starts, and storage warnings (on stderr)."""
+    """Prints ``resumed RUN from step N`` when a resumed run starts, storage warnings and failed checkpoint
+    uploads as they happen (on stderr: the first with its error, then a count)."""
+
+    def __init__(self) -> None:
+        self.failed_uploads = 0
 
     def on_event(self, report: EventReport) -> None:
         if report.kind == "resume":
             console.print(f"resumed {report.run_id} from step {report.details.get('step')}")
         elif report.kind == "storage_warning":
-            Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {report.details['warning']}",
-                                                       highlight=False)
+            _warn(str(report.details["warning"]))
+        elif report.kind == "checkpoint_failed":
+            self.failed_uploads += 1
+            step = report.details.get("step")
+            _warn(f"the checkpoint of step {step} could not be stored ({report.details.get('error')}); training "
+                  "goes on, the previous checkpoints stay valid" if self.failed_uploads == 1 else
+                  f"the checkpoint of step {step} could not be stored either ({self.failed_uploads} failed so far)")
+
+
+def _warn(text: str) -> None:
+    Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {escape(text)}", highlight=False)
 
 
 ps_app = typer.Typer(help="Change the parameter shards of a running training run.", no_args_is_help=True)

@@ -190,7 +190,7 @@ class RayDriver:
             return
         self._record(w, res)
         events: list[E.Event] = [E.ChunkDone(wall=wall, worker_id=wid, global_step=res.global_step, steps=res.steps,
-                                             refused=res.done)]
+                                             refused=res.done, loss=res.loss if res.steps else None)]
         if res.notice is not None:
             self.feeding.discard(wid)
             if w.revoked_at is None:  # a chunk queued behind the one that brought the notice brings it again
