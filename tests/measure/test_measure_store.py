@@ -204,3 +204,26 @@ def test_recorder_keeps_rows_while_the_store_fails(tmp_path):
     rec.close()
     assert store.count("step_metrics") == 30
     assert store.frame("staleness")["count"].sum() == 60
+
+
+def test_a_resume_that_fails_before_training_keeps_the_runs_recorded_result(tmp_path):
+    """Issue 29: a resume that failed during set-up overwrote the run's row from finished|700|0.983 to failed|0|."""
+    from cmdare.measure.store.schema import Event
+
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    rec = StoreRecorder(store)
+    rec.on_run_start(RunInfo("run-a", {"model": "resnet8", "steps": 700}, 1.0e9))
+    rec.on_run_end(RunSummary("run-a", 1.0e9 + 60, "finished", 700, 60.0, 11.7, 0.983, 0.05))
+    rec.on_run_start(RunInfo("run-a", {"model": "resnet8", "steps": 900}, 1.0e9 + 100, resumed_from_step=700))
+    rec.on_run_end(RunSummary("run-a", 1.0e9 + 101, "failed", 700, 1.0, 0.0, None, None))
+    with store.session() as s:
+        run = s.get(Run, "run-a")
+        assert (run.status, run.final_step, run.final_accuracy) == ("finished", 700, 0.983)
+        assert run.config["steps"] == 700 and run.resumed_from_step == 0
+        kinds = [e.kind for e in s.query(Event).filter_by(run_id="run-a")]
+    assert kinds == ["resume_failed"]
+    rec.on_run_start(RunInfo("run-a", {"model": "resnet8", "steps": 900}, 1.0e9 + 200, resumed_from_step=700))
+    rec.on_run_end(RunSummary("run-a", 1.0e9 + 260, "finished", 900, 60.0, 3.3, 0.985, 0.04))  # one that trains
+    with store.session() as s:
+        run = s.get(Run, "run-a")
+        assert (run.status, run.final_step, run.final_accuracy) == ("finished", 900, 0.985)

@@ -30,7 +30,7 @@ from cmdare.events import (
     TrainCallback,
 )
 from cmdare.measure.store import Store, open_store
-from cmdare.measure.store.schema import Run, Server, Staleness
+from cmdare.measure.store.schema import Event, Run, Server, Staleness
 
 log = logging.getLogger(__name__)
 MAX_BACKLOG_BATCHES = 50  # rows kept in memory while the store is unreachable, in batches
@@ -63,6 +63,9 @@ _SERVER_FIELDS = (
     "joining_s",
     "emulated",
 )
+#: What a resume overwrites when it starts; restored when it fails before training a step.
+_RESULT_FIELDS = ("config", "status", "ended_at", "code_version", "emulated", "resumed_from_step", "final_step",
+                  "final_accuracy", "final_loss", "steps_per_s", "cost_usd", "summary")
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
@@ -96,6 +99,7 @@ class StoreRecorder(TrainCallback):
         self._pending = 0
         self._staleness: Counter = Counter()  # (run_id, worker_id, staleness) -> count
         self._server_updates: list[tuple[str, str, dict[str, Any]]] = []
+        self._before_resume: dict[str, dict[str, Any]] = {}  # run id -> its recorded result, while a resume starts
         self._lock = threading.Lock()
         self.rows_written = 0
 
@@ -139,7 +143,9 @@ class StoreRecorder(TrainCallback):
                         source="cmdare",
                     )
                 )
-            else:  # resume: keep the first start time, refresh the rest
+            else:  # resume: keep the first start time, refresh the rest (kept aside: a resume that fails
+                # before it trains a step must not overwrite what the run had recorded)
+                self._before_resume[info.run_id] = {name: getattr(run, name) for name in _RESULT_FIELDS}
                 run.config, run.status, run.ended_at = cfg, "running", None
                 run.code_version, run.emulated = info.code_version, info.emulated
                 run.resumed_from_step = info.resumed_from_step
@@ -253,6 +259,13 @@ class StoreRecorder(TrainCallback):
             if run is None:
                 run = Run(run_id=summary.run_id, config={}, started_at=summary.time - summary.wall_s)
                 s.add(run)
+            before = self._before_resume.pop(summary.run_id, None)
+            if before is not None and summary.status != "finished" and summary.global_step <= run.resumed_from_step:
+                for name, value in before.items():  # a failed resume: the run's recorded result stands
+                    setattr(run, name, value)
+                s.add(Event(run_id=summary.run_id, time=summary.time, kind="resume_failed",
+                            global_step=summary.global_step, details={"status": summary.status}))
+                return
             run.status, run.ended_at, run.final_step = summary.status, summary.time, summary.global_step
             run.final_accuracy, run.final_loss = summary.final_accuracy, summary.final_loss
             run.steps_per_s, run.cost_usd = summary.steps_per_s, summary.cost_usd
