@@ -99,3 +99,34 @@ def test_what_cmdare_creates_is_readable_by_its_owner_only(tmp_path, monkeypatch
     store = open_store(f"sqlite:///{tmp_path / 'store' / 'cmdare.db'}")
     store.engine.dispose()
     assert mode(tmp_path / "store" / "cmdare.db") == 0o600 and mode(tmp_path / "store") == 0o700
+
+
+def test_a_run_that_stopped_without_an_end_reads_stale_and_refuses_control_requests(tmp_path):
+    """Issue 29: a run killed with kill -9 stayed 'running' forever, and `cmdare ps add` answered 'requested'."""
+    import time
+
+    from cmdare.train.run_control import STALE_AFTER_S, heartbeat, read_status, request_change, write_status
+
+    run = Storage(tmp_path / "run-k")
+    heartbeat(run, 2, 340)
+    status = read_status(run)
+    assert (status["status"], status["global_step"], status["num_shards"]) == ("running", 340, 2)
+    assert read_status(run, now=status["time"] + STALE_AFTER_S + 1)["status"] == "stale"
+    data = run.get("status.json").replace(str(status["time"]).encode(), str(time.time() - STALE_AFTER_S - 5).encode())
+    run.put("status.json", data)  # its coordinator's last beat, minutes ago
+    with pytest.raises(UserInputError, match="run run-k is stale .*killed, or its machine lost.*resume it"):
+        request_change(run, "add")
+    write_status(run, "finished", 2, 400)
+    with pytest.raises(UserInputError, match="run run-k is finished: cannot change its shards"):
+        request_change(run, "add")
+    run.put("status.json", b"[1, 2]")
+    with pytest.raises(Exception, match="unreadable"):
+        read_status(run)
+
+
+def test_the_run_report_shows_a_silent_running_run_as_stale():
+    from cmdare.measure.reports.run import STALE_AFTER_S, shown_status
+
+    assert shown_status("running", 1000.0, 1000.0 + STALE_AFTER_S + 1) == "stale"
+    assert shown_status("running", 1000.0, 1001.0) == "running"
+    assert shown_status("finished", 1000.0, 1e12) == "finished"

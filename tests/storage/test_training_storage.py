@@ -124,3 +124,24 @@ def test_bad_storage_fails_before_training_in_one_line(s3, tmp_path, storage, me
                          capture_output=True, text=True, env=env, timeout=120)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], res.stderr
+
+
+@pytest.mark.cluster  # make test-cluster: a real run
+def test_status_json_carries_the_real_step_while_the_run_trains(local_ray, tmp_path, monkeypatch):
+    """Issue 29: status.json showed global_step 0 throughout a run."""
+    from cmdare.train import ray_driver
+
+    monkeypatch.setattr(ray_driver, "HEARTBEAT_S", 0.2)
+    run = Storage(tmp_path / "run-hb")
+    seen: list[tuple[str, int]] = []
+
+    class _Watch(TrainCallback):
+        def on_step(self, r):
+            if r.global_step >= 20 and len(seen) < 50:
+                status = read_status(run)
+                seen.append((status["status"], status["global_step"]))
+
+    summary = Trainer(_spec(60, str(tmp_path)), [_Watch()], checkpoint_dir=run).run()
+    assert summary.status == "finished"
+    assert any(state == "running" and step > 0 for state, step in seen), seen
+    assert read_status(run)["status"] == "finished" and read_status(run)["global_step"] == 60

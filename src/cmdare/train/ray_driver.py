@@ -39,7 +39,7 @@ from cmdare.train.emitter import RunEmitter
 from cmdare.train.faults import classify
 from cmdare.train.placement_changes import PlacementChanges
 from cmdare.train.ps_evacuation import PsServerExecutor
-from cmdare.train.run_control import write_status
+from cmdare.train.run_control import HEARTBEAT_S, heartbeat, write_status
 from cmdare.train.run_metrics import RunMetrics
 from cmdare.train.shard_group import ShardGroup
 from cmdare.train.spec import TrainSpec
@@ -85,7 +85,7 @@ class RayDriver:
         self._queue: list[E.Event] = []
         self._busy = False
         self._reported = 0  # state transitions of the controller reported so far
-        self._next_stats = 0.0
+        self._next_stats = self._next_heartbeat = 0.0
         self._final_stats = False
         self._round_feed: dict[int, bool] = {}  # synchronous: the chunk-end step -> whether that round goes on
 
@@ -101,6 +101,7 @@ class RayDriver:
         self.workers.start_pool()
         write_status(self.storage, "running", len(self.shards.shards), self.global_step)
         self._next_stats = time.time() + SHARD_STATS_EVERY_S
+        self._next_heartbeat = time.time() + HEARTBEAT_S
         while self.end is None:
             if watchdog is not None:
                 watchdog.beat()
@@ -235,6 +236,9 @@ class RayDriver:
     def _periodic(self, wall: float) -> None:
         """Uploads finished, shard load, ``cmdare ps`` requests and balancers that decide at any time, drains."""
         events: list[E.Event] = list(self.duties.collect(wall))
+        if wall >= self._next_heartbeat:  # status.json: the real step, and a sign the run is alive
+            self._next_heartbeat = wall + HEARTBEAT_S
+            heartbeat(self.storage, len(self.shards.shards), self.global_step)
         if wall >= self._next_stats and not self.controller.holding and self.controller.action is None:
             self._next_stats = wall + SHARD_STATS_EVERY_S
             if self.changes.collect_stats(self.global_step) is None:

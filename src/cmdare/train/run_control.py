@@ -1,23 +1,32 @@
 """A run's control files in its storage: its configuration, the coordinator's status, ``cmdare ps`` requests.
 
 ``run.json`` holds the configuration the run started with (what ``--resume`` continues);
-``status.json`` tells ``cmdare ps add|remove RUN`` whether the run is running and how many shards it
-has; a request is one object under ``control/``, read (and removed) by the coordinator at its next
-poll. Both live in the run's :class:`~cmdare.storage.Storage`, so they work from any machine that
-reaches it, also when the run's storage is an object store.
+``status.json`` tells ``cmdare ps add|remove RUN`` whether the run is running, its global step and how
+many shards it has; the coordinator rewrites it every :data:`HEARTBEAT_S` while the run trains, so a run
+whose status says ``running`` but is older than :data:`STALE_AFTER_S` stopped without an end (killed, or
+its machine lost) and reads as ``stale``; a request is one object under ``control/``, read (and removed)
+by the coordinator at its next poll. Both live in the run's :class:`~cmdare.storage.Storage`, so they work
+from any machine that reaches it, also when the run's storage is an object store.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from typing import Any
 
-from cmdare.errors import DataNotFoundError, UserInputError
+from cmdare.errors import DataNotFoundError, StorageError, UserInputError
 from cmdare.storage import MissingObjectError, Storage, as_storage
 
-__all__ = ["read_requests", "read_run_spec", "read_status", "request_change", "write_run_spec", "write_status"]
+__all__ = ["HEARTBEAT_S", "STALE_AFTER_S", "heartbeat", "read_requests", "read_run_spec", "read_status",
+           "request_change", "write_run_spec", "write_status"]
+
+#: Seconds between the coordinator's rewrites of ``status.json`` while the run trains.
+HEARTBEAT_S = 10.0
+#: A ``running`` status older than this is ``stale``: its coordinator is gone.
+STALE_AFTER_S = 120.0
 
 _STATUS = "status.json"
 _CONTROL = "control"
@@ -51,12 +60,25 @@ def write_status(run: Storage | str | os.PathLike[str], status: str, num_shards:
                                  "time": time.time()}).encode())
 
 
-def read_status(run: Storage | str | os.PathLike[str]) -> dict[str, Any]:
-    """The run's last status. Raises DataNotFoundError when it has none (never started here)."""
+def heartbeat(run: Storage, num_shards: int, global_step: int) -> None:
+    """``status.json`` rewritten while the run trains (a write that fails is tried again at the next beat)."""
+    with contextlib.suppress(OSError, StorageError):
+        write_status(run, "running", num_shards, global_step)
+
+
+def read_status(run: Storage | str | os.PathLike[str], now: float | None = None) -> dict[str, Any]:
+    """The run's last status (``running`` older than :data:`STALE_AFTER_S` at ``now``, default the clock, reads
+    ``stale``). Raises DataNotFoundError when it has none (never started here)."""
     run = as_storage(run)
     name = _run_name(run)
     try:
-        return json.loads(run.get(_STATUS))
+        status = json.loads(run.get(_STATUS))
+        if not isinstance(status, dict) or not isinstance(status.get("time", 0.0), int | float):
+            raise ValueError(status)
+        now = time.time() if now is None else now
+        if status.get("status") == "running" and now - float(status.get("time", 0.0)) > STALE_AFTER_S:
+            status["status"] = "stale"
+        return status
     except MissingObjectError:
         raise DataNotFoundError(f"no running training run {name} in {run.uri} (no status file)") from None
     except ValueError:
@@ -69,6 +91,9 @@ def request_change(run: Storage | str | os.PathLike[str], action: str, shard: in
     run = as_storage(run)
     status = read_status(run)
     name = _run_name(run)
+    if status["status"] == "stale":
+        raise UserInputError(f"run {name} is stale (its coordinator last reported {time.time() - status['time']:.0f} s "
+                             "ago: killed, or its machine lost): cannot change its shards; resume it with --resume")
     if status["status"] != "running":
         raise UserInputError(f"run {name} is {status['status']}: cannot change its shards")
     if action == "remove":

@@ -136,7 +136,7 @@ def build(store: Store, run_id: str | None = None) -> Report:
         "run_id": run.run_id,
         "model": run.model,
         "dataset": run.dataset,
-        "status": run.status,
+        "status": shown_status(run.status, _last_news(run, steps, events), time.time()),
         "emulated": run.emulated,
         "emulated_servers": int(servers.emulated.astype(bool).sum()) if len(servers) else 0,
         "global_step": int(run.final_step or (steps.global_step.max() if len(steps) else 0)),
@@ -206,3 +206,21 @@ def build(store: Store, run_id: str | None = None) -> Report:
         plot,
         figsize=(15, 4.5) if len(stale_hist) else (11, 4.5),
     )
+
+
+#: A run still ``running`` in the store with nothing recorded for this long stopped without an end (killed, or
+#: its machine lost): the recorder writes at least every few hundred steps, and a step takes seconds at most.
+STALE_AFTER_S = 1800.0
+
+
+def shown_status(status: str, last_news: float | None, now: float) -> str:
+    """The status to show: ``stale`` for a ``running`` run with no news for :data:`STALE_AFTER_S`."""
+    if status == "running" and last_news is not None and now - last_news > STALE_AFTER_S:
+        return "stale"
+    return status
+
+
+def _last_news(run: Any, steps: Any, events: Any) -> float | None:  # a Run row and two DataFrames
+    times = [t for t in (run.started_at, steps.time.max() if len(steps) else None,
+                         events.time.max() if len(events) else None) if t is not None]
+    return float(max(times)) if times else None
