@@ -79,3 +79,20 @@ def test_p100_plan_explains_the_second_ps(models):
     assert rec.constraint_met and rec.choice.cluster.ps == 2
     ps_reason = next(r for r in rec.reasons if r.startswith("a 2nd PS:"))
     assert "P100 workers saturate one PS at 4-5 workers" in ps_reason
+
+
+def test_unbounded_plans_are_refused_in_one_line(models):
+    """Issue 29: plan --steps 1e15 and plan simulate --workers k80:100000 ran for minutes and gigabytes."""
+    from cmdare.errors import UserInputError
+    from cmdare.plan.recommender import enumerate_clusters, evaluate
+
+    with pytest.raises(UserInputError, match="a cluster has at most 1024 workers, got 100000"):
+        k80s(100_000, True, 1)
+    huge = JobSpec("resnet32", 10**15)
+    with pytest.raises(UserInputError, match=r"10{15} steps take \d+ days on 8xK80 .*beyond the simulator's 365 days"):
+        simulate(huge, k80s(8, True, 1), models, runs=5)
+    assert Simulator(huge, k80s(8, False, 1), models).summarize(3, 0).time_mean_s > 365 * 86400  # exact: no runs
+    options, stats = evaluate(huge, [k80s(8, True, 1), k80s(8, False, 1)], models, runs=5)
+    assert stats["beyond_horizon"] == 1 and [o.cluster.workers[0].transient for o in options] == [False]
+    with pytest.raises(UserInputError, match="max workers must be between 1 and 64"):
+        enumerate_clusters(["k80"], ["us-east1"], max_workers=10_000)

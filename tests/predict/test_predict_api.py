@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -294,3 +295,33 @@ def test_mva_exact_and_large_cluster_approximation():
     assert _schweitzer_throughput([0.03, 0.1], [30, 30], 0.0096) == pytest.approx(exact, rel=0.03)
     big = mva_throughput([0.2, 0.08, 0.05], [100, 100, 100], 0.01)  # its latency: bench/mva_latency.py
     assert big == pytest.approx(100.0, rel=0.01)
+
+
+@pytest.mark.parametrize(("column", "value", "kind"), [
+    ("Number of Tensors", "1e308", "step"),  # grew to 7.8 GB in 114 s before issue 29
+    ("Model FLOPs", "1e300", "step"),
+    ("Number of Parameters", "1e200", "step"),
+    ("Checkpoint Size (MB)", "1e300", "checkpoint"),
+])
+def test_unbounded_feature_values_are_refused_in_one_line(column, value, kind):
+    import pandas as pd
+
+    from cmdare.errors import DataFormatError
+    from cmdare.predict.features import table_features
+
+    row = {"GPU TFLOPS": "4.1", "Model FLOPs": "1e9", "Number of Parameters": "1e6", "Number of Tensors": "60",
+           "Checkpoint Size (MB)": "10"}
+    row[column] = value
+    with pytest.raises(DataFormatError, match=re.escape(f"row 1, column '{column}': {value} is beyond the largest")):
+        table_features(pd.DataFrame([row]), kind)
+
+
+def test_a_derived_tensor_count_is_bounded_too():
+    import pandas as pd
+
+    from cmdare.errors import DataFormatError
+    from cmdare.predict.features import table_features
+
+    with pytest.raises(DataFormatError, match="tensors, beyond the largest value"):  # params / average size
+        table_features(pd.DataFrame([{"GPU TFLOPS": "4", "Model FLOPs": "1e9", "Number of Parameters": "1e12",
+                                      "Average Tensor Size (MB)": "1e-6"}]), "step")

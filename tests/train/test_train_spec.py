@@ -44,3 +44,14 @@ def test_failed_uploads_are_shown_as_they_happen_first_with_the_error_then_a_cou
         "warning: the checkpoint of step 100 could not be stored either (2 failed so far)",
         "warning: the checkpoint of step 150 could not be stored either (3 failed so far)",
     ]
+
+
+def test_more_shards_than_parameter_blocks_is_refused(tmp_path):
+    """Issue 29: --ps 24 on a 23-tensor model billed a shard that held nothing."""
+    from cmdare.storage import Storage
+    from cmdare.train.setup import initial_state
+
+    assert len(initial_state(TrainSpec(model="resnet8", ps=23), "r", Storage(tmp_path), None, False)[0]) == 23
+    with pytest.raises(UserInputError, match="--ps 24: resnet8 has 23 parameter blocks and placement round-robin "
+                                             "leaves 1 shard"):
+        initial_state(TrainSpec(model="resnet8", ps=24), "r", Storage(tmp_path), None, False)

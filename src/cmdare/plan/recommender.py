@@ -28,6 +28,9 @@ from cmdare.plan.pareto import pareto_front
 from cmdare.plan.simulator import Simulator
 from cmdare.plan.spec import PS_SERVER, ClusterSpec, JobSpec, PlanModels, SimSummary, WorkerGroup
 
+#: Most workers a plan explores per cluster (its configurations grow with the square of it, mixes included).
+MAX_ENUMERATED_WORKERS = 64
+
 __all__ = ["PlanOption", "Recommendation", "enumerate_clusters", "recommend", "format_duration"]
 
 
@@ -91,8 +94,8 @@ def enumerate_clusters(
     each region; plus single-server training (one worker, no PS). ``ps_markets``: PS servers on
     on-demand (False) and/or spot (True) servers.
     """
-    if max_workers < 1:
-        raise UserInputError(f"max workers must be at least 1, got {max_workers}")
+    if not 1 <= max_workers <= MAX_ENUMERATED_WORKERS:
+        raise UserInputError(f"max workers must be between 1 and {MAX_ENUMERATED_WORKERS}, got {max_workers}")
     if not 1 <= max_ps <= 8:
         raise UserInputError(f"max PS must be between 1 and 8, got {max_ps}")
     out: list[ClusterSpec] = []
@@ -133,9 +136,12 @@ def evaluate(
     sims = [Simulator(job, c, models) for c in clusters]
     options: list[PlanOption] = []
     pending: list[tuple[float, float, Simulator]] = []
+    beyond = 0
     for sim in sims:
         if not sim.cluster.any_transient:
             options.append(PlanOption(sim.cluster, sim.summarize(1, seed)))
+        elif sim.beyond_horizon:  # too long to simulate: not an option
+            beyond += 1
         elif prune and sim.cluster.replacement == "same":
             t_low, c_low = sim.lower_bounds()
             pending.append((t_low, c_low, sim))
@@ -153,8 +159,9 @@ def evaluate(
     stats = {
         "configurations": len(clusters),
         "simulated_monte_carlo": len(pending) - pruned,
-        "exact_on_demand": len(clusters) - len(pending),
+        "exact_on_demand": len(clusters) - len(pending) - beyond,
         "pruned_dominated": pruned,
+        "beyond_horizon": beyond,
         "runs_per_configuration": runs,
         "seconds": time.perf_counter() - t0,
     }

@@ -59,8 +59,10 @@ from cmdare.control import (
     RevocationPlan,
     RevocationSource,
 )
+from cmdare.errors import UserInputError
 from cmdare.plan.sim_driver import LIFETIMES_PER_SLOT, SimRun
 from cmdare.plan.spec import (
+    MAX_JOB_DAYS,
     PS_SERVER,
     ClusterSpec,
     JobSpec,
@@ -135,6 +137,8 @@ class Simulator:
             else None
         )
         self.base_time_s = self.total_time_at(tuple(cluster.gpu_counts.values()), self._slots[0].gpu)
+        #: The job is longer than the simulator runs (:data:`MAX_JOB_DAYS` without revocations).
+        self.beyond_horizon = self.base_time_s > MAX_JOB_DAYS * 86400
 
     def offers(self, lost: ServerSpec) -> tuple[Offer, ...]:
         """The offerings a replacement of ``lost`` may run on (for the kernel's ``cheapest`` policy)."""
@@ -224,9 +228,17 @@ class Simulator:
         return SimRun(self, rng, self.revocations() if self.revocations is not None else None)
 
     def run_many(self, runs: int, seed: int) -> list[RunResult]:
-        """``runs`` independent seeded runs; run ``i`` is the same whatever ``runs`` is."""
+        """``runs`` independent seeded runs; run ``i`` is the same whatever ``runs`` is.
+
+        Raises:
+            UserInputError: a transient cluster's job is beyond :data:`MAX_JOB_DAYS` without revocations.
+        """
         if not self.cluster.any_transient:
             return [self.run_once(np.random.default_rng(0))] * runs
+        if self.beyond_horizon:
+            raise UserInputError(f"{self.job.total_steps} steps take {self.base_time_s / 86400:.0f} days on "
+                                 f"{self.cluster.label()} without revocations: beyond the simulator's {MAX_JOB_DAYS:g} "
+                                 "days; plan fewer --steps or more workers")
         # One 64-bit seed word per run from the seed's SeedSequence: word i does not depend on ``runs``.
         words = np.random.SeedSequence(seed).generate_state(runs, dtype=np.uint64)
         return [self.run_once(np.random.Generator(np.random.PCG64(int(w)))) for w in words]
@@ -262,8 +274,6 @@ def simulate(
     Raises:
         UserInputError: if ``runs`` is below 1.
     """
-    from cmdare.errors import UserInputError
-
     if runs < 1:
         raise UserInputError(f"runs must be at least 1, got {runs}")
     return Simulator(job, cluster, models).summarize(runs, seed)

@@ -19,7 +19,9 @@ from cmdare.control import LR_POLICIES, REPLACEMENT_POLICIES
 from cmdare.errors import UserInputError
 
 __all__ = [
+    "MAX_JOB_DAYS",
     "MAX_PS",
+    "MAX_WORKERS",
     "AccuracyPredictor",
     "ClusterSpec",
     "JobSpec",
@@ -37,6 +39,10 @@ __all__ = [
 
 #: Most parameter-server shards a configuration may have (the recommender explores 1..3).
 MAX_PS = 8
+#: Most workers a configuration may have (a simulated run's work grows with its workers and its days).
+MAX_WORKERS = 1024
+#: Longest revocation-free job the simulator runs, in days (beyond it a run's events are unbounded).
+MAX_JOB_DAYS = 365.0
 #: What to do when a transient worker is revoked: start the same type, start the most cost-efficient
 #: type of the cluster, or carry on without it.
 #: The server type name used for parameter servers (CPU-only VMs, as in CM-DARE).
@@ -208,6 +214,8 @@ class ClusterSpec:
             raise UserInputError("a cluster needs at least 1 worker")
         if self.ps < 0 or self.ps > MAX_PS:
             raise UserInputError(f"ps must be between 0 and {MAX_PS}, got {self.ps}")
+        if self.n_workers > MAX_WORKERS:
+            raise UserInputError(f"a cluster has at most {MAX_WORKERS} workers, got {self.n_workers}")
         if self.ps == 0 and self.n_workers != 1:
             raise UserInputError(f"ps=0 (single-server training) needs 1 worker, got {self.n_workers}")
         object.__setattr__(self, "replacement", REPLACEMENT_POLICIES.canonical(self.replacement))

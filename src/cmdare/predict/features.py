@@ -71,15 +71,44 @@ def impute_num_tensors(flops: np.ndarray, params: np.ndarray) -> np.ndarray:
     return out
 
 
+#: The largest value each input column may hold: far above any real workload or cluster, low enough that no
+#: question can make the predictors' work or memory unbounded (a tensor count of 1e308 grew to 7.8 GB).
+LIMITS = {
+    "GPU TFLOPS": 1e4,
+    "Model FLOPs": 1e18,
+    "Number of Parameters": 1e13,
+    "Number of Tensors": 1e6,
+    "Average Tensor Size (MB)": 1e7,
+    "Latency (ms)": 1e5,
+    "Checkpoint Size (MB)": 1e8,
+    "Index File Size": 1e8,
+    "PS": 1e3,
+    "Workers": 1e4,
+}
+
+
 def _numeric(df: pd.DataFrame, col: str, *, allow_zero: bool = True) -> np.ndarray:
     values = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
     raw = df[col].to_numpy()
+    limit = LIMITS.get(col, np.inf)
     for i, v in enumerate(values):
         if not np.isfinite(v):
             raise DataFormatError(f"row {i + 1}, column {col!r}: {raw[i]!r} is not a number")
         if v < 0 or (not allow_zero and v == 0):
             raise DataFormatError(f"row {i + 1}, column {col!r}: {raw[i]!r} must be positive")
+        if v > limit:
+            raise DataFormatError(f"row {i + 1}, column {col!r}: {raw[i]} is beyond the largest value cmdare "
+                                  f"answers for ({limit:g})")
     return values
+
+
+def _within_tensor_limit(tensors: np.ndarray, how: str) -> np.ndarray:
+    limit = LIMITS["Number of Tensors"]
+    for i, t in enumerate(tensors):
+        if t > limit:
+            raise DataFormatError(f"row {i + 1}: {how} gives {t:.3g} tensors, beyond the largest value cmdare "
+                                  f"answers for ({limit:g})")
+    return tensors
 
 
 def _require(df: pd.DataFrame, cols: Sequence[str]) -> None:
@@ -107,9 +136,9 @@ def table_features(df: pd.DataFrame, kind: str) -> np.ndarray:
             tensors = _numeric(df, "Number of Tensors", allow_zero=False)
         elif "Average Tensor Size (MB)" in df.columns:
             avg = _numeric(df, "Average Tensor Size (MB)", allow_zero=False)
-            tensors = params * 4 / (avg * 2**20)
+            tensors = _within_tensor_limit(params * 4 / (avg * 2**20), "'Average Tensor Size (MB)'")
         else:
-            tensors = impute_num_tensors(flops, params)
+            tensors = _within_tensor_limit(impute_num_tensors(flops, params), "'Number of Parameters' / 18k")
         lat = _numeric(df, "Latency (ms)") if "Latency (ms)" in df.columns else np.full(len(df), DEFAULT_LATENCY_MS)
         return np.column_stack([tf, flops, params, tensors, lat])
     if kind == "checkpoint":
@@ -118,7 +147,8 @@ def table_features(df: pd.DataFrame, kind: str) -> np.ndarray:
         if "Number of Tensors" in df.columns:
             tensors = _numeric(df, "Number of Tensors", allow_zero=False)
         elif "Index File Size" in df.columns:
-            tensors = _numeric(df, "Index File Size", allow_zero=False) / INDEX_KB_PER_TENSOR
+            tensors = _within_tensor_limit(_numeric(df, "Index File Size", allow_zero=False) / INDEX_KB_PER_TENSOR,
+                                           "'Index File Size'")
         else:
             tensors = np.full(len(df), np.nan)
         return np.column_stack([size, tensors])

@@ -62,10 +62,14 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
     data = load_dataset(spec.dataset, spec.data_dir, image_size=spec.image_size, channels=spec.channels,
                         seed=spec.seed)
     BatchStream(data, 0, spec.workers, spec.batch_size, spec.seed)  # a batch too big for a slot fails here, not in Ray
-    get_placement(spec.placement)  # fail fast on an unknown name
     torch.manual_seed(spec.seed)
     model = build_model(spec.model, num_classes=data.num_classes, in_channels=data.input_shape[0])
     infos = param_infos((n, p.shape) for n, p in model.named_parameters())
+    placement = get_placement(spec.placement).place(infos, spec.ps)
+    empty = [k for k in range(spec.ps) if not placement.blocks_on(k)]
+    if empty:  # a shard that holds nothing is a server billed for nothing
+        raise UserInputError(f"--ps {spec.ps}: {spec.model} has {len(placement.blocks)} parameter blocks and placement "
+                             f"{spec.placement} leaves {len(empty)} shard(s) empty; use fewer shards")
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
     momentum = np.zeros_like(params)
     buffers: dict[str, np.ndarray] = {}
