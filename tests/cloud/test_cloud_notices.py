@@ -173,3 +173,58 @@ def test_watcher_from_env(server):
         assert _wait_for(lambda: watcher.notice is not None, 2.0)
     with pytest.raises(UnknownNameError):
         watcher_from_env(environ={"CMDARE_NOTICE_PROVIDER": "azure"})
+
+
+def _raw(port: int, request: bytes, timeout_s: float = 10.0) -> bytes:
+    """The whole answer to ``request`` (the server closes these connections after answering)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+        return answer
+
+
+@pytest.mark.parametrize("timeout_sec", ["abc", "-1", "nan", "1e9"])
+def test_a_malformed_long_poll_is_answered_400(server, timeout_sec, caplog):
+    """Issue 29: timeout_sec=abc dropped the connection with a server-side traceback."""
+    req = urllib.request.Request(f"{server.gce_url}?wait_for_change=true&timeout_sec={timeout_sec}",
+                                 headers={"Metadata-Flavor": "Google"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        _open(req, timeout=5)
+    assert info.value.code == 400 and b"timeout_sec must be a number of seconds" in info.value.read()
+    assert "Traceback" not in caplog.text
+
+
+@pytest.mark.parametrize("length", [b"abc", b"-5", b"99999999999"])
+def test_a_bad_content_length_is_answered_400(server, length):
+    answer = _raw(server.port, b"PUT /latest/api/token HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n"
+                  b"X-aws-ec2-metadata-token-ttl-seconds: 60\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400") and b"Content-Length must be a whole number" in answer
+
+
+def test_long_polls_hold_a_bounded_number_of_threads(server):
+    """Issue 29: 300 long-polls held 303 threads; beyond the bound a connection is answered 503 at once."""
+    from cmdare.cloud.metadata_server import MAX_CONNECTIONS
+
+    before = threading.active_count()
+    polls = []
+    for _ in range(MAX_CONNECTIONS):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        sock.sendall(f"GET {GCE_PATH}?wait_for_change=true&timeout_sec=30 HTTP/1.1\r\nHost: x\r\n"
+                     "Metadata-Flavor: Google\r\n\r\n".encode())
+        polls.append(sock)
+    try:
+        assert _wait_for(lambda: threading.active_count() >= before + MAX_CONNECTIONS, 10)
+        answer = _raw(server.port, f"GET {GCE_PATH} HTTP/1.1\r\nHost: x\r\nMetadata-Flavor: Google\r\n\r\n".encode())
+        assert answer.startswith(b"HTTP/1.1 503")
+        assert threading.active_count() <= before + MAX_CONNECTIONS
+        server.preempt()  # every long-poll answers and its thread ends
+        assert all(s.recv(4096).startswith(b"HTTP/1.1 200") for s in polls)
+    finally:
+        for sock in polls:
+            sock.close()
+    assert _wait_for(lambda: threading.active_count() <= before + 1, 10)
+    req = urllib.request.Request(server.gce_url, headers={"Metadata-Flavor": "Google"})
+    with _open(req, timeout=5) as resp:  # and new connections are served again
+        assert resp.read() == b"TRUE"

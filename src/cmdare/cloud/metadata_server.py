@@ -7,6 +7,7 @@ notice for a Ray worker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -30,10 +31,17 @@ __all__ = ["LocalMetadataServer"]
 
 log = logging.getLogger("cmdare.cloud.notices")  # the name from before the split, kept for log configs
 
+#: Connections served at once (each long-poll holds one); more are answered 503 at once.
+MAX_CONNECTIONS = 64
+#: The longest long-poll (``timeout_sec``) and request body the server accepts.
+MAX_WAIT_S = 3600.0
+MAX_BODY_BYTES = 65536
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: _MetadataHTTPServer
     protocol_version = "HTTP/1.1"
+    timeout = 60  # an idle keep-alive connection is closed: it holds a thread
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base-class signature
         log.debug("metadata server: " + format, *args)
@@ -58,7 +66,14 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             query = urllib.parse.parse_qs(parts.query)
             if query.get("wait_for_change", ["false"])[0].lower() == "true":
-                owner._wait_preempted(float(query.get("timeout_sec", ["30"])[0]))
+                try:
+                    wait_s = float(query.get("timeout_sec", ["30"])[0])
+                except ValueError:
+                    wait_s = -1.0
+                if not 0 <= wait_s <= MAX_WAIT_S:  # nan fails too
+                    self._reply(400, f"timeout_sec must be a number of seconds from 0 to {MAX_WAIT_S:g}")
+                    return
+                owner._wait_preempted(wait_s)
             value = "TRUE" if owner.preempted else "FALSE"
             self._reply(200, value, extra={"Metadata-Flavor": "Google"})
         elif parts.path == AWS_PATH:
@@ -74,7 +89,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PUT(self) -> None:  # noqa: N802 - http.server naming
         owner = self.server.owner
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY_BYTES:
+            self.close_connection = True  # the body cannot be skipped: the connection ends with the answer
+            self._reply(400, f"Content-Length must be a whole number of bytes from 0 to {MAX_BODY_BYTES}")
+            return
         if length:
             self.rfile.read(length)
         path = urllib.parse.urlsplit(self.path).path
@@ -93,9 +115,29 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _MetadataHTTPServer(ThreadingHTTPServer):
+    """One thread per connection, at most :data:`MAX_CONNECTIONS` at once."""
+
     daemon_threads = True
     allow_reuse_address = True
     owner: LocalMetadataServer
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class LocalMetadataServer:
