@@ -7,7 +7,9 @@ Every :class:`~cmdare.errors.CmdareError` becomes a one-line message and exit st
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
+import signal
 import sys
 
 import typer
@@ -40,7 +42,10 @@ err_console = Console(stderr=True)
 
 
 def main() -> None:
-    """Entry point: run the Typer app, turning cmdare errors into one-line messages."""
+    """Entry point: run the Typer app, turning cmdare errors into one-line messages. ``kill -USR1 PID`` prints
+    every thread's stack on stderr (what a run that seems stuck is waiting for) and the command goes on."""
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         app()
     except CmdareError as err:

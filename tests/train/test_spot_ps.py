@@ -111,12 +111,30 @@ def test_without_notice_the_shards_roll_back_and_the_lost_steps_are_reported(loc
 
 
 @pytest.mark.cluster  # make test-cluster: a long CLI run with PS notices
+def _run_or_dump_stacks(cmd: list[str], env: dict, timeout_s: float) -> subprocess.CompletedProcess:
+    """Run ``cmd``; past ``timeout_s``, fail with its output and every driver thread's stack (``kill -USR1``)."""
+    import signal
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        try:
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"no end after {timeout_s} s; output: {out[-1500:]}\nstderr and stacks: {err[-6000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def test_cli_summary_reports_evacuations_and_no_lost_steps(tmp_path):
     env = dict(os.environ, CMDARE_HOME=str(tmp_path))
     cmd = [str(Path(sys.executable).parent / "cmdare"), "train", "--model", "resnet8", "--sync", "--workers", "2",
            "--ps", "2", "--ps-transient", "--revocations", "every=1,first=0.5,notice=0.2,hit=ps,step=0.01",
            "--startup", "0", "--steps", "300", "--no-record", "--tensorboard", "none"]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    res = _run_or_dump_stacks(cmd, env, timeout_s=300)
     assert res.returncode == 0, res.stderr[-2000:]
     m = re.search(r"(\d+) shards evacuated \((\d+) parked[^)]*\), (\d+) steps lost", res.stdout)
     assert m and int(m.group(1)) >= 1 and int(m.group(3)) == 0, res.stdout
