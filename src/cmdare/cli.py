@@ -7,6 +7,7 @@ Every :class:`~cmdare.errors.CmdareError` becomes a one-line message and exit st
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib
 import signal
@@ -45,7 +46,8 @@ def main() -> None:
     """Entry point: run the Typer app, turning cmdare errors into one-line messages. ``kill -USR1 PID`` prints
     every thread's stack on stderr (what a run that seems stuck is waiting for) and the command goes on."""
     if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # no real stderr (an in-process runner)
+            faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     try:
         app()
     except CmdareError as err:

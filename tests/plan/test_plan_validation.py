@@ -94,5 +94,5 @@ def test_unbounded_plans_are_refused_in_one_line(models):
     assert Simulator(huge, k80s(8, False, 1), models).summarize(3, 0).time_mean_s > 365 * 86400  # exact: no runs
     options, stats = evaluate(huge, [k80s(8, True, 1), k80s(8, False, 1)], models, runs=5)
     assert stats["beyond_horizon"] == 1 and [o.cluster.workers[0].transient for o in options] == [False]
-    with pytest.raises(UserInputError, match="max workers must be between 1 and 64"):
+    with pytest.raises(UserInputError, match="max workers must be at least 1 and at most 64, got 10000"):
         enumerate_clusters(["k80"], ["us-east1"], max_workers=10_000)

@@ -95,7 +95,7 @@ def enumerate_clusters(
     on-demand (False) and/or spot (True) servers.
     """
     if not 1 <= max_workers <= MAX_ENUMERATED_WORKERS:
-        raise UserInputError(f"max workers must be between 1 and {MAX_ENUMERATED_WORKERS}, got {max_workers}")
+        raise UserInputError(f"max workers must be at least 1 and at most {MAX_ENUMERATED_WORKERS}, got {max_workers}")
     if not 1 <= max_ps <= 8:
         raise UserInputError(f"max PS must be between 1 and 8, got {max_ps}")
     out: list[ClusterSpec] = []

@@ -198,8 +198,7 @@ class RayDriver:
                 self.workers.notice(w, res.notice)
                 events.append(E.WorkerNotice(wall=wall, worker_id=wid, provider=str(res.notice.get("provider")),
                                              deadline=res.notice.get("deadline") if self.real else None))
-        elif self._keep_feeding(wid, res):
-            self.feeding.add(wid)
+        elif self._keep_feeding(wid, res):  # a worker kept only to finish its round stays out of ``feeding``
             self._feed(wid)
         else:
             self.feeding.discard(wid)
