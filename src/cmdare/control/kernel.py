@@ -176,8 +176,7 @@ class MembershipKernel:
         out: list[int] = []
         if workers and self.deadlines and min(self.deadlines.values()) <= now:
             expired = {wid for wid, t in self.deadlines.items() if t <= now}
-            out = [w.worker_id for w in self.state.workers if w.worker_id in expired and w.trained_at is not None
-                   and w.worker_id not in self._revoking]
+            out = [w.worker_id for w in self._trained() if w.worker_id in expired]
         at = self.revocations.next_due(started_at)
         if at is not None and at <= now:  # a scheduled pick falls due
             for wid in self.revocations.due(now, started_at, [*(self._trained() if workers else ()), *others]):
