@@ -129,7 +129,7 @@ def test_a_manifest_names_only_its_own_runs_data(storage_url, tmp_path):
         assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("bad", ["empty", "short_momentum", "nan_params", "inf_momentum"])
+@pytest.mark.parametrize("bad", ["empty", "short_momentum", "nan_params", "inf_momentum", "nan_buffers"])
 def test_bad_checkpoint_contents_are_one_line_errors(storage_url, bad):
     """A 0-byte data file with a matching manifest ended with 'Aborted.'; a checkpoint whose momentum is
     shorter than its parameters reached the shards; NaN parameters loaded without complaint."""
@@ -147,6 +147,8 @@ def test_bad_checkpoint_contents_are_one_line_errors(storage_url, bad):
         data = encode_checkpoint(Checkpoint(10, good.params, good.momentum[:-1]))
     elif bad == "nan_params":
         data = encode_checkpoint(Checkpoint(10, np.full(8, np.nan, np.float32), good.momentum))
+    elif bad == "nan_buffers":
+        data = encode_checkpoint(Checkpoint(10, good.params, good.momentum, {"bn.running_mean": np.full(2, np.nan)}))
     else:
         data = encode_checkpoint(Checkpoint(10, good.params, np.full(8, np.inf, np.float32)))
     st.put(saved.name, data)  # with a manifest that vouches for it: a store that was written this way
@@ -164,7 +166,10 @@ def test_a_non_finite_checkpoint_is_never_stored_so_rotation_keeps_the_good_ones
     store.save(_ckpt(10))
     store.save(_ckpt(20))
     for bad in (Checkpoint(30, np.full(4, np.nan, np.float32), np.zeros(4, np.float32)),
-                Checkpoint(40, np.zeros(4, np.float32), np.array([0, np.inf, 0, 0], np.float32))):
+                Checkpoint(40, np.zeros(4, np.float32), np.array([0, np.inf, 0, 0], np.float32)),
+                Checkpoint(50, np.zeros(4, np.float32), np.zeros(4, np.float32),
+                           {"bn.running_var": np.array([1.0, np.nan], np.float32),
+                            "bn.num_batches_tracked": np.array(7)})):
         with pytest.raises(CheckpointError, match=f"step {bad.step} holds non-finite values"):
             store.save(bad)
     assert store.steps() == [10, 20] and store.load().step == 20

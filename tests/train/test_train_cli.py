@@ -51,6 +51,7 @@ def _run(args, home):
     ["--lr", "nan"],  # trained to exit 0 at accuracy 0.078 before issue 29
     ["--storage", "memory://ckpt"],  # checkpoints that vanish with the process
     ["--from-step", "10"],  # without --resume
+    ["--on-diverge", "sometimes"],
 ])
 def test_bad_input_is_one_line(tmp_path, args):
     res = _run([*args, "--steps", "5"], tmp_path)
@@ -176,6 +177,19 @@ def test_train_overhead_bench_refuses_no_queued_chunk_in_one_line():
     assert "--chunks-ahead must be at least 1" in res.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize("bad", [{"on_diverge": "sometimes"}, {"on_diverge": "rollback:0"},
+                                 {"on_diverge": "rollback:x"}, {"on_diverge": "stop:2"},
+                                 {"rollback_lr_scale": 0.0}, {"rollback_lr_scale": 2.0}])
+def test_bad_divergence_settings_are_one_line_errors(bad):
+    from cmdare.errors import UserInputError
+    from cmdare.train.spec import TrainSpec
+
+    with pytest.raises(UserInputError, match="--on-diverge|--rollback-lr-scale") as err:
+        TrainSpec(**bad)
+    assert "\n" not in str(err.value)
+    assert [TrainSpec(on_diverge=t).max_rollbacks() for t in ("stop", "rollback", "Rollback:7")] == [0, 3, 7]
+
+
 @pytest.mark.cluster  # make test-cluster: a real run until it diverges
 def test_a_diverging_run_ends_with_one_line_and_stores_nothing_non_finite(tmp_path):
     """Issue 29: a run whose parameters went NaN finished with exit 0 at chance accuracy, storing NaN
@@ -188,3 +202,26 @@ def test_a_diverging_run_ends_with_one_line_and_stores_nothing_non_finite(tmp_pa
         for path in run_dir.glob("ckpt-*.json"):
             ckpt = load_checkpoint(path)  # loading refuses non-finite values: every stored one is finite
             assert np.isfinite(ckpt.params).all()
+
+
+@pytest.mark.cluster  # make test-cluster: a real run that diverges, rolls back and trains on
+def test_a_diverging_run_rolls_back_with_a_lower_learning_rate_and_finishes(tmp_path):
+    """Issue 29: --on-diverge rollback: the shards go back to the newest stored checkpoint (here, before the
+    first, the initial parameters), the learning rate is scaled down, and the run trains to its end."""
+    env = dict(os.environ, CMDARE_HOME=str(tmp_path))
+    res = subprocess.run(CMDARE + ["train", "--lr", "1e8", "--steps", "150", "--checkpoint-every", "20",
+                                   "--on-diverge", "rollback:1", "--rollback-lr-scale", "1e-9"],
+                         capture_output=True, text=True, env=env, timeout=180)
+    assert res.returncode == 0 and "Traceback" not in res.stderr + res.stdout, res.stderr
+    assert "warning: training diverged (a non-finite loss at step" in res.stderr
+    assert "learning rate x1e-09 from now on (rollback 1 of 1)" in res.stderr
+    assert "training diverged 1 time(s): rolled back to the newest stored checkpoint" in res.stdout
+    accuracy = float(res.stdout.split("test accuracy ")[1].split()[0])
+    assert accuracy > 0.5  # at lr 0.1 after the rollback: trained, not at chance (0.1)
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "cmdare.db") as db:
+        rows = db.execute("SELECT details FROM events WHERE kind = 'shard_restored'").fetchall()
+    assert len(rows) == 1 and '"reason": "diverged"' in rows[0][0]
+    for path in (tmp_path / "checkpoints").glob("*/ckpt-*.json"):
+        assert np.isfinite(load_checkpoint(path).params).all()

@@ -14,6 +14,8 @@ This module gathers the notice API in one place; the code lives in three modules
 
 from __future__ import annotations
 
+from typing import Any
+
 # Every name importable from this module before the split still is (``noqa: F401``: not in ``__all__``).
 from cmdare.cloud.metadata_server import LocalMetadataServer
 from cmdare.cloud.notice_protocol import (
@@ -45,5 +47,22 @@ __all__ = [
     "NOTICE_URL_ENV",
     "NoticeWatcher",
     "PROVIDERS",
+    "server_watchers",
     "watcher_from_env",
 ]
+
+
+def server_watchers(notice: tuple[str, str] | None, node_id: str | None) -> list[Any]:
+    """What tells a worker that its server goes away: the cloud's metadata endpoint (``notice``: the
+    emulator's URL and provider; else ``CMDARE_NOTICE_PROVIDER`` on a cloud node), and, on Ray node
+    ``node_id``, a drain of that node (:class:`~cmdare.cloud.drain_watcher.DrainWatcher`)."""
+    watchers: list[Any] = []
+    metadata = watcher_from_env(None, 1.0) if notice is None else NoticeWatcher(
+        url=notice[0], provider=notice[1], poll_interval_s=0.2)
+    if metadata is not None:
+        watchers.append(metadata)
+    if node_id:
+        from cmdare.cloud.drain_watcher import DrainWatcher
+
+        watchers.append(DrainWatcher(node_id))
+    return watchers

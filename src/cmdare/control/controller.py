@@ -94,6 +94,7 @@ class RunController(RunEnding, RunEventHandlers):
         self.balancing = False  # a Balance is out, not answered yet
         self.liveness = Liveness(config.probe_after_s, config.stuck_after_s)
         self.failed_uploads_in_a_row = 0
+        self.rollbacks = 0  # rollbacks after a non-finite loss
         self.last_upload_error = ""
         self.final_upload_since: float | None = None  # wall time the end began waiting for the final upload
         self.transitions: list[tuple[float, RunState, RunState]] = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from cmdare.control.run_commands import Restore
 from cmdare.control.run_events import (
     ActionDone,
     AllStopped,
@@ -65,6 +66,7 @@ class RunEventHandlers:
     now: float
     wall: float
     balancing: bool
+    rollbacks: int
 
     # provided by the controller
     def rate(self) -> float:
@@ -132,15 +134,33 @@ class RunEventHandlers:
     def _on_ChunkDone(self, ev: ChunkDone) -> None:
         self._progress(ev.global_step)
         if ev.loss is not None and not math.isfinite(ev.loss):
-            self._end("failed", f"training diverged: worker {ev.worker_id}'s loss is {ev.loss} at step "
-                                f"{int(ev.global_step)} (try a lower --lr); nothing non-finite is stored; "
-                                f"{self._resume_hint()}")
+            self._diverged(ev)
             return
         rec = self.workers.rec(ev.worker_id)
         if rec is not None and rec.active and ev.steps:
             info = self.workers.kernel.state.worker(ev.worker_id)
             if info is not None and info.trained_at is None:
                 self.workers.trained(ev.worker_id, self.now)
+
+    def _diverged(self, ev: ChunkDone) -> None:
+        """A non-finite loss: roll every shard back to the newest stored checkpoint (with a lower learning rate)
+        while rollbacks are left, else end the run. Nothing non-finite is ever stored."""
+        if self.shards.restore_reason == "diverged":
+            return  # the rollback is on its way
+        what = f"worker {ev.worker_id}'s loss is {ev.loss} at step {int(ev.global_step)}"
+        if self.rollbacks >= self.config.max_rollbacks or isinstance(self.phase, Finishing):
+            tried = f" again after {self.rollbacks} rollback(s)" if self.rollbacks else ""
+            self._end("failed", f"training diverged{tried}: {what} (try a lower --lr"
+                                f"{'' if self.config.max_rollbacks else ', or --on-diverge rollback'}); nothing "
+                                f"non-finite is stored; {self._resume_hint()}")
+            return
+        self.rollbacks += 1
+        self.shards.roll_back("diverged")
+
+    def rollback_details(self) -> dict[str, Any]:
+        """The rollback under way: its number, how many are allowed, the learning-rate factor after it."""
+        return {"reason": "diverged", "rollback": self.rollbacks, "max_rollbacks": self.config.max_rollbacks,
+                "lr_scale": self.config.rollback_lr_scale ** self.rollbacks}
 
     def _on_WorkerStopped(self, ev: WorkerStopped) -> None:
         self._progress(ev.global_step)
@@ -233,6 +253,8 @@ class RunEventHandlers:
             return
         self.shards.done(command, ev.ok, self.now, ev.num_shards, ev.removed_keys)
         if ev.ok and ev.action == "restore" and ev.step is not None:
+            if isinstance(command, Restore) and command.reason == "diverged":
+                self.workers.damp_lr(self.config.rollback_lr_scale, self.now)
             self.step = ev.step
             if self.clock is not None:
                 self.clock.rebase(ev.step)

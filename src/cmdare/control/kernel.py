@@ -82,6 +82,7 @@ class MembershipKernel:
         self.deadlines: dict[int, float] = {}
         self._revoking: set[int] = set()  # revoked by the driver, loss not yet detected
         self._tried: dict[int, list[ServerSpec]] = {}  # slot -> specs requested for it that did not come
+        self.lr_damping = 1.0  # the product of the rollbacks' learning-rate scales
 
     # -- what happened ---------------------------------------------------------------------------
     def start(self, workers: Sequence[WorkerInfo], now: float) -> list[Decision]:
@@ -207,8 +208,14 @@ class MembershipKernel:
         self._record("chief_change", now, chief, details={"from": previous, "to": chief})
         return ChiefChange(previous, chief)
 
+    def damp_lr(self, factor: float, now: float) -> list[Decision]:
+        """Training diverged and rolled back: from now on the learning rate is ``factor`` times what the policy
+        says (the factors of several rollbacks multiply)."""
+        self.lr_damping *= factor
+        return self._apply_lr(now)
+
     def _apply_lr(self, now: float) -> list[Decision]:
-        scale = self.lr_policy.scale(self.state.live, self.state.planned)
+        scale = self.lr_policy.scale(self.state.live, self.state.planned) * self.lr_damping
         previous = self.state.lr_scale
         if scale == previous:
             return []

@@ -40,6 +40,10 @@ class RunConfig:
             the longest the end waits for the final checkpoint's upload).
         max_failed_uploads: checkpoint uploads that may fail in a row before the run stops rather than train on
             with nothing stored.
+        max_rollbacks: on a non-finite loss, roll every shard back to the newest stored checkpoint at most this
+            often (0: the run stops at the first); one more divergence then ends the run.
+        rollback_lr_scale: each rollback multiplies the learning rate by this (1.0: unchanged), so that the
+            steps that diverged are not replayed as they were.
         step_s: emulated cloud seconds per step of one worker, per GPU type (lower case); ``"*"``: any type.
         run_id: named in error messages (how to resume).
         checkpoints: where the run's checkpoints are (named in error messages).
@@ -64,6 +68,8 @@ class RunConfig:
     probe_after_s: float = 60.0
     stuck_after_s: float = 600.0
     max_failed_uploads: int = 3
+    max_rollbacks: int = 0
+    rollback_lr_scale: float = 0.5
     step_s: Mapping[str, float] = field(default_factory=lambda: {"*": 1.0})
     run_id: str = "run"
     checkpoints: str = ""
@@ -73,6 +79,10 @@ class RunConfig:
             raise UserInputError(f"a run needs steps >= 1 and workers >= 1, got {self.steps} and {self.workers}")
         if self.max_failed_uploads < 1:
             raise UserInputError(f"max_failed_uploads must be at least 1, got {self.max_failed_uploads}")
+        if self.max_rollbacks < 0:
+            raise UserInputError(f"max_rollbacks must not be negative, got {self.max_rollbacks}")
+        if not 0 < self.rollback_lr_scale <= 1:
+            raise UserInputError(f"the rollback learning-rate scale must be in (0, 1], got {self.rollback_lr_scale}")
         bad = {k: v for k, v in self.step_s.items() if not (isinstance(v, int | float) and math.isfinite(v) and v > 0)}
         if bad:
             raise UserInputError(f"emulated seconds per step must be positive numbers, got {bad}")

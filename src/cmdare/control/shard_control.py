@@ -181,6 +181,11 @@ class ShardControl:
         if self._missing() > 0:
             self._request(key)
 
+    def roll_back(self, reason: str) -> None:
+        """Roll every shard back to the newest stored checkpoint (training diverged): a :class:`Restore` that
+        replaces no shard."""
+        self.restore_reason = self.restore_reason or reason
+
     # -- actions on quiesced shards ---------------------------------------------------------------
     def _ready_spares(self, now: float) -> list[Spare]:
         return [s for s in self.spares.values() if s.ready(now)]

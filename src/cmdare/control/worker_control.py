@@ -265,6 +265,10 @@ class WorkerControl:
             self.out.append(ReleaseWorker(worker_id))
             self.lose(worker_id, now, "notice")
 
+    def damp_lr(self, factor: float, now: float) -> None:
+        """After a rollback: the learning rate is ``factor`` times lower from now on."""
+        self.execute(self.kernel.damp_lr(factor, now), now)
+
     # -- time ---------------------------------------------------------------------------------------
     def next_time(self, now: float) -> float:
         """The next cloud time after ``now`` something is due for the workers (inf: nothing)."""

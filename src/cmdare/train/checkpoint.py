@@ -40,7 +40,7 @@ _DATA_NAME = re.compile(rf"^{_PREFIX}(\d{{{_STEP_DIGITS}}})-[0-9a-f]+\.npz$")
 _MANIFEST_NAME = re.compile(rf"^{_PREFIX}(\d{{{_STEP_DIGITS}}})\.json$")
 
 __all__ = ["Checkpoint", "CheckpointStore", "SavedCheckpoint", "decode_checkpoint", "encode_checkpoint",
-           "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+           "is_finite", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -88,9 +88,15 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         ckpt = Checkpoint(int(meta["step"]), z["params"], z["momentum"], buffers, meta)
     if ckpt.params.ndim != 1 or ckpt.momentum.shape != ckpt.params.shape:
         raise ValueError(f"{ckpt.params.size} parameters but {ckpt.momentum.size} momentum values")
-    if not (np.isfinite(ckpt.params).all() and np.isfinite(ckpt.momentum).all()):
-        raise ValueError("its parameters or momentum hold non-finite values (NaN or inf)")
+    if not is_finite(ckpt):
+        raise ValueError("its parameters, momentum or batch-norm statistics hold non-finite values (NaN or inf)")
     return ckpt
+
+
+def is_finite(ckpt: Checkpoint) -> bool:
+    """Whether the checkpoint's parameters, momentum and floating-point buffers are all finite."""
+    arrays = [ckpt.params, ckpt.momentum, *(np.asarray(b) for b in (ckpt.buffers or {}).values())]
+    return all(np.isfinite(a).all() for a in arrays if a.dtype.kind in "fc")
 
 
 def _manifest_name(step: int) -> str:
@@ -111,7 +117,7 @@ class CheckpointStore:
     def save(self, ckpt: Checkpoint) -> SavedCheckpoint:
         """Write the data, then the manifest; then rotate. Returns what was stored. A checkpoint holding NaN or
         infinite values is refused (:class:`CheckpointError`): it would rotate the good ones out."""
-        if not (np.isfinite(ckpt.params).all() and np.isfinite(ckpt.momentum).all()):
+        if not is_finite(ckpt):
             raise CheckpointError(f"the checkpoint of step {ckpt.step} holds non-finite values (training "
                                   "diverged): not stored")
         data = encode_checkpoint(ckpt)

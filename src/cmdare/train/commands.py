@@ -106,6 +106,12 @@ def train_command(
                                  "same-node channel an asynchronous shard sends the piece's parameters back "
                                  "at once, so push and pull overlap backward. --no-overlap pushes after "
                                  "backward."),
+    on_diverge: str = typer.Option("stop", "--on-diverge",
+                                   help="A NaN or infinite loss: 'stop' ends the run (failed); 'rollback' "
+                                   "(3 times) or 'rollback:N' rolls the shards back to the newest stored checkpoint, "
+                                   "scales the learning rate by --rollback-lr-scale and trains on."),
+    rollback_lr_scale: float = typer.Option(0.5, "--rollback-lr-scale",
+                                            help="Learning-rate multiplier of each rollback (1: unchanged)."),
     record: bool = typer.Option(True, "--record/--no-record", help="Record measurements in the store."),
     tensorboard: str = typer.Option(None, help="TensorBoard directory (default: the data directory's "
                                     "tensorboard/RUN); 'none' to skip."),
@@ -142,6 +148,7 @@ def train_command(
                      startup=startup, replacement_timeout_s=replacement_timeout, warm_spares=warm_spares,
                      lr_policy=lr_policy, elastic_ps=elastic_ps, balance_every=balance_every, straggler=straggler,
                      auto_mitigate=auto_mitigate, ps_bandwidth=ps_bandwidth, overlap=overlap,
+                     on_diverge=on_diverge, rollback_lr_scale=rollback_lr_scale,
                      storage=storage)
     if resume:
         from cmdare.storage import run_storage
@@ -188,6 +195,9 @@ def train_command(
         console.print(f"parameter servers: {summary.details.get('shards_evacuated', 0)} shards evacuated "
                       f"({summary.details.get('shards_parked', 0)} parked until their replacement was up), "
                       f"{summary.details.get('steps_lost', 0)} steps lost")
+    if summary.details.get("rollbacks"):
+        console.print(f"training diverged {summary.details['rollbacks']} time(s): rolled back to the newest stored "
+                      f"checkpoint, {summary.details.get('steps_rolled_back', 0)} steps trained again")
     console.print(f"measurements: {where}; checkpoints: {summary.details.get('checkpoint_dir')}")
     if summary.details.get("failed_checkpoints"):
         console.print(f"[bold yellow]warning:[/] {summary.details['failed_checkpoints']} checkpoint upload(s) "
@@ -204,6 +214,11 @@ class RunNotices(TrainCallback):
     def on_event(self, report: EventReport) -> None:
         if report.kind == "resume":
             console.print(f"resumed {report.run_id} from step {report.details.get('step')}")
+        elif report.kind == "shard_restored" and report.details.get("reason") == "diverged":
+            d = report.details
+            _warn(f"training diverged (a non-finite loss at step {d.get('global_step')}): rolled back to step "
+                  f"{d.get('checkpoint_step')}, learning rate x{d.get('lr_scale', 1.0):g} from now on "
+                  f"(rollback {d.get('rollback')} of {d.get('max_rollbacks')})")
         elif report.kind == "storage_warning":
             _warn(str(report.details["warning"]))
         elif report.kind == "checkpoint_failed":

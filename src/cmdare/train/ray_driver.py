@@ -348,8 +348,10 @@ class RayDriver:
         wall = time.time()
         events: list[E.Event] = list(self.duties.collect(wall, wait=True, timeout_s=UPLOAD_DRAIN_S))
         spares = [self.ps.spares[k] for k in cmd.spares if k in self.ps.spares]
-        step, details, replaced = self.shards.restore(self.storage, self.initial, self.global_step,
-                                                      self._live_actors(), spares)
+        step, details, replaced = self.shards.restore(self.storage, self.initial, self.global_step, self._live_actors(),
+                                                      spares, with_buffers=cmd.reason == "diverged")
+        if cmd.reason == "diverged":  # a rollback: say which, and the learning rate from now on
+            details.update(global_step=self.global_step, **self.controller.rollback_details())
         keys = list(cmd.spares)
         self.ps.restored(cmd.spares, {keys.pop(0): server for _k, server in sorted(replaced.items()) if keys})
         self.global_step = self.fence = step

@@ -39,6 +39,8 @@ class RunMetrics(TrainCallback):
         self.shards_evacuated = 0
         self.shards_parked = 0  # of which the last shard's, parked until its replacement was up
         self.steps_lost = 0  # rolled back to a checkpoint when a shard died
+        self.rollbacks = 0  # rolled back to a checkpoint after a non-finite loss (--on-diverge rollback)
+        self.steps_rolled_back = 0
 
     def start_chunk(self, started_at: float, global_step: int) -> None:
         """The first chunk of the run started at ``started_at`` at ``global_step`` (start-up excluded)."""
@@ -68,6 +70,10 @@ class RunMetrics(TrainCallback):
             self.lost_worker_s += float(details.get("detection_delay_s", 0.0))
         elif report.kind == "worker_lost" and report.worker_id is not None:
             self._open_losses[report.worker_id] = float(details.get("cloud_time", report.time))
+        elif report.kind == "shard_restored" and details.get("reason") == "diverged":
+            self.rollbacks += 1
+            self.steps_rolled_back += int(details.get("steps_lost", 0))
+            self._speed.clear()
         elif report.kind == "shard_restored":
             self.steps_lost += int(details.get("steps_lost", 0))
             self._speed.clear()  # the step went back to the checkpoint's
@@ -107,4 +113,5 @@ class RunMetrics(TrainCallback):
                                    "time_lost_s": lost_worker_s / max(1, planned_workers), "emulated": emulated,
                                    "servers": len(servers), "failed_checkpoints": failed_checkpoints,
                                    "shards_evacuated": self.shards_evacuated, "shards_parked": self.shards_parked,
-                                   "steps_lost": self.steps_lost})
+                                   "steps_lost": self.steps_lost, "rollbacks": self.rollbacks,
+                                   "steps_rolled_back": self.steps_rolled_back})

@@ -64,6 +64,7 @@ def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool, c
         park_margin_s=PARK_MARGIN_S if real else 0.0,
         replacement_timeout_s=spec.replacement_timeout_s if real else None, start_timeout_s=START_TIMEOUT_S,
         probe_after_s=max(PROBE_AFTER_S, 40 * spec.chunk_s), stuck_after_s=STUCK_AFTER_S,
+        max_rollbacks=spec.max_rollbacks(), rollback_lr_scale=spec.rollback_lr_scale,
         step_s=EmulatedStepTimes(spec.model, plan.step_s, tuple(spec.slot_gpus())), run_id=run_id,
         checkpoints=checkpoints)
 

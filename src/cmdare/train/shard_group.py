@@ -192,9 +192,11 @@ class ShardGroup:
         return dead
 
     def restore(self, storage: Storage, initial: tuple[np.ndarray, np.ndarray, int], global_step: int,
-                workers: Sequence[Any], spares: Sequence[Server] = ()) -> tuple[int, dict[str, Any], dict[int, Server]]:
+                workers: Sequence[Any], spares: Sequence[Server] = (),
+                with_buffers: bool = False) -> tuple[int, dict[str, Any], dict[int, Server]]:
         """Replace dead shards (with ``spares`` first, else new servers) and roll every shard back to the latest
-        checkpoint (consistent state).
+        checkpoint (consistent state). ``with_buffers``: the workers' batch-norm statistics go back too (to the
+        checkpoint's, or a fresh model's when none is stored): after a divergence they may hold NaN.
 
         Returns the step training resumes from, the ``shard_restored`` event's details and, per dead shard's
         index, the server that took its place.
@@ -204,9 +206,10 @@ class ShardGroup:
         dead = self.dead_shards()
         store = CheckpointStore(storage)
         latest = store.latest()
+        buffers = None
         if latest is not None:
             ckpt = store.load(latest)
-            params, momentum, step = ckpt.params, ckpt.momentum, ckpt.step
+            params, momentum, step, buffers = ckpt.params, ckpt.momentum, ckpt.step, ckpt.buffers
         else:
             params, momentum, step = initial
         spare_list = list(spares)
@@ -234,6 +237,8 @@ class ShardGroup:
         if self.spec.sync:
             ray.get(self._send_round_size())
         ray.get([w.set_layout.remote(self.placement, self.shards) for w in workers])
+        if with_buffers:
+            ray.get([w.load_buffers.remote(buffers) for w in workers])
         return step, {"checkpoint_step": step, "steps_lost": max(0, global_step - step),
                       "from_checkpoint": latest is not None, "dead_shards": dead}, replaced
 

@@ -10,6 +10,9 @@ from cmdare.errors import UserInputError
 from cmdare.ps.optimizer import OptimizerConfig
 from cmdare.storage.location import mask_credentials
 
+DEFAULT_ROLLBACKS = 3  # --on-diverge rollback
+MAX_ROLLBACKS = 100
+
 _RATE_UNITS = {"b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30,
                "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8}
 _RATE_UNITS.update(k=1e3, m=1e6, g=1e9, kbits=1e3 / 8, mbits=1e6 / 8, gbits=1e9 / 8)  # short and plural forms
@@ -103,6 +106,10 @@ class TrainSpec:
     # parameters back at once, so communication overlaps backward (cmdare.train.overlap); False pushes after
     # backward.
     overlap: bool = True
+    # A non-finite loss: "stop" ends the run (failed); "rollback" (3 times) or "rollback:N" rolls every shard
+    # back to the newest stored checkpoint, multiplies the learning rate by rollback_lr_scale and trains on.
+    on_diverge: str = "stop"
+    rollback_lr_scale: float = 0.5
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -139,6 +146,9 @@ class TrainSpec:
             self.straggler_factor()  # validates
         if self.ps_bandwidth is not None:
             parse_rate_bytes_per_s(self.ps_bandwidth)  # validates
+        self.max_rollbacks()  # validates
+        if not 0 < self.rollback_lr_scale <= 1:
+            raise UserInputError(f"--rollback-lr-scale must be in (0, 1], got {self.rollback_lr_scale}")
 
     def _gpu_counts(self) -> dict[str, int]:
         from cmdare.cloud.gpu_counts import parse_gpu_counts
@@ -177,6 +187,16 @@ class TrainSpec:
             raise UserInputError(f"--straggler: shard must be in [0, {self.ps}) and factor >= 1, "
                                  f"got {self.straggler!r}")
         return k, f
+
+    def max_rollbacks(self) -> int:
+        """How often a diverged run rolls back (``on_diverge``: stop 0, rollback 3, rollback:N N)."""
+        mode, _, count = self.on_diverge.strip().lower().partition(":")
+        if mode == "stop" and not count:
+            return 0
+        if mode == "rollback" and (not count or count.isdigit() and 1 <= int(count) <= MAX_ROLLBACKS):
+            return int(count) if count else DEFAULT_ROLLBACKS
+        raise UserInputError(f"--on-diverge must be stop, rollback or rollback:N (N from 1 to {MAX_ROLLBACKS}), "
+                             f"got {self.on_diverge!r}")
 
     def ps_link_bytes_per_s(self) -> float | None:
         """The emulated PS link bandwidth in bytes/s, or None (no emulation)."""

@@ -125,7 +125,9 @@ class Worker:
         # emulating a slower GPU type on this machine: every step takes `stretch` times as long (>= 1)
         self.stretch = max(1.0, float(stretch))
         self.started_at = time.time()  # the process is up and the model built (a server's start-up ends)
-        self.watchers = _notice_watchers(notice, self.node_id)
+        from cmdare.cloud.notices import server_watchers
+
+        self.watchers = server_watchers(notice, self.node_id)
         for watcher in self.watchers:
             watcher.start()
 
@@ -338,7 +340,13 @@ class Worker:
         """Non-trainable state (batch-norm running statistics) of this worker's model."""
         return {k: v.detach().cpu().numpy().copy() for k, v in self.model.named_buffers()}
 
-    def load_buffers(self, buffers: dict[str, np.ndarray]) -> None:
+    def load_buffers(self, buffers: dict[str, np.ndarray] | None) -> None:
+        """Take these batch-norm statistics (None: a fresh model's)."""
+        if buffers is None:
+            for module in self.model.modules():
+                if hasattr(module, "reset_running_stats"):
+                    module.reset_running_stats()
+            return
         own = dict(self.model.named_buffers())
         with torch.no_grad():
             for k, v in buffers.items():
@@ -389,20 +397,3 @@ def _ray_node_id() -> str | None:
     except Exception:  # noqa: BLE001 - outside Ray
         return None
 
-
-def _notice_watchers(notice: tuple[str, str] | None, node_id: str | None) -> list[Any]:
-    """What tells this worker that its server goes away: the cloud's metadata endpoint (``notice``: the
-    emulator's URL and provider; else ``CMDARE_NOTICE_PROVIDER`` on a cloud node), and, on Ray node
-    ``node_id``, a drain of that node (:class:`~cmdare.cloud.drain_watcher.DrainWatcher`)."""
-    from cmdare.cloud.notices import NoticeWatcher, watcher_from_env
-
-    watchers: list[Any] = []
-    metadata = watcher_from_env(None, 1.0) if notice is None else NoticeWatcher(
-        url=notice[0], provider=notice[1], poll_interval_s=0.2)
-    if metadata is not None:
-        watchers.append(metadata)
-    if node_id:
-        from cmdare.cloud.drain_watcher import DrainWatcher
-
-        watchers.append(DrainWatcher(node_id))
-    return watchers

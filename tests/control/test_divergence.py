@@ -1,0 +1,88 @@
+"""A non-finite loss: the run stops, or (``max_rollbacks``) rolls every shard back to the newest stored
+checkpoint with a lower learning rate and trains on; nothing non-finite is stored. Fake driver, no Ray."""
+
+from __future__ import annotations
+
+import pytest
+from fake_driver import FakeDriver
+from test_run_controller import finished, make
+
+from cmdare.control import run_commands as C
+from cmdare.control import run_events as E
+from cmdare.control.run_config import RunConfig
+from cmdare.errors import UserInputError
+
+
+def nan_at(d: FakeDriver, step: int, times: int = 1, worker_id: int = 0) -> list[int]:
+    """A NaN loss is reported when training reaches ``step``, the first ``times`` times it does; returns the
+    list the global steps of the reports go to."""
+    seen: list[int] = []
+
+    def report(d: FakeDriver) -> None:
+        seen.append(d.step)
+        d.feed(E.ChunkDone(wall=d.wall, worker_id=worker_id, global_step=d.step, steps=1, loss=float("nan")))
+        if len(seen) < times:
+            d.on_step[step] = report
+
+    d.on_step[step] = report
+    return seen
+
+
+def test_a_non_finite_loss_ends_the_run_before_anything_more_is_stored():
+    d = make(steps=200, checkpoint_every=50)
+    nan_at(d, 120)
+    end = d.run()
+    assert end.status == "failed" and d.stored == [50, 100]
+    assert end.message.startswith("training diverged: worker 0's loss is nan at step 120 (try a lower --lr, or "
+                                  "--on-diverge rollback); nothing non-finite is stored; the latest checkpoint "
+                                  "is step 100")
+    assert not d.of(C.Restore)
+
+
+def test_a_rollback_restores_the_newest_checkpoint_halves_the_learning_rate_and_trains_to_the_end():
+    d = make(steps=300, checkpoint_every=50, max_rollbacks=2)
+    seen = nan_at(d, 120)
+    end = d.run()
+    finished(d)
+    assert end.status == "finished" and seen == [120]
+    assert [c.reason for c in d.of(C.Restore)] == ["diverged"]
+    assert d.steps_lost == 20  # back to step 100, the newest stored
+    assert d.stored == [50, 100, 150, 200, 250, 300]
+    assert [c.scale for c in d.of(C.SetLrScale)][-1] == 0.5
+    assert d.controller.rollbacks == 1
+
+
+def test_divergence_after_the_last_rollback_ends_the_run_and_says_how_often_it_rolled_back():
+    d = make(steps=300, checkpoint_every=50, max_rollbacks=2)
+    seen = nan_at(d, 120, times=3)
+    end = d.run()
+    assert seen == [120, 120, 120]
+    assert len(d.of(C.Restore)) == 2
+    assert [c.scale for c in d.of(C.SetLrScale) if c.scale < 1] == [0.5, 0.25]  # the factors multiply
+    assert end.status == "failed"
+    assert end.message.startswith("training diverged again after 2 rollback(s): worker 0's loss is nan at step "
+                                  "120 (try a lower --lr); nothing non-finite is stored")
+    assert d.stored == [50, 100]
+
+
+def test_every_worker_reporting_nan_before_the_shards_quiesce_counts_as_one_rollback():
+    d = make(steps=300, workers=3, checkpoint_every=50, max_rollbacks=1)
+    d.on_step[70] = lambda d: [d.feed(E.ChunkDone(wall=d.wall, worker_id=w, global_step=d.step, steps=1,
+                                                  loss=float("inf"))) for w in range(3)]
+    end = d.run()
+    finished(d)
+    assert end.status == "finished" and d.controller.rollbacks == 1 and len(d.of(C.Restore)) == 1
+
+
+def test_a_rollback_with_lr_scale_1_keeps_the_learning_rate():
+    d = make(steps=200, checkpoint_every=50, max_rollbacks=1, rollback_lr_scale=1.0)
+    nan_at(d, 120)
+    d.run()
+    finished(d)
+    assert len(d.of(C.Restore)) == 1 and all(c.scale == 1.0 for c in d.of(C.SetLrScale))
+
+
+@pytest.mark.parametrize("bad", [{"max_rollbacks": -1}, {"rollback_lr_scale": 0.0}, {"rollback_lr_scale": 1.5}])
+def test_bad_rollback_settings_are_refused(bad):
+    with pytest.raises(UserInputError):
+        RunConfig(steps=10, workers=1, **bad)
