@@ -15,6 +15,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from cmdare.errors import CmdareError
 
@@ -36,10 +37,31 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cmdare.measure.commands",
 )
 
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from cmdare import __version__
+
+        print(f"cmdare {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version,
+                                       help="Print cmdare's version and exit.")) -> None:
+    """Train on transient cloud GPU servers: measure, predict, plan."""
+
+
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_error(message: str) -> None:
+    """``error: MESSAGE`` on stderr, one line; the message is plain text (a ``[s3]`` in it stays)."""
+    err_console.print(Text.assemble(("error:", "bold red"), " ", " ".join(str(message).split())))
 
 
 def main() -> None:
@@ -49,10 +71,20 @@ def main() -> None:
         with contextlib.suppress(AttributeError, OSError, ValueError):  # no real stderr (an in-process runner)
             faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     try:
-        app()
+        status = app(standalone_mode=False)
     except CmdareError as err:
-        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        print_error(str(err))
         sys.exit(1)
-    except KeyboardInterrupt:
+    except typer.TyperException as err:  # a usage error (a missing or unknown option): one line, exit 2
+        ctx = getattr(err, "ctx", None)
+        command = f"{ctx.command_path} --help" if ctx is not None else "cmdare --help"
+        message = err.format_message() if hasattr(err, "format_message") else str(err)
+        if message.strip():
+            print_error(f"{message} (see '{command}')")
+        elif hasattr(err, "show"):  # a command group run without its command: its help
+            err.show()
+        sys.exit(getattr(err, "exit_code", 2))
+    except (KeyboardInterrupt, typer.Abort):
         err_console.print("interrupted")
         sys.exit(130)
+    sys.exit(status if isinstance(status, int) else 0)

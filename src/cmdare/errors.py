@@ -53,7 +53,11 @@ class UnknownNameError(UserInputError):
         self.kind, self.name, self.valid = kind, name, tuple(valid)
 
     def __str__(self) -> str:
-        return f"unknown {self.kind} {self.name!r}; valid: {', '.join(self.valid)}"
+        import difflib
+
+        close = difflib.get_close_matches(self.name, self.valid, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"unknown {self.kind} {self.name!r}{hint}; valid: {', '.join(self.valid)}"
 
 
 class DataFormatError(UserInputError):

@@ -140,6 +140,19 @@ def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return data, labels
 
 
+def cifar10_dir(data_dir: Path | None) -> Path:
+    """The directory holding the six CIFAR-10 batches: ``data_dir`` or its ``cifar-10-batches-py``.
+
+    Raises:
+        DataNotFoundError: no directory, or one of the six files is missing.
+    """
+    root = _cifar_dir(data_dir)
+    missing = [n for n in (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE) if not (root / n).is_file()]
+    if missing:
+        raise DataNotFoundError(f"CIFAR-10 files missing in {root}: {', '.join(missing)}")
+    return root
+
+
 def _cifar_dir(data_dir: Path | None) -> Path:
     if data_dir is None:
         raise DataNotFoundError("cifar10 needs a data directory (--data-dir) with the python batches")
@@ -164,10 +177,7 @@ def load_cifar10(data_dir: Path | None, num_train: int, num_test: int, seed: int
     """
     import torch
 
-    root = _cifar_dir(data_dir)
-    missing = [n for n in (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE) if not (root / n).is_file()]
-    if missing:
-        raise DataNotFoundError(f"CIFAR-10 files missing in {root}: {', '.join(missing)}")
+    root = cifar10_dir(data_dir)
     train = [_read_batch(root / n) for n in CIFAR10_TRAIN_FILES]
     test_data, test_labels = _read_batch(root / CIFAR10_TEST_FILE)
     mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cmdare.predict.features import gpu_tflops, parse_gpu_counts
+from cmdare.cloud.gpu_counts import parse_gpu_counts
 from cmdare.predict.recovery import recovery_time_published_s, recovery_time_s
 from cmdare.predict.workloads import WorkloadFeatures, list_published_workloads, published_workload
 
@@ -47,6 +47,14 @@ __all__ = [
     "startup_model",
     "step_time_model",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "gpu_tflops":  # loaded on first use: cmdare.predict.features imports pandas
+        from cmdare.predict.features import gpu_tflops
+
+        return gpu_tflops
+    raise AttributeError(f"module 'cmdare.predict' has no attribute {name!r}")
 
 
 def _cache_dir() -> Path:
@@ -231,6 +239,8 @@ def predict_step_time_s(
     """Seconds per step of ``workload`` on one GPU (a type name like ``k80`` or its TFLOPS);
     ``refined``: apply the correction fitted on the user's own runs of that GPU type, if any."""
     w = _workload(workload)
+    from cmdare.predict.features import gpu_tflops
+
     tf = float(gpu) if isinstance(gpu, int | float) else gpu_tflops(gpu)
     if not (np.isfinite(tf) and tf > 0) or not latency_ms >= 0:
         from cmdare.errors import UserInputError

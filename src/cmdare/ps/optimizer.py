@@ -6,58 +6,20 @@ to a shard's flat buffers, so PS training reproduces single-process SGD to float
 
 from __future__ import annotations
 
-import math
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from cmdare.errors import UnknownNameError, UserInputError
+# The configuration is its own module (no torch: a run's spec is checked before torch is imported).
+from cmdare.ps.optimizer_config import SCHEDULES, OptimizerConfig
 
-SCHEDULES = ("constant", "step", "cosine")
+__all__ = ["SCHEDULES", "UPDATE_CHUNK_ELEMS", "OptimizerConfig", "sgd_update"]
+
 # Elements per chunk of the shard update (1 MiB of float32): the operands of a chunk stay in cache.
 # Measured on 2 cores (bench/ps_datapath.py notes): 25-35% faster than whole-buffer ops at 10-40 MB,
 # and the scratch buffer shrinks from the shard's size to 1 MiB.
 UPDATE_CHUNK_ELEMS = 1 << 18
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """SGD hyper-parameters and the learning-rate schedule (a function of the global step)."""
-
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    nesterov: bool = False
-    schedule: str = "constant"  # constant | step | cosine
-    warmup_steps: int = 0
-    decay_steps: tuple[int, ...] = ()  # for "step": steps at which lr *= decay_factor
-    decay_factor: float = 0.1
-    total_steps: int = 0  # for "cosine"
-
-    def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise UnknownNameError("learning-rate schedule", self.schedule, SCHEDULES)
-        for name in ("lr", "momentum", "weight_decay", "decay_factor"):
-            if not math.isfinite(getattr(self, name)):
-                raise UserInputError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
-        if self.lr <= 0 or self.momentum < 0 or self.weight_decay < 0:
-            raise UserInputError("lr must be positive; momentum and weight decay non-negative")
-        if self.nesterov and self.momentum == 0:
-            raise UserInputError("nesterov momentum needs momentum > 0")
-
-    def lr_at(self, step: int, lr_scale: float = 1.0) -> float:
-        """Learning rate for the update applied at global ``step`` (0-based)."""
-        lr = self.lr * lr_scale
-        if self.warmup_steps and step < self.warmup_steps:
-            return lr * (step + 1) / self.warmup_steps
-        if self.schedule == "step":
-            lr *= self.decay_factor ** sum(step >= s for s in self.decay_steps)
-        elif self.schedule == "cosine" and self.total_steps:
-            t = min(step, self.total_steps) / self.total_steps
-            lr *= 0.5 * (1.0 + math.cos(math.pi * t))
-        return lr
 
 
 def sgd_update(param: np.ndarray, grad: np.ndarray, buf: np.ndarray, lr: float, cfg: OptimizerConfig,

@@ -179,7 +179,8 @@ class Storage:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
         except OSError as err:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # e.g. a file where a directory should be: no tmp to remove
+                tmp.unlink(missing_ok=True)
             raise StorageError(f"cannot write {path}: {err.strerror or err}") from err
 
     def _filesystem(self) -> tuple[Any, str]:

@@ -117,10 +117,9 @@ def train_command(
                                     "tensorboard/RUN); 'none' to skip."),
 ) -> None:
     """Train a CNN with parameter-server training on Ray and record measurements."""
-    from cmdare.ps.optimizer import OptimizerConfig
+    from cmdare.ps.optimizer_config import OptimizerConfig
     from cmdare.train.progress import ProgressCallback
     from cmdare.train.spec import TrainSpec
-    from cmdare.train.trainer import Trainer
 
     if elastic_ps and placement != "psld":
         raise UserInputError("--elastic-ps needs --placement psld (the PSLD balancer adds and removes shards)")
@@ -158,6 +157,9 @@ def train_command(
         explicit = {name for name in ctx.params
                     if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
         spec = resumed_spec(run_storage(resume, storage), spec, explicit, joined=address is not None)
+    from cmdare.train.setup import preflight
+
+    preflight(spec)  # a mistake fails now, in one line, before torch and Ray load
     callbacks = [ProgressCallback(spec.steps), RunNotices()]
     where = "not recorded (--no-record)"
     if record:
@@ -170,7 +172,7 @@ def train_command(
         callbacks.append(StoreRecorder(url))
         where = make_url(url).render_as_string(hide_password=True)
     from cmdare.paths import data_dir
-    from cmdare.train.trainer import new_run_id
+    from cmdare.train.trainer import Trainer, new_run_id
 
     run_id = resume or new_run_id()
     # No option means the default directory; only an explicit 'none' turns TensorBoard off. (str(None) is

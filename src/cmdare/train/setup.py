@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from cmdare.cloud.servers import ServerSpec
+from cmdare.control import RevocationPlan
 from cmdare.errors import CheckpointError, UserInputError
 from cmdare.ps.blocks import ParamInfo, param_infos
 from cmdare.ps.placement import get_placement
@@ -15,7 +16,8 @@ from cmdare.storage import Storage, as_storage, run_storage
 from cmdare.train.checkpoint import Checkpoint, CheckpointStore, load_checkpoint
 from cmdare.train.spec import TrainSpec
 
-__all__ = ["InitialState", "gpus_per_worker", "initial_state", "joined_storage_warning", "server_specs",
+__all__ = ["InitialState", "gpus_per_worker", "initial_state", "joined_storage_warning", "preflight",
+           "server_specs",
            "training_storage"]
 
 InitialState = tuple[list[ParamInfo], np.ndarray, np.ndarray, dict[str, np.ndarray], int]
@@ -26,10 +28,18 @@ def training_storage(spec: TrainSpec, run_id: str, checkpoint_dir: str | os.Path
     if given, else ``RUN`` under ``spec.storage``, ``CMDARE_STORAGE`` or the data directory. Storage that ends
     with the process (``memory://``) is refused: a checkpoint there protects nothing."""
     storage = as_storage(checkpoint_dir) if checkpoint_dir is not None else run_storage(run_id, spec.storage)
+    _check_storage(storage)
+    return storage
+
+
+def _check_storage(storage: Storage) -> None:
+    """Refuse storage that ends with the process, and a file where the storage's directory should be."""
     if storage.protocol in _PROCESS_MEMORY:
         raise UserInputError(f"--storage {storage.uri} keeps checkpoints in this process's memory: they would "
                              "vanish with it; give a directory or an object store (s3://, gs://)")
-    return storage
+    if storage.path is not None and storage.path.exists() and not storage.path.is_dir():
+        raise UserInputError(f"--storage {storage.uri} is a file: give a directory or a URL such as "
+                             "s3://bucket/prefix")
 
 
 #: fsspec protocols whose objects live in the process that wrote them.
@@ -90,6 +100,29 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
         if step >= spec.steps:
             raise UserInputError(f"run {run_id} is already at step {step} >= --steps {spec.steps}")
     return infos, params, momentum, buffers, step
+
+
+def preflight(spec: TrainSpec) -> tuple[RevocationPlan, list[ServerSpec], ServerSpec]:
+    """Check every name and file a run needs that nothing heavy (torch, Ray) is needed to check: revocations,
+    policies, placement, server types and regions, the CIFAR-10 directory. A mistake fails in one line, at
+    once. Returns the revocation plan and the server specs (:func:`server_specs`).
+
+    Raises:
+        UserInputError: an unknown name, a bad option or a missing data file.
+    """
+    from cmdare.control import LR_POLICIES, REPLACEMENT_POLICIES
+
+    plan = RevocationPlan.parse(spec.revocations, seed=spec.seed)
+    REPLACEMENT_POLICIES.canonical(spec.replace)
+    LR_POLICIES.canonical(spec.lr_policy)
+    get_placement(spec.placement)
+    if spec.storage:
+        _check_storage(as_storage(spec.storage))
+    if spec.dataset == "cifar10":
+        from cmdare.datasets.builtin import cifar10_dir
+
+        cifar10_dir(Path(spec.data_dir).expanduser() if spec.data_dir else None)
+    return (plan, *server_specs(spec))
 
 
 def server_specs(spec: TrainSpec) -> tuple[list[ServerSpec], ServerSpec]:

@@ -6,8 +6,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from cmdare.errors import UserInputError
-from cmdare.ps.optimizer import OptimizerConfig
+from cmdare.errors import UnknownNameError, UserInputError
+from cmdare.ps.optimizer_config import OptimizerConfig
 from cmdare.storage.location import mask_credentials
 
 DEFAULT_ROLLBACKS = 3  # --on-diverge rollback
@@ -112,6 +112,12 @@ class TrainSpec:
     rollback_lr_scale: float = 0.5
 
     def __post_init__(self) -> None:
+        from cmdare.datasets import list_datasets
+        from cmdare.workloads.registry import check_model_name
+
+        check_model_name(self.model)
+        if self.dataset not in list_datasets():
+            raise UnknownNameError("dataset", str(self.dataset), list_datasets())
         for name, value in vars(self).items():
             if isinstance(value, float) and math.isnan(value):
                 raise UserInputError(f"--{name.replace('_', '-')} must be a number, got nan")
@@ -167,7 +173,7 @@ class TrainSpec:
             UserInputError: neither a whole number nor a GPU mix.
         """
         raw = str(text).strip()
-        if raw.isdigit():
+        if raw.lstrip("+-").isdigit():  # a count; below 1 is refused with the other counts
             return int(raw), None
         from cmdare.cloud.gpu_counts import parse_gpu_counts
 

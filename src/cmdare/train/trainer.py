@@ -30,7 +30,7 @@ import numpy as np
 from cmdare import __version__
 from cmdare.cloud.local import LocalProcessProvider, ServerProvider, StartupDelay
 from cmdare.cloud.ray_cluster import RayClusterProvider
-from cmdare.control import NoRevocations, RevocationPlan, RunController, RunState, build_revocation_source
+from cmdare.control import NoRevocations, RunController, RunState, build_revocation_source
 from cmdare.errors import StorageError, TransientError, UserInputError
 from cmdare.events import RunInfo, RunSummary, TrainCallback
 from cmdare.ps.blocks import ParamInfo
@@ -55,7 +55,7 @@ from cmdare.train.setup import (
     gpus_per_worker,
     initial_state,
     joined_storage_warning,
-    server_specs,
+    preflight,
     training_storage,
 )
 from cmdare.train.shard_group import ShardGroup
@@ -98,12 +98,7 @@ class Trainer:
         self.background_uploads = background_uploads
         self.resume_from = Path(resume_from) if resume_from else None
         self.resume_step = resume_step
-        self.plan = RevocationPlan.parse(spec.revocations, seed=spec.seed)
-        from cmdare.control import LR_POLICIES, REPLACEMENT_POLICIES
-
-        REPLACEMENT_POLICIES.canonical(spec.replace)  # unknown names fail here, before anything starts
-        LR_POLICIES.canonical(spec.lr_policy)
-        self.worker_specs, self.ps_spec = server_specs(spec)
+        self.plan, self.worker_specs, self.ps_spec = preflight(spec)  # unknown names fail here, before anything starts
         from cmdare.predict import startup_model  # loaded when a phase is first sampled
 
         startup = StartupDelay(spec.startup, self.plan.speedup, spec.seed, model=startup_model)

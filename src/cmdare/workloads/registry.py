@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "check_model_name",
     "Builder",
     "ModelSpec",
     "build_model",
@@ -75,6 +76,20 @@ def list_models() -> list[str]:
     """Names of all registered models, in registration order (families grouped)."""
     _ensure_builtins()
     return list(MODELS)
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a name that is neither built in nor registered, without importing torch (a command checks its
+    input before it loads anything).
+
+    Raises:
+        UnknownNameError: unknown model name.
+    """
+    from cmdare.workloads.families import builtin_model_names
+
+    builtin = builtin_model_names()
+    if name not in builtin and name not in MODELS:
+        raise UnknownNameError("model", str(name), [*builtin, *(n for n in MODELS if n not in builtin)])
 
 
 def _spec(name: str) -> ModelSpec:

@@ -23,35 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cmdare.workloads.families import CUSTOM_RESNETS, HE_RESNETS, T2T_WIDTHS
+
 __all__ = ["CUSTOM_RESNETS", "CifarResNet", "HE_RESNETS", "T2T_WIDTHS"]
-
-# name -> blocks per stage (He style, widths 16/32/64).
-HE_RESNETS: dict[str, tuple[int, int, int]] = {
-    "resnet8": (1, 1, 1),
-    "resnet15": (2, 2, 2),
-    "resnet20": (3, 3, 3),
-    "resnet32": (5, 5, 5),
-    "resnet56": (9, 9, 9),
-}
-T2T_WIDTHS = (32, 64, 128)
-# name -> (blocks per stage, stage widths), T2T style. 1..8 solved exactly from the CM-DARE data's
-# parameter and tensor counts (each has a unique solution at widths 32/64/128); 9 and 10 are our
-# extension along the width axis (not in the CM-DARE data).
-CUSTOM_RESNETS: dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
-    "t2t_resnet15": ((2, 2, 2), T2T_WIDTHS),
-    "t2t_resnet32": ((5, 5, 5), T2T_WIDTHS),
-    "custom_resnet1": ((2, 3, 3), T2T_WIDTHS),
-    "custom_resnet2": ((2, 5, 3), T2T_WIDTHS),
-    "custom_resnet3": ((3, 8, 3), T2T_WIDTHS),
-    "custom_resnet4": ((7, 7, 7), T2T_WIDTHS),
-    "custom_resnet5": ((8, 9, 9), T2T_WIDTHS),
-    "custom_resnet6": ((10, 13, 12), T2T_WIDTHS),
-    "custom_resnet7": ((14, 15, 15), T2T_WIDTHS),
-    "custom_resnet8": ((16, 20, 16), T2T_WIDTHS),
-    "custom_resnet9": ((2, 2, 2), (64, 128, 256)),
-    "custom_resnet10": ((5, 5, 5), (64, 128, 256)),
-}
-
 
 def _conv3x3(in_ch: int, out_ch: int, stride: int = 1) -> nn.Conv2d:
     return nn.Conv2d(in_ch, out_ch, 3, stride=stride, padding=1, bias=False)

@@ -19,22 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cmdare.workloads.families import SHAKE_SHAKE_WIDTHS
+
 __all__ = ["SHAKE_SHAKE_WIDTHS", "ShakeShakeNet"]
-
-# name -> base width w (the "2x{w}d"). small = 32 and large = 96 match the CM-DARE data (Shake small:
-# 2,926,986 parameters; Shake Large / "shakebig": 26,204,362) and Tensor2Tensor's hparams.
-SHAKE_SHAKE_WIDTHS: dict[str, int] = {
-    "shake_shake_small": 32,
-    "shake_shake_mid": 64,
-    "shake_shake_large": 96,
-    "shake_shake_16": 16,
-    "shake_shake_32": 32,
-    "shake_shake_48": 48,
-    "shake_shake_64": 64,
-    "shake_shake_80": 80,
-    "shake_shake_96": 96,
-}
-
 
 class _ShakeMix(torch.autograd.Function):
     """``alpha * a + (1 - alpha) * b`` forward; gradients scaled by ``beta`` / ``1 - beta``."""

@@ -1,0 +1,55 @@
+"""The built-in model families as data: names and shapes, with no torch (the CLI checks a model name before it
+imports torch; :mod:`cmdare.workloads.resnet` and :mod:`cmdare.workloads.shake_shake` build them)."""
+
+from __future__ import annotations
+
+__all__ = ["CUSTOM_RESNETS", "EXTRA_MODELS", "HE_RESNETS", "SHAKE_SHAKE_WIDTHS", "T2T_WIDTHS", "builtin_model_names"]
+
+# name -> blocks per stage (He style, widths 16/32/64).
+HE_RESNETS: dict[str, tuple[int, int, int]] = {
+    "resnet8": (1, 1, 1),
+    "resnet15": (2, 2, 2),
+    "resnet20": (3, 3, 3),
+    "resnet32": (5, 5, 5),
+    "resnet56": (9, 9, 9),
+}
+T2T_WIDTHS = (32, 64, 128)
+# name -> (blocks per stage, stage widths), T2T style. 1..8 solved exactly from the CM-DARE data's
+# parameter and tensor counts (each has a unique solution at widths 32/64/128); 9 and 10 are our
+# extension along the width axis (not in the CM-DARE data).
+CUSTOM_RESNETS: dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
+    "t2t_resnet15": ((2, 2, 2), T2T_WIDTHS),
+    "t2t_resnet32": ((5, 5, 5), T2T_WIDTHS),
+    "custom_resnet1": ((2, 3, 3), T2T_WIDTHS),
+    "custom_resnet2": ((2, 5, 3), T2T_WIDTHS),
+    "custom_resnet3": ((3, 8, 3), T2T_WIDTHS),
+    "custom_resnet4": ((7, 7, 7), T2T_WIDTHS),
+    "custom_resnet5": ((8, 9, 9), T2T_WIDTHS),
+    "custom_resnet6": ((10, 13, 12), T2T_WIDTHS),
+    "custom_resnet7": ((14, 15, 15), T2T_WIDTHS),
+    "custom_resnet8": ((16, 20, 16), T2T_WIDTHS),
+    "custom_resnet9": ((2, 2, 2), (64, 128, 256)),
+    "custom_resnet10": ((5, 5, 5), (64, 128, 256)),
+}
+
+# name -> base width w (the "2x{w}d"). small = 32 and large = 96 match the CM-DARE data (Shake small:
+# 2,926,986 parameters; Shake Large / "shakebig": 26,204,362) and Tensor2Tensor's hparams.
+SHAKE_SHAKE_WIDTHS: dict[str, int] = {
+    "shake_shake_small": 32,
+    "shake_shake_mid": 64,
+    "shake_shake_large": 96,
+    "shake_shake_16": 16,
+    "shake_shake_32": 32,
+    "shake_shake_48": 48,
+    "shake_shake_64": 64,
+    "shake_shake_80": 80,
+    "shake_shake_96": 96,
+}
+
+# Built outside the families above (cmdare.workloads.resnet_fc).
+EXTRA_MODELS: tuple[str, ...] = ("resnet8_fc",)
+
+
+def builtin_model_names() -> list[str]:
+    """Every built-in model name, in the zoo's registration order."""
+    return [*HE_RESNETS, *CUSTOM_RESNETS, *SHAKE_SHAKE_WIDTHS, *EXTRA_MODELS]
