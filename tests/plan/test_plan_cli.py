@@ -108,3 +108,21 @@ def test_plot_into_missing_folder_is_one_line(monkeypatch, capsys, tmp_path: Pat
         "--max-workers", "2", "--runs", "5", "--plot", str(tmp_path / "no" / "p.png"),
     )
     assert code == 1 and "does not exist" in err and len(err.strip().splitlines()) == 1
+
+
+def test_simulate_on_aws_picks_an_aws_region_by_default(monkeypatch, capsys):
+    """Issue 30: ``--cloud aws`` on its defaults said ``unknown aws region 'us-east1'``."""
+    code, out, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "v100:4", "--transient", "--cloud", "aws", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["cloud"] == "aws" and data["region"] == "us-east-1"
+
+
+def test_plan_on_aws_considers_what_aws_offers_by_default(monkeypatch, capsys):
+    """Issue 30: ``plan --cloud aws`` on its defaults failed on P100 (not on AWS), then on the spot price of a
+    K80 (AWS sells K80s on demand only)."""
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "64000", "--deadline",
+                             "2h", "--cloud", "aws", "--runs", "5", "--max-workers", "4", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert "us-east-1" in json.dumps(data["choice"]) and "p100" not in out.lower()

@@ -58,9 +58,12 @@ def render_yaml(config: dict[str, Any], catalog: Catalog | None = None, transien
     if transient is None:
         transient = any(lab.get(TRANSIENT_LABEL) == "true" for lab in labels.values())
     env = node_env(config)
-    slots = sum(t["min_workers"] * t["resources"].get(WORKER_RESOURCE, 1) for t in workers.values())
+    per_type = {labels[n].get(GPU_LABEL): t["min_workers"] * t["resources"].get(WORKER_RESOURCE, 1)
+                for n, t in workers.items()}
+    slots = sum(per_type.values())
+    mix = ",".join(f"{str(gpu).lower()}:{n}" for gpu, n in per_type.items() if n)  # each worker on its GPU type
     n_ps = types[PS_TYPE]["min_workers"]
-    train = f"cmdare train --address auto --workers {slots} --ps {n_ps}"
+    train = f"cmdare train --address auto --workers {mix or slots} --ps {n_ps}"
     stamp = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
     nodes = ", ".join(f"{t['min_workers']} x {labels[n].get(GPU_LABEL)} ({n})" for n, t in workers.items())
     if config["provider"]["type"] == "fake_multinode":
@@ -98,9 +101,8 @@ def render_yaml(config: dict[str, Any], catalog: Catalog | None = None, transien
                       "uv, activated in ~/.bashrc) and gets "
                       + (f"{STORAGE_ENV}={storage} for checkpoints." if storage else
                          "no CMDARE_STORAGE: checkpoints stay on the chief's disk."))
-    train = f"cmdare train --address auto --ps {n_ps} --workers N"
     lines += ["# Launch: ray up FILE",
-              f"# Train:  ray attach FILE, then: {train} ...   (N <= {slots}: one worker per GPU)",
+              f"# Train:  ray attach FILE, then: {train} ...   (one worker per GPU, on its type)",
               f"#         or: ray exec FILE '{train} ...'",
               "# Dashboard: ray dashboard FILE, then http://localhost:8265 (SSH-forwarded; it asks for the token,",
               "#   `ray get-auth-token` prints it). The head serves it on its 127.0.0.1:8265 only."]

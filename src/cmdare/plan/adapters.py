@@ -8,7 +8,7 @@ the fitted performance models, the lifetime models and the server catalog.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -233,6 +233,21 @@ class CatalogPrices:
     def regions(self) -> list[str]:
         """Regions of this cloud."""
         return self.catalog.regions(self.cloud)
+
+    def default_region(self, gpus: Sequence[str] = ()) -> str:
+        """The region a plan uses when none is given: the one offering most of ``gpus``, us-east first."""
+        regions = self.regions()
+
+        def score(region: str) -> tuple[int, bool, int]:
+            offered = sum(self.offered(g, region, False) or self.offered(g, region, True) for g in gpus)
+            return offered, region.startswith("us-east"), -regions.index(region)
+
+        return max(regions, key=score)
+
+    def default_gpus(self) -> list[str]:
+        """The GPU types a plan considers when none are given: CM-DARE's four where this cloud offers them."""
+        offered = self.gpus()
+        return [g for g in ("k80", "p100", "v100", "t4") if g in offered] or offered
 
     def offered(self, server: str, region: str, transient: bool) -> bool:
         """Whether the catalog prices ``server`` in ``region`` with that pricing model."""

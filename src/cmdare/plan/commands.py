@@ -129,8 +129,10 @@ def plan(
     steps: Annotated[int | None, typer.Option("--steps", help="Global training steps.")] = None,
     deadline: _Deadline = None,
     budget: Annotated[float | None, typer.Option("--budget", help="USD the run may cost.")] = None,
-    gpus: Annotated[str, typer.Option("--gpus", help="GPU types to consider.")] = "k80,p100,v100,t4",
-    regions: Annotated[str, typer.Option("--regions", help="Regions to consider.")] = "us-east1",
+    gpus: Annotated[str | None, typer.Option(
+        "--gpus", help="GPU types to consider (default: k80,p100,v100,t4 where the cloud offers them).")] = None,
+    regions: Annotated[str | None, typer.Option(
+        "--regions", help="Regions to consider (default: the cloud's region offering most of the GPUs).")] = None,
     max_workers: Annotated[int, typer.Option("--max-workers", help="Most workers per cluster.")] = 8,
     max_ps: Annotated[int, typer.Option("--max-ps", help="Most parameter servers.")] = 3,
     mixes: Annotated[bool, typer.Option("--mixes/--no-mixes", help="Also mixes of two GPU types.")] = True,
@@ -176,12 +178,13 @@ def plan(
 
         if not Path(plot).expanduser().parent.exists():  # fail before minutes of simulation, not after
             raise DataNotFoundError(f"folder for the plot does not exist: {Path(plot).parent}")
-    gpu_list, region_list = _split(gpus), _split(regions)
-    if not gpu_list or not region_list:
-        raise UserInputError("--gpus and --regions need at least one name each")
     job = JobSpec(model, steps, checkpoint_every, start_hour=_start_hour(start_hour))
     models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error),
                               ps_market != "on-demand")
+    gpu_list = _split(gpus) if gpus is not None else models.prices.default_gpus()
+    region_list = _split(regions) if regions is not None else [models.prices.default_region(gpu_list)]
+    if not gpu_list or not region_list:
+        raise UserInputError("--gpus and --regions need at least one name each")
     _check_names(models.prices, gpu_list, region_list)
     clusters = [
         c for c in enumerate_clusters(gpu_list, region_list, max_workers, max_ps, mixes,
@@ -296,7 +299,8 @@ def simulate_cmd(
     ps: Annotated[int, typer.Option("--ps", help="Parameter servers (0: single-server training).")] = 1,
     transient: Annotated[bool, typer.Option("--transient/--on-demand", help="Worker pricing.")] = False,
     ps_transient: _PsTransient = False,
-    region: Annotated[str, typer.Option("--region", help="Region of every server.")] = "us-east1",
+    region: Annotated[str | None, typer.Option(
+        "--region", help="Region of every server (default: the cloud's region offering the GPUs).")] = None,
     replacement: Annotated[str, typer.Option(
         "--replacement", "--replace", help="Replacement policy for a lost worker: same | cheapest | none.")] = "same",
     revocations: Annotated[str | None, typer.Option(
@@ -324,8 +328,6 @@ def simulate_cmd(
 
     if runs < 1:
         raise UserInputError(f"--runs must be at least 1, got {runs}")
-    groups = parse_workers(workers, transient, region)
-    cluster = ClusterSpec(groups, ps=ps, region=region, ps_transient=ps_transient, replacement=replacement)
     job = JobSpec(model, steps, checkpoint_every, start_hour=_start_hour(start_hour), lr_policy=lr_policy)
     if trace is not None:
         if revocations is not None:
@@ -334,6 +336,9 @@ def simulate_cmd(
     lifetime, source, revocation_plan = _revocation_source(revocations, lifetime, seed)
     models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error),
                               ps_transient)
+    region = region or models.prices.default_region([g.gpu for g in parse_workers(workers, transient, "")])
+    groups = parse_workers(workers, transient, region)
+    cluster = ClusterSpec(groups, ps=ps, region=region, ps_transient=ps_transient, replacement=replacement)
     _check_names(models.prices, [g.gpu for g in groups], [region])
     summary = Simulator(job, cluster, models, revocations=source, plan=revocation_plan).summarize(runs, seed)
     from cmdare.plan.markets import lifetime_labels, revocation_stats, traced_runs

@@ -245,6 +245,7 @@ def explain(choice: PlanOption, options: Sequence[PlanOption], models: PlanModel
             g: models.prices.price_per_hour_usd(g, c.region, c.workers[0].transient)
             / models.speed.worker_steps_per_s(g)
             for g in {o.cluster.workers[0].gpu for o in options}
+            if models.prices.offered(g, c.region, c.workers[0].transient)  # e.g. no spot K80 on AWS
         }
         if min(per_step, key=per_step.get) == gpu and len(per_step) > 1:
             reasons.append(f"{gpu.upper()}: lowest cost per step of the GPU types considered")
