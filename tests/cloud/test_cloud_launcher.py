@@ -375,7 +375,7 @@ def test_local_config_for_rays_fake_multinode_provider(cat, tmp_path, monkeypatc
     assert json.loads(start.split("--system-config=", 1)[1].strip("'")) == LOCAL_CLUSTER_RAY_CONFIG
     text = render_yaml(config, cat)
     assert yaml.safe_load(text) == config and "0.0.0.0" not in text
-    assert start in text and "cmdare train --address auto --workers k80:2,v100:1 --ps 1" in text  # not 3 K80s (issue 30)
+    assert start in text and "cmdare train --address auto --workers k80:2,v100:1 --ps 1" in text  # not 3 K80s
     # defaults: 1 CPU, 1 spare node; transient without storage is fine on one machine (one disk)
     plain = cluster_config(cat, "local", "t4", workers=2, head_port=26379)
     assert plain["available_node_types"]["cmdare_worker_t4"]["resources"]["CPU"] == 1

@@ -112,7 +112,8 @@ def test_plot_into_missing_folder_is_one_line(monkeypatch, capsys, tmp_path: Pat
 
 def test_simulate_on_aws_picks_an_aws_region_by_default(monkeypatch, capsys):
     """Issue 30: ``--cloud aws`` on its defaults said ``unknown aws region 'us-east1'``."""
-    code, out, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "v100:4", "--transient", "--cloud", "aws", "--json")
+    code, out, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "v100:4", "--transient", "--cloud", "aws",
+                             "--json")
     assert code == 0, err
     data = json.loads(out)
     assert data["cloud"] == "aws" and data["region"] == "us-east-1"
