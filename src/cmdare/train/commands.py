@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import typer
@@ -152,6 +153,10 @@ def train_command(
     if resume:
         from cmdare.storage import run_storage
         from cmdare.train.resume import resumed_spec
+        from cmdare.train.runs import recorded_storage
+
+        if storage is None and (storage := recorded_storage(resume)) is not None:
+            spec = dataclasses.replace(spec, storage=storage)  # where the run was recorded to keep its files
 
         # by name: Typer may bring its own copy of click, whose ParameterSource is another enum
         explicit = {name for name in ctx.params
@@ -247,8 +252,9 @@ def ps_add(run: str = typer.Argument(..., help="Run id (see the train summary)."
     """Add one parameter shard to a running run; the coordinator fills it by migrating blocks."""
     from cmdare.storage import run_storage
     from cmdare.train.run_control import request_change
+    from cmdare.train.runs import recorded_storage
 
-    request_change(run_storage(run, storage), "add")
+    request_change(run_storage(run, storage or recorded_storage(run)), "add")
     console.print(f"requested: add a shard to {run}")
 
 
@@ -259,8 +265,9 @@ def ps_remove(run: str = typer.Argument(..., help="Run id."),
     """Drain one parameter shard of a running run onto the others and stop it."""
     from cmdare.storage import run_storage
     from cmdare.train.run_control import request_change
+    from cmdare.train.runs import recorded_storage
 
-    request_change(run_storage(run, storage), "remove", shard)
+    request_change(run_storage(run, storage or recorded_storage(run)), "remove", shard)
     console.print(f"requested: remove shard {'last' if shard is None else shard} of {run}")
 
 
