@@ -11,7 +11,7 @@ from cmdare.cloud.gpu_specs import SPEC_FIELDS, gpu_spec, gpu_specs, spec_source
 from cmdare.predict.evaluate import TASKS, evaluate_task
 
 OURS = "cmdare StepTimeModel"
-BEFORE = "cmdare StepTimeModel (TFLOPS only, before issue 17)"
+BEFORE = "cmdare StepTimeModel, TFLOPS only (the earlier form)"
 
 
 @pytest.fixture(scope="module")

@@ -199,10 +199,10 @@ def step_time_cmd(
     if level is None:
         typer.echo(f"{t:.4f} s/step")
         return
-    from cmdare.predict.intervals import format_interval, interval, step_pool
+    from cmdare.predict.intervals import POOL_WORDS, format_interval, interval, step_pool
 
     pool = step_pool(float(g) if isinstance(g, float) else gpu_tflops(g))
-    typer.echo(format_interval(t, *interval(t, pool, level), "s/step", level) + f", calibrated on {pool}")
+    typer.echo(format_interval(t, *interval(t, pool, level), "s/step", level) + f" (calibrated on {POOL_WORDS[pool]})")
 
 
 @predict_app.command("cluster-speed")

@@ -49,7 +49,7 @@ TASKS: dict[str, Task] = {
             "s",
             {
                 "cmdare StepTimeModel": StepTimeModel,
-                "cmdare StepTimeModel (TFLOPS only, before issue 17)": lambda: StepTimeModel(unseen="tflops"),
+                "cmdare StepTimeModel, TFLOPS only (the earlier form)": lambda: StepTimeModel(unseen="tflops"),
                 "published SVR on normalized FLOPs (per GPU)": lambda: PerGPUFlopsRegression("svr"),
                 "published linear on normalized FLOPs (per GPU)": lambda: PerGPUFlopsRegression("linear"),
                 "published linear on FLOPs/TFLOPS": FlopsRatioLinear,

@@ -21,6 +21,7 @@ import numpy as np
 
 __all__ = [
     "POOLS",
+    "POOL_WORDS",
     "calibration_pools",
     "coverage",
     "format_interval",
@@ -30,6 +31,14 @@ __all__ = [
     "step_pool",
 ]
 
+# pool name -> what its interval was calibrated on, in words (what a user reads)
+POOL_WORDS = {
+    "step_seen": "errors on models left out, GPU types measured",
+    "step_unseen": "errors on GPU types left out",
+    "cluster": "errors on models left out",
+    "checkpoint_remote": "errors on models left out",
+    "checkpoint_local": "errors on models left out",
+}
 # pool name -> (task, protocol)
 POOLS = {
     "step_seen": ("step_time", "loco"),

@@ -10,6 +10,13 @@ from cmdare.train.callbacks import EvalReport, EventReport, RunInfo, RunSummary,
 _SHOWN = {"revocation", "notice", "worker_lost", "replacement_joined", "chief_change", "shard_lost",
           "shard_restored", "ps_add", "ps_remove"}
 
+# What an event line says (``step 120: worker 1 revoked``).
+_WORDS = {"revocation": "revoked", "notice": "got a preemption notice", "worker_lost": "lost",
+          "replacement_joined": "joined (a replacement)", "chief_change": "is the chief now",
+          "shard_lost": "a parameter shard was lost", "shard_restored": "shards restored from the newest checkpoint",
+          "ps_add": "a parameter shard added", "ps_remove": "a parameter shard removed",
+          "mitigation": "bottleneck mitigation"}
+
 
 class ProgressCallback(TrainCallback):
     """Shows a live progress bar on the console (stderr by default)."""
@@ -38,8 +45,9 @@ class ProgressCallback(TrainCallback):
 
     def on_event(self, report: EventReport) -> None:
         if report.kind in _SHOWN or (report.kind == "mitigation" and report.details.get("phase") != "recommendation"):
-            who = f" worker {report.worker_id}" if report.worker_id is not None else ""
-            self.progress.console.log(f"step {report.global_step}: {report.kind}{who}")
+            who = f"worker {report.worker_id} " if report.worker_id is not None else ""
+            what = _WORDS.get(report.kind, report.kind.replace("_", " "))
+            self.progress.console.print(f"step {report.global_step}: {who}{what}", highlight=False, markup=False)
 
     def on_run_end(self, summary: RunSummary) -> None:
         self.progress.update(self.task, completed=min(summary.global_step, self.total))
