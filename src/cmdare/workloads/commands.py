@@ -30,12 +30,13 @@ def workloads(
     num_classes: Annotated[int, typer.Option("--num-classes", help="Classifier outputs.")] = 10,
 ) -> None:
     """List the CNN zoo with FLOPs, parameters, tensor sizes and checkpoint bytes per model."""
-    from cmdare.workloads import describe_model, list_models, profile_model
+    from cmdare.workloads.profile import profile_model
+    from cmdare.workloads.registry import describe_model, model_names
 
     if fmt not in _FORMATS:
         raise UserInputError(f"--format must be one of {', '.join(_FORMATS)}, got {fmt!r}")
     shape = _parse_shape(input_shape)
-    names = list(models) if models else list_models()
+    names = list(models) if models else model_names()
     profiles = [profile_model(name, shape, num_classes) for name in names]  # raises on unknown names
     if fmt == "json":
         rows = [dict(p.to_dict(), description=describe_model(p.name)) for p in profiles]

@@ -3,7 +3,8 @@ imports torch; :mod:`cmdare.workloads.resnet` and :mod:`cmdare.workloads.shake_s
 
 from __future__ import annotations
 
-__all__ = ["CUSTOM_RESNETS", "EXTRA_MODELS", "HE_RESNETS", "SHAKE_SHAKE_WIDTHS", "T2T_WIDTHS", "builtin_model_names"]
+__all__ = ["CUSTOM_RESNETS", "EXTRA_MODELS", "HE_RESNETS", "SHAKE_SHAKE_WIDTHS", "T2T_WIDTHS", "builtin_model_names",
+           "describe_builtin"]
 
 # name -> blocks per stage (He style, widths 16/32/64).
 HE_RESNETS: dict[str, tuple[int, int, int]] = {
@@ -53,3 +54,21 @@ EXTRA_MODELS: tuple[str, ...] = ("resnet8_fc",)
 def builtin_model_names() -> list[str]:
     """Every built-in model name, in the zoo's registration order."""
     return [*HE_RESNETS, *CUSTOM_RESNETS, *SHAKE_SHAKE_WIDTHS, *EXTRA_MODELS]
+
+
+def describe_builtin(name: str) -> str:
+    """The one-line description of built-in model ``name``."""
+    if name in HE_RESNETS:
+        blocks = HE_RESNETS[name]
+        title = f"ResNet-{6 * blocks[0] + 2}" if name != "resnet15" else "ResNet-15 (T2T's name; 14 layers)"
+        return f"{title}, He et al. CIFAR, {blocks[0]} blocks/stage, 16/32/64 ch"
+    if name in CUSTOM_RESNETS:
+        blocks, widths = CUSTOM_RESNETS[name]
+        origin = "CM-DARE/T2T" if widths == T2T_WIDTHS else "cmdare width extension"
+        return f"pre-act ResNet, blocks {'/'.join(map(str, blocks))}, {'/'.join(map(str, widths))} ch ({origin})"
+    if name in SHAKE_SHAKE_WIDTHS:
+        return f"Shake-Shake-26 2x{SHAKE_SHAKE_WIDTHS[name]}d"
+    if name == "resnet8_fc":
+        return "ResNet-8 trunk + Linear(4096, 1024) head: one 4.2M-parameter tensor among small ones (PS " \
+               "load-balancing benchmarks)"
+    raise KeyError(name)

@@ -29,7 +29,7 @@ from cmdare.errors import UserInputError
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["WorkloadProfile", "count_flops_forward", "profile_model"]
+__all__ = ["WorkloadProfile", "count_flops_forward", "forget_profiles", "profile_model"]
 
 _MIB = float(2**20)
 
@@ -59,6 +59,11 @@ class WorkloadProfile:
         out = asdict(self)
         out["input_shape"] = list(self.input_shape)
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WorkloadProfile:
+        """The profile :meth:`to_dict` wrote."""
+        return cls(**{**data, "input_shape": tuple(data["input_shape"])})
 
 
 class _ByteCounter(io.RawIOBase):
@@ -183,6 +188,12 @@ def _profile_by_name(name: str, shape: tuple[int, int, int], num_classes: int) -
     return _profile_module(name, model, shape, num_classes, flops_forward=fwd)
 
 
+def forget_profiles() -> None:
+    """Drop the profiles kept in memory (a model was registered or removed under a name)."""
+    _profile_by_name.cache_clear()
+    _builtin_profile.cache_clear()
+
+
 def profile_model(
     name_or_module: str | nn.Module, input_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10
 ) -> WorkloadProfile:
@@ -200,9 +211,24 @@ def profile_model(
         UnknownNameError: unknown model name.
         UserInputError: a malformed ``input_shape`` (needs C, H, W with H, W >= 8).
     """
-    from torch import nn
-
     shape = _check_shape(input_shape)
-    if isinstance(name_or_module, nn.Module):
+    if not isinstance(name_or_module, str):
         return _profile_module(type(name_or_module).__name__, name_or_module, shape, num_classes)
-    return _profile_by_name(str(name_or_module), shape, int(num_classes))
+    from cmdare.workloads.families import builtin_model_names
+    from cmdare.workloads.registry import check_model_name
+    from cmdare.workloads.specs import MODELS
+
+    name, classes = name_or_module, int(num_classes)
+    check_model_name(name)
+    spec = MODELS.get(name)
+    if name not in builtin_model_names() or (spec is not None and not spec.builtin):
+        return _profile_by_name(name, shape, classes)  # a user's model: it may change under the same name
+    return _builtin_profile(name, shape, classes)
+
+
+@functools.lru_cache(maxsize=256)
+def _builtin_profile(name: str, shape: tuple[int, int, int], num_classes: int) -> WorkloadProfile:
+    from cmdare.workloads.profile_cache import cached_profile
+
+    return cached_profile(name, shape, num_classes, lambda: _profile_by_name(name, shape, num_classes),
+                          WorkloadProfile.from_dict)

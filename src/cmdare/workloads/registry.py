@@ -22,6 +22,7 @@ __all__ = [
     "build_model",
     "describe_model",
     "list_models",
+    "model_names",
     "register_model",
     "unregister_model",
 ]
@@ -59,6 +60,7 @@ def register_model(name: str, builder: Builder, description: str = "", *, replac
     _ensure_builtins()
     if name in MODELS and not replace:
         raise UserInputError(f"model {name!r} is already registered")
+    _forget_profiles()
     return add_model(name, builder, description)
 
 
@@ -70,6 +72,13 @@ def unregister_model(name: str) -> None:
     """
     _spec(name)
     del MODELS[name]
+    _forget_profiles()
+
+
+def _forget_profiles() -> None:
+    from cmdare.workloads.profile import forget_profiles
+
+    forget_profiles()
 
 
 def list_models() -> list[str]:
@@ -106,7 +115,19 @@ def describe_model(name: str) -> str:
     Raises:
         UnknownNameError: ``name`` is not registered.
     """
+    from cmdare.workloads.families import builtin_model_names, describe_builtin
+
+    if name in builtin_model_names() and (name not in MODELS or MODELS[name].builtin):
+        return describe_builtin(name)  # without loading the zoo (torch)
     return _spec(name).description
+
+
+def model_names() -> list[str]:
+    """:func:`list_models` without loading the zoo (torch): the built-in names, then any registered here."""
+    from cmdare.workloads.families import builtin_model_names
+
+    builtin = builtin_model_names()
+    return [*builtin, *(n for n in MODELS if n not in builtin)]
 
 
 def build_model(name: str, num_classes: int = 10, in_channels: int = 3) -> torch.nn.Module:

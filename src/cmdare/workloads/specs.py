@@ -25,13 +25,14 @@ class ModelSpec:
     name: str
     builder: Builder
     description: str = ""
+    builtin: bool = False  # one of the zoo's own (its profile may be cached)
 
 
 MODELS: dict[str, ModelSpec] = {}  # name -> spec, in registration order
 
 
-def add_model(name: str, builder: Builder, description: str = "") -> ModelSpec:
+def add_model(name: str, builder: Builder, description: str = "", builtin: bool = False) -> ModelSpec:
     """Store ``builder`` under ``name`` (replacing any entry); no checks, see ``register_model``."""
-    spec = ModelSpec(name, builder, description)
+    spec = ModelSpec(name, builder, description, builtin)
     MODELS[name] = spec
     return spec

@@ -6,9 +6,16 @@ from functools import partial
 
 from torch import nn
 
-from cmdare.workloads.resnet import CUSTOM_RESNETS, HE_RESNETS, CifarResNet
+from cmdare.workloads.families import (
+    CUSTOM_RESNETS,
+    HE_RESNETS,
+    SHAKE_SHAKE_WIDTHS,
+    builtin_model_names,
+    describe_builtin,
+)
+from cmdare.workloads.resnet import CifarResNet
 from cmdare.workloads.resnet_fc import resnet8_fc
-from cmdare.workloads.shake_shake import SHAKE_SHAKE_WIDTHS, ShakeShakeNet
+from cmdare.workloads.shake_shake import ShakeShakeNet
 from cmdare.workloads.specs import add_model
 
 
@@ -26,23 +33,9 @@ def _shake(width: int, num_classes: int, in_channels: int) -> nn.Module:
 
 def register_builtin_models() -> None:
     """Register every built-in model name (idempotent)."""
-    for name, blocks in HE_RESNETS.items():
-        depth = 6 * blocks[0] + 2
-        title = f"ResNet-{depth}" if name != "resnet15" else "ResNet-15 (T2T's name; 14 layers)"
-        add_model(
-            name,
-            partial(_he, blocks),
-            f"{title}, He et al. CIFAR, {blocks[0]} blocks/stage, 16/32/64 ch",
-        )
-    for name, (blocks, widths) in CUSTOM_RESNETS.items():
-        origin = "CM-DARE/T2T" if widths == (32, 64, 128) else "cmdare width extension"
-        blocks_s, widths_s = "/".join(map(str, blocks)), "/".join(map(str, widths))
-        add_model(
-            name,
-            partial(_t2t, blocks, widths),
-            f"pre-act ResNet, blocks {blocks_s}, {widths_s} ch ({origin})",
-        )
-    for name, width in SHAKE_SHAKE_WIDTHS.items():
-        add_model(name, partial(_shake, width), f"Shake-Shake-26 2x{width}d")
-    add_model("resnet8_fc", resnet8_fc, "ResNet-8 trunk + Linear(4096, 1024) head: one 4.2M-parameter "
-              "tensor among small ones (PS load-balancing benchmarks)")
+    builders = {name: partial(_he, blocks) for name, blocks in HE_RESNETS.items()}
+    builders |= {name: partial(_t2t, blocks, widths) for name, (blocks, widths) in CUSTOM_RESNETS.items()}
+    builders |= {name: partial(_shake, width) for name, width in SHAKE_SHAKE_WIDTHS.items()}
+    builders["resnet8_fc"] = resnet8_fc
+    for name in builtin_model_names():
+        add_model(name, builders[name], describe_builtin(name), builtin=True)
