@@ -45,9 +45,22 @@ def evaluate_cmd(
     for name in task or []:
         if name not in valid:
             raise UnknownNameError("model task", name, valid)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     regression = tuple(t for t in task if t in TASKS) if task else tuple(TASKS)
-    frame, preds = evaluate(regression) if regression else (pd_frame(), {})
-    startup = evaluate_startup() if not task or "startup" in task else None
+    with_startup = not task or "startup" in task
+    progress = Progress(TextColumn("evaluating {task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    with progress:  # on stderr, gone when done: the tables (or the JSON) stay clean
+        bar = progress.add_task("", total=len(regression) + with_startup)
+
+        def started(name: str) -> None:
+            progress.update(bar, description=name, completed=[*regression, "startup"].index(name))
+
+        frame, preds = evaluate(regression, on_task=started) if regression else (pd_frame(), {})
+        if with_startup:
+            started("startup")
+        startup = evaluate_startup() if with_startup else None
     if as_json:
         out = frame.to_dict(orient="records")
         if startup is not None:

@@ -220,10 +220,14 @@ def evaluate_task(
     return pd.DataFrame(out), preds
 
 
-def evaluate(tasks: tuple[str, ...] | None = None) -> tuple[pd.DataFrame, dict]:
-    """:func:`evaluate_task` over several tasks (default: all); frames concatenated."""
+def evaluate(tasks: tuple[str, ...] | None = None,
+             on_task: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, dict]:
+    """:func:`evaluate_task` over several tasks (default: all); frames concatenated. ``on_task(name)`` is
+    called as each task starts (progress)."""
     frames, preds = [], {}
     for name in tasks or tuple(TASKS):
+        if on_task is not None:
+            on_task(name)
         frame, p = evaluate_task(name)
         frames.append(frame)
         preds.update({(name, *k): v for k, v in p.items()})
