@@ -92,8 +92,12 @@ def test_import_then_reports_with_plots(db, tmp_path):
         res = invoke("report", name, "--plot", str(png), db=db)
         assert res.exit_code == 0, res.output
         assert png.stat().st_size > 10_000 and "plot written" in res.output
-    scaling = invoke("report", "scaling", "--format", "csv", db=db)
+    scaling = invoke("report", "scaling", "--format", "csv", "--table", "speeds", db=db)
     assert scaling.output.splitlines()[0].startswith("gpu_type,model,ps,workers,steps_per_s")
+    every = invoke("report", "scaling", "--format", "csv", db=db).output  # issue 30: every table, not the first
+    sections = [line[2:] for line in every.splitlines() if line.startswith("# ")]
+    assert sections[0] == "speeds" and len(sections) == len(json.loads(
+        invoke("report", "scaling", "--format", "json", db=db).output)["tables"]) > 1
     startup = json.loads(invoke("report", "startup", "--format", "json", db=db).output)
     assert startup["report"] == "startup" and startup["tables"]["by_market"]
     models = tmp_path / "models"

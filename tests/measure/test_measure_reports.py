@@ -86,8 +86,14 @@ def test_every_report_renders_and_plots(reports, tmp_path, name):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     doc = json.loads(rep.render("json"))
     assert doc["report"] == name and doc["tables"]
-    csv_text = rep.render("csv")
-    assert csv_text.splitlines()[0] == ",".join(rep.main.columns)
+    main = next(iter(rep.tables))
+    assert rep.render("csv", main).splitlines()[0] == ",".join(rep.main.columns)
+    csv_text = rep.render("csv")  # every table (issue 30: csv had only the first), each under its name
+    assert [ln[2:] for ln in csv_text.splitlines() if ln.startswith("# ")] == \
+        (list(rep.tables) if len(rep.tables) > 1 else [])
+    for name_, df in rep.tables.items():
+        assert ",".join(df.columns) in csv_text and f"{rep.title}: {name_}" in rep.render("table") or \
+            len(rep.tables) == 1
     assert rep.title in rep.render("table")
 
 

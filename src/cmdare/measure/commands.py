@@ -20,6 +20,8 @@ _PUBLIC = "the public data bundled with cmdare (or $CMDARE_SHARED_DATA)"
 _DB_HELP = "Store URL (SQLAlchemy); default $CMDARE_DB_URL or a SQLite file in the cmdare data directory."
 _FMT_HELP = "Output format: table, csv or json."
 _PLOT_HELP = "Also draw the report's figure into this PNG file."
+_TABLE_OPTION = typer.Option(None, "--table", help="Only this table of the report (default: every table; CSV "
+                             "of several has each under a '# NAME' line).")
 
 import_app = typer.Typer(
     help="Import public or exported measurements into the store (idempotent).", no_args_is_help=True
@@ -131,7 +133,8 @@ def _import_on_first_use(store, name: str) -> None:
         )
 
 
-def _emit(name: str, db: str | None, fmt: str, plot: Path | None, run_id: str | None = None):
+def _emit(name: str, db: str | None, fmt: str, plot: Path | None, run_id: str | None = None,
+          table: str | None = None):
     from cmdare.measure.reports import FORMATS, build_report
     from cmdare.measure.store import open_store
 
@@ -143,7 +146,7 @@ def _emit(name: str, db: str | None, fmt: str, plot: Path | None, run_id: str | 
     if run_id is None:
         _import_on_first_use(store, name)
     report = build_report(name, store, run_id=run_id)
-    typer.echo(report.render(fmt), nl=False)
+    typer.echo(report.render(fmt, table), nl=False)
     if plot is not None:
         out = report.save_plot(plot)
         if fmt == "table":
@@ -154,6 +157,7 @@ def _emit(name: str, db: str | None, fmt: str, plot: Path | None, run_id: str | 
 @report_app.command("lifetimes")
 def report_lifetimes(
     fmt: str = typer.Option("table", "--format", help=_FMT_HELP),
+    table: str | None = _TABLE_OPTION,
     plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
     save_models: Path | None = typer.Option(
         None, "--save-models", help="Write fitted models (<model>-<type>.json) into this directory."
@@ -161,7 +165,7 @@ def report_lifetimes(
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
 ) -> None:
     """Lifetime CDFs per server type and region, revocation fractions, fitted exponential/bathtub models."""
-    _emit("lifetimes", db, fmt, plot)
+    _emit("lifetimes", db, fmt, plot, table=table)
     if save_models is not None:
         from cmdare.measure.reports.lifetimes import fit_default_models
         from cmdare.measure.store import open_store
@@ -178,43 +182,47 @@ def report_lifetimes(
 @report_app.command("scaling")
 def report_scaling(
     fmt: str = typer.Option("table", "--format", help=_FMT_HELP),
+    table: str | None = _TABLE_OPTION,
     plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
 ) -> None:
     """Cluster speed against the number of workers per GPU type and #PS, with the ideal line."""
-    _emit("scaling", db, fmt, plot)
+    _emit("scaling", db, fmt, plot, table=table)
 
 
 @report_app.command("startup")
 def report_startup(
     fmt: str = typer.Option("table", "--format", help=_FMT_HELP),
+    table: str | None = _TABLE_OPTION,
     plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
 ) -> None:
     """Startup phases (provisioning, staging, booting, joining) per GPU type, transient vs on-demand."""
-    _emit("startup", db, fmt, plot)
+    _emit("startup", db, fmt, plot, table=table)
 
 
 @report_app.command("checkpoint")
 def report_checkpoint(
     fmt: str = typer.Option("table", "--format", help=_FMT_HELP),
+    table: str | None = _TABLE_OPTION,
     plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
     run: str | None = typer.Option(None, "--run", help="Only this run's checkpoints."),
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
 ) -> None:
     """Checkpoint duration (local and remote) against checkpoint size."""
-    _emit("checkpoint", db, fmt, plot, run)
+    _emit("checkpoint", db, fmt, plot, run, table=table)
 
 
 @report_app.command("run")
 def report_run(
     run_id: str = typer.Argument(..., help="The run id (e.g. run-20261129-201500-ab12)."),
     fmt: str = typer.Option("table", "--format", help=_FMT_HELP),
+    table: str | None = _TABLE_OPTION,
     plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
 ) -> None:
     """One run: throughput over time with revocations, replacements and checkpoints marked, cost so far."""
-    _emit("run", db, fmt, plot, run_id)
+    _emit("run", db, fmt, plot, run_id, table=table)
 
 
 def register(app: typer.Typer) -> None:

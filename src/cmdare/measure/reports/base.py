@@ -50,12 +50,21 @@ class Report:
             },
         }
 
-    def render(self, fmt: str = "table") -> str:
-        """The report as text: a Rich table (with notes), CSV of the main table, or JSON of all tables."""
+    def render(self, fmt: str = "table", table: str | None = None) -> str:
+        """The report as text: Rich tables (with notes), CSV or JSON; every table, or only ``table``.
+
+        CSV of several tables: each under a ``# NAME`` line, a blank line between (one table: plain CSV).
+        """
         if fmt not in FORMATS:
             raise UnknownNameError("report format", fmt, FORMATS)
+        if table is not None:
+            if table not in self.tables:
+                raise UnknownNameError(f"{self.name} report table", table, list(self.tables))
+            return Report(self.name, self.title, {table: self.tables[table]}, self.notes).render(fmt)
         if fmt == "csv":
-            return self.main.to_csv(index=False)
+            if len(self.tables) == 1:
+                return self.main.to_csv(index=False)
+            return "\n".join(f"# {name}\n{df.to_csv(index=False)}" for name, df in self.tables.items())
         if fmt == "json":
             return json.dumps(self.to_dict(), indent=1)
         return _rich_text(self)
