@@ -55,3 +55,22 @@ def test_more_shards_than_parameter_blocks_is_refused(tmp_path):
     with pytest.raises(UserInputError, match="--ps 24: resnet8 has 23 parameter blocks and placement round-robin "
                                              "leaves 1 shard"):
         initial_state(TrainSpec(model="resnet8", ps=24), "r", Storage(tmp_path), None, False)
+
+
+@pytest.mark.parametrize("first, step, speed, wall", [(0, 150, 18.5, 28.4), (400, 700, 50.0, 20.0), (0, 0, 0.0, 3.0)])
+def test_the_summary_speed_line_divides_out(first, step, speed, wall):
+    """Issue 30: '150 steps, 18.5 steps/s over 28.4 s' did not divide out (the speed leaves start-up out), nor
+    did a resumed run's (its steps counted from 0)."""
+    import re
+
+    from cmdare.events import RunSummary
+    from cmdare.train.commands import speed_line
+
+    line = speed_line(RunSummary("r", 0.0, "finished", step, wall, speed, None, None,
+                                 details={"resumed_from_step": first}))
+    steps, rate, train_s, rest = map(float, re.search(
+        r"training: (\d+) steps.* at ([\d.]+) steps/s = ([\d.]+) s; start-up, checkpoints and the end ([\d.]+) s",
+        line).groups())
+    assert steps == step - first and (f"(from step {first})" in line) == bool(first)
+    assert abs(steps / rate - train_s) < 0.06 if rate else train_s == 0
+    assert abs(train_s + rest - wall) < 0.11

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from cmdare.errors import UserInputError
-from cmdare.events import EventReport, TrainCallback
+from cmdare.events import EventReport, RunSummary, TrainCallback
 
 console = Console(soft_wrap=True)
 
@@ -191,8 +191,9 @@ def train_command(
                       resume_step=from_step)
     summary = trainer.run()
     acc = f"{summary.final_accuracy:.3f}" if summary.final_accuracy is not None else "-"
-    console.print(f"[bold]run {summary.run_id}[/] {summary.status}: step {summary.global_step}, "
-                  f"{summary.steps_per_s:.1f} steps/s over {summary.wall_s:.1f} s, test accuracy {acc}")
+    console.print(f"[bold]run {summary.run_id}[/] {summary.status}: step {summary.global_step} in "
+                  f"{summary.wall_s:.1f} s, test accuracy {acc}")
+    console.print(speed_line(summary), highlight=False)
     emulated = " (emulated servers, catalog prices)" if summary.details.get("emulated") else ""
     clock = "emulated cloud" if summary.details.get("clock") == "emulated" else "cluster"
     console.print(f"servers: {summary.revocations} revoked, {summary.replacements} replaced, "
@@ -209,6 +210,17 @@ def train_command(
     if summary.details.get("failed_checkpoints"):
         console.print(f"[bold yellow]warning:[/] {summary.details['failed_checkpoints']} checkpoint upload(s) "
                       "failed (see the checkpoint_failed events); the previous checkpoints stayed valid")
+
+
+def speed_line(summary: RunSummary) -> str:
+    """How the run's time divides: steps trained at the run's speed, and the rest (start-up, checkpoints,
+    the end); the figures multiply and add up."""
+    first = int(summary.details.get("resumed_from_step") or 0)
+    trained = max(0, summary.global_step - first)
+    train_s = trained / summary.steps_per_s if summary.steps_per_s > 0 else 0.0
+    since = f" (from step {first})" if first else ""
+    return (f"training: {trained} steps{since} at {summary.steps_per_s:.1f} steps/s = {train_s:.1f} s; "
+            f"start-up, checkpoints and the end {max(0.0, summary.wall_s - train_s):.1f} s")
 
 
 class RunNotices(TrainCallback):

@@ -276,6 +276,7 @@ class Trainer:
                                     failed_checkpoints=duties.failed_uploads if duties else 0,
                                     cloud_now=self.controller.now if self.controller is not None else None)
         summary.details["clock"] = "emulated" if self.emulated_time else "wall"
+        summary.details["resumed_from_step"] = self._first_step
         return summary
 
 
