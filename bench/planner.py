@@ -39,9 +39,9 @@ class _UncachedSimulator(Simulator):
 
 def bench_runs(models: PlanModels, runs: int) -> dict[str, float]:
     cluster = ClusterSpec((WorkerGroup("k80", 64, True, "us-east1"),), ps=8, region="us-east1")
-    probe = Simulator(JobSpec("resnet32", 1000), cluster, models)
+    probe = Simulator(JobSpec("t2t_resnet32", 1000), cluster, models)
     steps = int(24 * 3600 / probe.base_time_s * 1000)  # a job that takes 24 h without revocations
-    job = JobSpec("resnet32", steps)
+    job = JobSpec("t2t_resnet32", steps)
     t0 = time.perf_counter()  # cold: the speed model is asked for every new membership
     summary = Simulator(job, cluster, models).summarize(runs, seed=0)
     fast_s = time.perf_counter() - t0
@@ -63,7 +63,7 @@ def bench_runs(models: PlanModels, runs: int) -> dict[str, float]:
 
 
 def bench_plan(models: PlanModels, runs: int) -> dict[str, float]:
-    job = JobSpec("resnet32", 64000)
+    job = JobSpec("t2t_resnet32", 64000)
     clusters = enumerate_clusters(["k80", "p100", "v100", "t4"], ["us-east1"], max_workers=8)
     t0 = time.perf_counter()
     _, pruned = evaluate(job, clusters, models, runs=runs, seed=0, prune=True)
@@ -91,9 +91,9 @@ def main() -> None:
     parser.add_argument("--plan-runs", type=int, default=100)
     args = parser.parse_args()
     t0 = time.perf_counter()
-    models = load_plan_models("resnet32", "bathtub")
+    models = load_plan_models("t2t_resnet32", "bathtub")
     # Warm the speed model and lifetime tables (fitted/loaded once per process, not per plan).
-    Simulator(JobSpec("resnet32", 1000), ClusterSpec((WorkerGroup("k80", 2, True, "us-east1"),)),
+    Simulator(JobSpec("t2t_resnet32", 1000), ClusterSpec((WorkerGroup("k80", 2, True, "us-east1"),)),
               models).summarize(2, 0)
     load_s = time.perf_counter() - t0
     out = {"bench": "planner", "model_load_seconds": round(load_s, 3)}

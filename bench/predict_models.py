@@ -38,15 +38,15 @@ def main() -> None:
     figures["ratio_step_loco_p100"] = round(figures["step_loco_p100"] / figures["step_loco_svr_p100"], 3)
     figures["ratio_cluster_vs_optimus"] = round(figures["cluster_loo"] / figures["cluster_loo_optimus"], 3)
     figures["ratio_ckpt_random_vs_svr"] = round(figures["ckpt_random"] / figures["ckpt_random_svr"], 3)
-    P.predict_cluster_steps_per_s("resnet32", {"k80": 1}, 1)  # load models
+    P.predict_cluster_steps_per_s("t2t_resnet32", {"k80": 1}, 1)  # load models
     n = 500
     start = time.perf_counter()
     for i in range(n):
-        P.predict_cluster_steps_per_s("resnet32", {"k80": 1 + i % 8, "p100": i % 4}, 1 + i % 3)
+        P.predict_cluster_steps_per_s("t2t_resnet32", {"k80": 1 + i % 8, "p100": i % 4}, 1 + i % 3)
     figures["cluster_query_ms"] = round((time.perf_counter() - start) / n * 1000, 3)
     start = time.perf_counter()
     for _ in range(n):
-        P.predict_step_time_s("resnet32", "v100")
+        P.predict_step_time_s("t2t_resnet32", "v100")
     figures["step_query_ms"] = round((time.perf_counter() - start) / n * 1000, 3)
     figures["evaluate_all_s"] = round(eval_s, 1)
     print(json.dumps(figures))

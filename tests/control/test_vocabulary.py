@@ -25,7 +25,7 @@ def test_both_commands_take_the_same_options_and_names(command):
 
 
 def test_plan_simulate_takes_the_trainers_revocation_specs(tmp_path):
-    base = ["plan", "simulate", "--model", "resnet32", "--steps", "20000", "--workers", "k80:2", "--transient",
+    base = ["plan", "simulate", "--model", "t2t_resnet32", "--steps", "20000", "--workers", "k80:2", "--transient",
             "--runs", "5", "--seed", "1", "--json"]
     env = {"CMDARE_HOME": str(tmp_path)}
     periodic = runner.invoke(app, [*base, "--replace", "same", "--revocations", "every=600,first=300",

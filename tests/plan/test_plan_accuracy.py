@@ -82,11 +82,11 @@ def test_bad_thresholds():
         recommend(job, clusters, toy_models(), runs=2, min_accuracy=0.9)
 
 
-PLAN = ["plan", "--model", "resnet32", "--steps", "64000", "--gpus", "k80", "--max-workers", "8", "--runs", "10"]
+PLAN = ["plan", "--model", "t2t_resnet32", "--steps", "64000", "--gpus", "k80", "--max-workers", "8", "--runs", "10"]
 
 
 def test_cli_simulate_json_reports_accuracy(monkeypatch, capsys):
-    sim = ["plan", "simulate", "--model", "resnet32", "--steps", "64000", "--runs", "30", "--seed", "1",
+    sim = ["plan", "simulate", "--model", "t2t_resnet32", "--steps", "64000", "--runs", "30", "--seed", "1",
            "--transient", "--json"]
     one = json.loads(run_cli(monkeypatch, capsys, *sim, "--workers", "k80:1")[1])
     eight = json.loads(run_cli(monkeypatch, capsys, *sim, "--workers", "k80:8")[1])

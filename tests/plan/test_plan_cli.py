@@ -11,7 +11,7 @@ from plan_toys import run_cli
 from cmdare.errors import UserInputError
 from cmdare.plan.commands import parse_deadline_s
 
-SIM = ["plan", "simulate", "--model", "resnet32", "--steps", "64000", "--runs", "20", "--seed", "1"]
+SIM = ["plan", "simulate", "--model", "t2t_resnet32", "--steps", "64000", "--runs", "20", "--seed", "1"]
 
 
 def test_simulate_json_only(monkeypatch, capsys):
@@ -62,14 +62,14 @@ def test_simulate_bad_input_one_line(monkeypatch, capsys, args, needle):
     ],
 )
 def test_plan_bad_input_one_line(monkeypatch, capsys, args, needle):
-    code, _, err = run_cli(monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "64000", *args)
+    code, _, err = run_cli(monkeypatch, capsys, "plan", "--model", "t2t_resnet32", "--steps", "64000", *args)
     assert code == 1 and needle in err and len(err.strip().splitlines()) == 1
 
 
 def test_plan_recommends_and_plots(monkeypatch, capsys, tmp_path: Path):
     png = tmp_path / "pareto.png"
     code, out, _ = run_cli(
-        monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "64000", "--deadline", "1h",
+        monkeypatch, capsys, "plan", "--model", "t2t_resnet32", "--steps", "64000", "--deadline", "1h",
         "--gpus", "k80,p100", "--max-workers", "8", "--runs", "20", "--plot", str(png),
     )
     assert code == 0, out
@@ -79,7 +79,7 @@ def test_plan_recommends_and_plots(monkeypatch, capsys, tmp_path: Path):
 
 def test_plan_unmeetable_deadline_names_the_fastest(monkeypatch, capsys):
     code, out, _ = run_cli(
-        monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "64000", "--deadline", "10min",
+        monkeypatch, capsys, "plan", "--model", "t2t_resnet32", "--steps", "64000", "--deadline", "10min",
         "--gpus", "k80", "--max-workers", "4", "--runs", "10", "--json",
     )
     data = json.loads(out)
@@ -104,7 +104,7 @@ def test_plan_without_model_says_what_is_missing(monkeypatch, capsys):
 
 def test_plot_into_missing_folder_is_one_line(monkeypatch, capsys, tmp_path: Path):
     code, _, err = run_cli(
-        monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "6400", "--gpus", "k80",
+        monkeypatch, capsys, "plan", "--model", "t2t_resnet32", "--steps", "6400", "--gpus", "k80",
         "--max-workers", "2", "--runs", "5", "--plot", str(tmp_path / "no" / "p.png"),
     )
     assert code == 1 and "does not exist" in err and len(err.strip().splitlines()) == 1
@@ -122,7 +122,7 @@ def test_simulate_on_aws_picks_an_aws_region_by_default(monkeypatch, capsys):
 def test_plan_on_aws_considers_what_aws_offers_by_default(monkeypatch, capsys):
     """Issue 30: ``plan --cloud aws`` on its defaults failed on P100 (not on AWS), then on the spot price of a
     K80 (AWS sells K80s on demand only)."""
-    code, out, err = run_cli(monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "64000", "--deadline",
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "--model", "t2t_resnet32", "--steps", "64000", "--deadline",
                              "2h", "--cloud", "aws", "--runs", "5", "--max-workers", "4", "--json")
     assert code == 0, err
     data = json.loads(out)

@@ -8,7 +8,7 @@ import json
 import pytest
 from plan_toys import run_cli
 
-JOB = ["plan", "simulate", "--model", "resnet32", "--workers", "v100:4", "--ps", "1", "--transient", "--json"]
+JOB = ["plan", "simulate", "--model", "t2t_resnet32", "--workers", "v100:4", "--ps", "1", "--transient", "--json"]
 AWS = ["--cloud", "aws", "--region", "us-east-1"]
 GCE = ["--cloud", "gcp", "--region", "us-east1"]
 
@@ -26,10 +26,10 @@ def steps_30h():
     from cmdare.plan.simulator import deterministic_time_s
     from cmdare.plan.spec import ClusterSpec, JobSpec, parse_workers
 
-    models = load_plan_models("resnet32", "none", None, "aws")
+    models = load_plan_models("t2t_resnet32", "none", None, "aws")
     cluster = ClusterSpec(parse_workers("v100:4", True, "us-east-1"), ps=1, region="us-east-1")
     probe = 1_000_000
-    return round(probe * 30 * 3600 / deterministic_time_s(JobSpec("resnet32", probe), cluster, models))
+    return round(probe * 30 * 3600 / deterministic_time_s(JobSpec("t2t_resnet32", probe), cluster, models))
 
 
 def test_30_hour_aws_spot_job_outlives_24h_but_gce_preemptible_does_not(monkeypatch, capsys, steps_30h):
@@ -48,7 +48,7 @@ def test_30_hour_aws_spot_job_outlives_24h_but_gce_preemptible_does_not(monkeypa
 
 
 def test_pareto_table_and_json_name_the_lifetime_model(monkeypatch, capsys):
-    args = ["plan", "--model", "resnet32", "--steps", "64000", "--deadline", "2h", "--gpus", "k80,t4",
+    args = ["plan", "--model", "t2t_resnet32", "--steps", "64000", "--deadline", "2h", "--gpus", "k80,t4",
             "--max-workers", "2", "--max-ps", "1", "--runs", "10", "--no-mixes"]
     code, out, _ = run_cli(monkeypatch, capsys, *args, "--json")
     assert code == 0

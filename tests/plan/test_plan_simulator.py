@@ -195,10 +195,10 @@ def test_events_of_one_instant_decided_at_once_change_no_run(monkeypatch):
     from cmdare.plan import sim_driver
     from cmdare.plan.adapters import load_plan_models
 
-    models = load_plan_models("resnet32", "bathtub")
+    models = load_plan_models("t2t_resnet32", "bathtub")
     cluster = ClusterSpec((WorkerGroup("k80", 12, True, "us-east1"), WorkerGroup("v100", 4, True, "us-east1")),
                           ps=2, region="us-east1", replacement="cheapest")
-    sim = Simulator(JobSpec("resnet32", 2_000_000), cluster, models)
+    sim = Simulator(JobSpec("t2t_resnet32", 2_000_000), cluster, models)
 
     def runs():
         return [sim.run_traced(np.random.default_rng(seed)) for seed in range(6)]

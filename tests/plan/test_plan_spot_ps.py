@@ -13,7 +13,7 @@ from cmdare.plan.recommender import enumerate_clusters
 from cmdare.plan.simulator import Simulator
 from cmdare.plan.spec import ClusterSpec, JobSpec, WorkerGroup
 
-JOB = JobSpec("resnet32", 640_000, 1000)  # about 10 h on 4 K80s: several PS servers are revoked
+JOB = JobSpec("t2t_resnet32", 640_000, 1000)  # about 10 h on 4 K80s: several PS servers are revoked
 
 
 def _cluster(ps_transient: bool, ps: int = 2) -> ClusterSpec:
@@ -22,7 +22,7 @@ def _cluster(ps_transient: bool, ps: int = 2) -> ClusterSpec:
 
 
 def test_spot_ps_with_notices_evacuates_and_loses_no_steps_where_rollback_would():
-    models = load_plan_models("resnet32", lifetime="bathtub")
+    models = load_plan_models("t2t_resnet32", lifetime="bathtub")
     spot = Simulator(JOB, _cluster(True), models).summarize(60, seed=2)
     no_notice = Simulator(JOB, _cluster(True), dataclasses.replace(models, evacuation=None)).summarize(60, seed=2)
     on_demand = Simulator(JOB, _cluster(False), models).summarize(60, seed=2)
@@ -35,7 +35,7 @@ def test_spot_ps_with_notices_evacuates_and_loses_no_steps_where_rollback_would(
 
 def test_last_shard_parks_until_its_replacement_is_up_when_the_notice_is_too_short():
     # as the trainer does (the same controller): the last shard's blocks wait in the coordinator, nothing is lost
-    models = load_plan_models("resnet32", lifetime="bathtub")  # GCE: 30 s notice, PS start-up about 1-2 min
+    models = load_plan_models("t2t_resnet32", lifetime="bathtub")  # GCE: 30 s notice, PS start-up about 1-2 min
     gce = Simulator(JOB, _cluster(True, ps=1), models).summarize(40, seed=2)
     slow = dataclasses.replace(models, notice_s=3600.0)  # a notice long enough for any start-up
     long_notice = Simulator(JOB, _cluster(True, ps=1), slow).summarize(40, seed=2)
@@ -70,17 +70,17 @@ def test_ps_market_any_offers_spot_ps_and_says_when_it_pays(monkeypatch, capsys)
     clusters = enumerate_clusters(["k80"], ["us-east1"], 2, 2, ps_markets=(False, True))
     assert {c.ps_transient for c in clusters if c.ps} == {False, True}
     assert not any(c.ps_transient for c in clusters if c.ps == 0)
-    code, out, _ = run_cli(monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "64000", "--deadline",
+    code, out, _ = run_cli(monkeypatch, capsys, "plan", "--model", "t2t_resnet32", "--steps", "64000", "--deadline",
                            "3h", "--gpus", "k80", "--max-workers", "4", "--max-ps", "2", "--no-mixes", "--runs",
                            "20", "--ps-market", "any", "--json")
     assert code == 0
     data = json.loads(out)
     assert any("PS spot" in o["config"] for o in data["front"])
     assert any("spot PS" in r for r in data["reasons"])
-    code, out, _ = run_cli(monkeypatch, capsys, "plan", "simulate", "--model", "resnet32", "--steps", "64000",
+    code, out, _ = run_cli(monkeypatch, capsys, "plan", "simulate", "--model", "t2t_resnet32", "--steps", "64000",
                            "--workers", "k80:4", "--ps", "2", "--transient", "--ps-transient", "--runs", "10",
                            "--json")
     assert code == 0 and "evacuations_mean" in json.loads(out)
-    code, _, err = run_cli(monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "100",
+    code, _, err = run_cli(monkeypatch, capsys, "plan", "--model", "t2t_resnet32", "--steps", "100",
                            "--ps-market", "sometimes")
     assert code == 1 and "--ps-market" in err

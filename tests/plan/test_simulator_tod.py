@@ -136,11 +136,11 @@ def test_job_spec_rejects_hours_outside_the_day(hour):
         JobSpec("toy", 10, start_hour=hour)
 
 
-SIM = ["plan", "simulate", "--model", "resnet32", "--steps", "64000", "--workers", "k80:4", "--transient",
+SIM = ["plan", "simulate", "--model", "t2t_resnet32", "--steps", "64000", "--workers", "k80:4", "--transient",
        "--ps-transient", "--runs", "10", "--seed", "2", "--json"]
 
 
-@pytest.mark.parametrize("cmd", [SIM, ["plan", "--model", "resnet32", "--steps", "64000", "--runs", "5"]])
+@pytest.mark.parametrize("cmd", [SIM, ["plan", "--model", "t2t_resnet32", "--steps", "64000", "--runs", "5"]])
 @pytest.mark.parametrize("hour", ["24", "-3"])
 def test_cli_bad_start_hour_is_one_line(monkeypatch, capsys, cmd, hour):
     code, _, err = run_cli(monkeypatch, capsys, *cmd, "--start-hour", hour)
@@ -160,8 +160,8 @@ def test_cli_start_hour_is_deterministic_and_reported(monkeypatch, capsys):
 
 
 def test_cli_plan_with_a_start_hour_recommends(monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, "plan", "--model", "resnet32", "--steps", "64000", "--gpus", "k80",
-                          "--max-workers", "2", "--max-ps", "1", "--runs", "5", "--start-hour", "3", "--json")
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "--model", "t2t_resnet32", "--steps", "64000", "--gpus",
+                             "k80", "--max-workers", "2", "--max-ps", "1", "--runs", "5", "--start-hour", "3", "--json")
     assert code == 0 and err == ""
     rec = json.loads(out)
     assert rec["choice"] is not None and rec["front"] and "K80" in rec["choice"]["config"]

@@ -79,11 +79,11 @@ def test_ps_capacity_follows_the_placement():
               for pl in ("round-robin", "greedy", "mxnet", "byteps", "psld")}
     assert speeds["psld"] == max(speeds.values())
     assert speeds["round-robin"] < 0.8 * speeds["psld"]
-    one = {pl: P.predict_cluster_steps_per_s("resnet15", {"p100": 8}, 1, placement=pl) for pl in speeds}
+    one = {pl: P.predict_cluster_steps_per_s("t2t_resnet15", {"p100": 8}, 1, placement=pl) for pl in speeds}
     assert len({round(v, 9) for v in one.values()}) == 1  # one PS: the placement cannot matter
     # more PS never slows the balanced cluster down
-    assert [P.predict_cluster_steps_per_s("resnet32", {"p100": 8}, p, placement="psld") for p in (1, 2, 3, 4)] == \
-        sorted(P.predict_cluster_steps_per_s("resnet32", {"p100": 8}, p, placement="psld") for p in (1, 2, 3, 4))
+    assert [P.predict_cluster_steps_per_s("t2t_resnet32", {"p100": 8}, p, placement="psld") for p in (1, 2, 3, 4)] == \
+        sorted(P.predict_cluster_steps_per_s("t2t_resnet32", {"p100": 8}, p, placement="psld") for p in (1, 2, 3, 4))
 
 
 @pytest.mark.parametrize(("task", "protocol"), [
@@ -119,10 +119,11 @@ def test_planner_p95_carries_the_speed_models_error():
     from cmdare.plan.spec import ClusterSpec, JobSpec, WorkerGroup
 
     cluster = ClusterSpec((WorkerGroup("v100", 2, True),), ps=1)
-    job = JobSpec("resnet32", 20000)
-    plain = Simulator(job, cluster, load_plan_models("resnet32", lifetime="none")).summarize(60, 0)
+    job = JobSpec("t2t_resnet32", 20000)
+    plain = Simulator(job, cluster, load_plan_models("t2t_resnet32", lifetime="none")).summarize(60, 0)
     assert plain.time_p95_s == plain.extra["deterministic_time_s"]  # no revocations, no model error
-    summary = Simulator(job, cluster, load_plan_models("resnet32", lifetime="none", model_error=True)).summarize(60, 0)
+    models = load_plan_models("t2t_resnet32", lifetime="none", model_error=True)
+    summary = Simulator(job, cluster, models).summarize(60, 0)
     # no revocations at all: the spread is the speed model's calibrated error (unseen V100: wider)
     assert summary.time_p95_s > 1.05 * summary.extra["deterministic_time_s"]
     assert summary.time_p95_s > summary.time_p50_s

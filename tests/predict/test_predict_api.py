@@ -66,8 +66,8 @@ def test_public_api_is_pinned():
 def test_published_workloads_and_aliases():
     names = P.list_published_workloads()
     assert len(names) == 16 and {"Res15", "Res32", "shakebig", "custom8"} <= set(names)
-    assert P.published_workload("resnet32").name == "Res32"
-    assert P.published_workload("ResNet-15").name == "Res15"
+    assert P.published_workload("t2t_resnet32").name == "Res32"
+    assert P.published_workload("Res15").name == P.published_workload("t2t_resnet15").name == "Res15"
     w = P.published_workload("shakebig")
     assert w.num_tensors == 216 and w.num_params == 26204362
     # avg tensor size derived from #params/#tensors matches the data's column exactly
@@ -86,33 +86,33 @@ def test_loaders_have_no_missing_features():
 
 
 def test_step_time_predictions_are_physical():
-    k80 = P.predict_step_time_s("resnet32", "k80")
-    p100 = P.predict_step_time_s("resnet32", "p100")
-    v100 = P.predict_step_time_s("resnet32", "v100")
+    k80 = P.predict_step_time_s("t2t_resnet32", "k80")
+    p100 = P.predict_step_time_s("t2t_resnet32", "p100")
+    v100 = P.predict_step_time_s("t2t_resnet32", "v100")
     assert k80 == pytest.approx(0.2179, rel=0.07)  # measured mean 0.218 s
     assert v100 < p100 < k80
-    assert P.predict_step_time_s("resnet32", "k80", latency_ms=30.3) > k80
-    assert P.predict_step_time_s("resnet32", 4.113) == pytest.approx(k80)
+    assert P.predict_step_time_s("t2t_resnet32", "k80", latency_ms=30.3) > k80
+    assert P.predict_step_time_s("t2t_resnet32", 4.113) == pytest.approx(k80)
     with pytest.raises(UnknownNameError):
-        P.predict_step_time_s("resnet32", "x9000")
+        P.predict_step_time_s("t2t_resnet32", "x9000")
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(UserInputError):
-            P.predict_step_time_s("resnet32", bad)
+            P.predict_step_time_s("t2t_resnet32", bad)
 
 
 def test_cluster_speed_ps_capacity_mixed_gpus_and_more_ps():
-    one = [P.predict_cluster_steps_per_s("resnet15", {"p100": n}, 1) for n in range(1, 13)]
+    one = [P.predict_cluster_steps_per_s("t2t_resnet15", {"p100": n}, 1) for n in range(1, 13)]
     assert all(b >= a for a, b in zip(one, one[1:], strict=False))
     assert one[11] - one[7] < 0.1 * one[7]  # saturated: P100 + 1 PS flattens
     assert 90 <= one[7] <= 115  # measured 104.7 at 8 workers
-    two = P.predict_cluster_steps_per_s("resnet15", {"p100": 8}, 2)
+    two = P.predict_cluster_steps_per_s("t2t_resnet15", {"p100": 8}, 2)
     assert two > 1.3 * one[7]  # a second PS lifts the ceiling (published ~177 at 8 workers)
-    k80 = P.predict_cluster_steps_per_s("resnet32", {"k80": 4}, 1)
-    mixed = P.predict_cluster_steps_per_s("resnet32", "k80:4,p100:2", 1)
-    p100 = P.predict_cluster_steps_per_s("resnet32", ["p100"] * 2, 1)
+    k80 = P.predict_cluster_steps_per_s("t2t_resnet32", {"k80": 4}, 1)
+    mixed = P.predict_cluster_steps_per_s("t2t_resnet32", "k80:4,p100:2", 1)
+    p100 = P.predict_cluster_steps_per_s("t2t_resnet32", ["p100"] * 2, 1)
     assert k80 < mixed < k80 + p100 + 1e-9
     with pytest.raises(UserInputError):
-        P.predict_cluster_steps_per_s("resnet32", {"k80": 2}, 0)
+        P.predict_cluster_steps_per_s("t2t_resnet32", {"k80": 2}, 0)
 
 
 def test_checkpoint_predictions_and_cache_roundtrip():
@@ -325,3 +325,24 @@ def test_a_derived_tensor_count_is_bounded_too():
     with pytest.raises(DataFormatError, match="tensors, beyond the largest value"):  # params / average size
         table_features(pd.DataFrame([{"GPU TFLOPS": "4", "Model FLOPs": "1e9", "Number of Parameters": "1e12",
                                       "Average Tensor Size (MB)": "1e-6"}]), "step")
+
+
+def test_one_name_one_network_in_predict_and_train():
+    """Issue 30: ``resnet32`` trained He's 464,154-parameter CIFAR ResNet but predicted and planned T2T's
+    1,857,722-parameter one; ``t2t_resnet32`` was refused by predict."""
+    from cmdare.predict.workloads import workload_features
+    from cmdare.workloads import profile_model
+
+    for name in ("resnet32", "resnet15", "resnet56", "custom_resnet10"):  # not measured: from the profile
+        w = workload_features(name)
+        assert not w.measured and "extrapolate" in w.source
+        assert (w.num_params, w.num_tensors) == (profile_model(name).num_params, profile_model(name).num_tensors)
+    for zoo, data_name in (("t2t_resnet32", "Res32"), ("shake_shake_large", "shakebig"), ("custom_resnet4", "custom4")):
+        w = workload_features(zoo)
+        assert w.measured and w.name == data_name and w.num_params == profile_model(zoo).num_params
+    with pytest.raises(UnknownNameError):
+        P.published_workload("resnet32")  # He's ResNet-32 was never measured
+    assert P.predict_step_time_s("resnet32", "k80") < P.predict_step_time_s("t2t_resnet32", "k80")
+    from cmdare.train.gpu_speeds import step_time_s
+
+    assert step_time_s("resnet32", "k80") == P.predict_step_time_s("resnet32", "k80")  # train emulates the same

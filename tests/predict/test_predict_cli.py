@@ -67,10 +67,10 @@ def write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
 
 
 def test_single_questions(env):
-    out = run(env, "predict", "step-time", "--model", "resnet32", "--gpu", "k80")
+    out = run(env, "predict", "step-time", "--model", "t2t_resnet32", "--gpu", "k80")
     assert out.returncode == 0, out.stderr
     assert 0.19 < float(out.stdout.split()[0]) < 0.24
-    out = run(env, "predict", "cluster-speed", "--model", "resnet15", "--workers", "k80:2,p100:2", "--ps", "2")
+    out = run(env, "predict", "cluster-speed", "--model", "t2t_resnet15", "--workers", "k80:2,p100:2", "--ps", "2")
     assert out.returncode == 0 and float(out.stdout.split()[0]) > 40
     out = run(env, "predict", "checkpoint", "--size-mb", "16", "--tensors", "104", "--remote")
     assert out.returncode == 0 and 3.0 < float(out.stdout.split()[0]) < 4.5
@@ -196,7 +196,7 @@ def test_bad_input_through_the_real_entry_point_is_one_line(env, tmp_path):
 def test_missing_input_and_unknown_names(env, tmp_path):
     res = run(env, "predict", "step-time", "--input", str(tmp_path / "none.csv"))
     assert res.returncode == 1 and res.stderr.startswith("error:") and "does not exist" in res.stderr
-    res = run(env, "predict", "step-time", "--model", "resnet32", "--gpu", "x100")
+    res = run(env, "predict", "step-time", "--model", "t2t_resnet32", "--gpu", "x100")
     assert res.returncode == 1 and res.stderr.startswith("error:") and "x100" in res.stderr
     res = run(env, "predict", "cluster-speed", "--model", "nope", "--workers", "k80:1")
     assert res.returncode == 1 and res.stderr.startswith("error:") and "Res32" in res.stderr

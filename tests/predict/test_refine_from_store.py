@@ -93,7 +93,7 @@ def test_plan_says_it_uses_the_refined_models(recorded_home):
     code, out, err = _cli(recorded_home, "models", "fit", "--from-store")
     assert code == 0, err
     _clear_caches()
-    code, out, err = _cli(recorded_home, "plan", "simulate", "--model", "resnet32", "--workers", "k80:2",
+    code, out, err = _cli(recorded_home, "plan", "simulate", "--model", "t2t_resnet32", "--workers", "k80:2",
                           "--steps", "2000", "--runs", "20")
     assert code == 0, err
     flat = " ".join(out.split())

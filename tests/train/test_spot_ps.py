@@ -152,7 +152,7 @@ def test_train_and_plan_simulate_park_the_last_shard_on_the_same_notice_trace(tm
                             "--revocations", f"{trace},step=0.02", "--steps", "600", "--no-record",
                             "--tensorboard", "none"], capture_output=True, text=True, env=env, timeout=300)
     assert train.returncode == 0, train.stderr[-2000:]
-    plan = subprocess.run([cmdare, "plan", "simulate", "--model", "resnet32", "--workers", "k80:2", "--ps", "1",
+    plan = subprocess.run([cmdare, "plan", "simulate", "--model", "t2t_resnet32", "--workers", "k80:2", "--ps", "1",
                            "--ps-transient", "--revocations", trace, "--steps", "2000", "--runs", "3"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert plan.returncode == 0, plan.stderr[-2000:]

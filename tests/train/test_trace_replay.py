@@ -19,7 +19,7 @@ TRACE = "time_s,server,event\n400,*,revoke\n970,k80,notice\n1000,k80,revoke\n150
 
 
 def _simulated(monkeypatch, capsys, trace: str) -> dict:
-    monkeypatch.setattr(sys, "argv", ["cmdare", "plan", "simulate", "--model", "resnet32", "--steps", "640000",
+    monkeypatch.setattr(sys, "argv", ["cmdare", "plan", "simulate", "--model", "t2t_resnet32", "--steps", "640000",
                                       "--workers", "k80:2", "--transient", "--runs", "3", "--trace", trace, "--json"])
     try:
         cli.main()

@@ -38,7 +38,6 @@ def test_the_cache_answers_without_computing_and_keys_by_shape_and_classes():
 def test_a_replaced_builtin_name_is_profiled_from_its_own_builder():
     from torch import nn
 
-    from cmdare.workloads.profile import forget_profiles
     from cmdare.workloads.registry import describe_model, register_model
     from cmdare.workloads.specs import MODELS
 
@@ -54,7 +53,6 @@ def test_a_replaced_builtin_name_is_profiled_from_its_own_builder():
     finally:
         MODELS.clear()
         MODELS.update(saved)  # the zoo as it was, in its order
-        forget_profiles()
     assert profile_model("resnet56") == before
 
 

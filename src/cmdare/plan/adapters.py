@@ -289,14 +289,15 @@ class PredictedAccuracy:
 
 
 def resolve_workload(name: str):
-    """The published workload descriptor for ``name`` (``resnet32`` -> ``Res32``).
+    """The workload descriptor of the network ``name`` names: measured (``t2t_resnet32`` -> ``Res32``), or
+    from cmdare's profile (``resnet32``, He's; its ``source`` says the prediction extrapolates).
 
     Raises:
         UnknownNameError: listing the known workloads.
     """
-    from cmdare.predict import published_workload
+    from cmdare.predict.workloads import workload_features
 
-    return published_workload(name)
+    return workload_features(name)
 
 
 def load_plan_models(
@@ -340,7 +341,7 @@ def load_plan_models(
         lifetimes = NoRevocations() if lifetime == "none" else QuantileLifetimes(lifetime)
     checkpoint_s = predict_checkpoint_s(features.checkpoint_mb * 1e6, features.num_tensors, remote=True)
     return PlanModels(
-        speed=_PredictSpeed(features.name, model_error),
+        speed=_PredictSpeed(features, model_error),
         lifetimes=lifetimes,
         startup=_Startup(),
         prices=prices,

@@ -25,6 +25,8 @@ plan_app = typer.Typer(
     no_args_is_help=False,
 )
 
+_MODEL_OPTION = typer.Option("--model", help="A model of `cmdare workloads`: t2t_resnet32 (measured by CM-DARE), "
+                             "resnet32 (He's, predicted from its profile) ...")
 _UNITS_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^\s*(-?)((?:\d+(?:\.\d*)?\s*(?:s|sec|min|m|h|d)\s*)+)$", re.I)
 
@@ -126,7 +128,7 @@ def _split(text: str) -> list[str]:
 @plan_app.callback()
 def plan(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Option("--model", help="Published workload, e.g. resnet32.")] = None,
+    model: Annotated[str | None, _MODEL_OPTION] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Global training steps.")] = None,
     deadline: _Deadline = None,
     budget: Annotated[float | None, typer.Option("--budget", help="USD the run may cost.")] = None,
@@ -237,7 +239,7 @@ def _revocation_source(revocations: str | None, lifetime: str, seed: int):
 
 @plan_app.command("simulate")
 def simulate_cmd(
-    model: Annotated[str, typer.Option("--model", help="Published workload, e.g. resnet32.")],
+    model: Annotated[str, _MODEL_OPTION],
     steps: Annotated[int, typer.Option("--steps", help="Global training steps.")],
     workers: Annotated[str, typer.Option("--workers", help="GPU mix, e.g. k80:8 or v100:1,p100:1,k80:2.")],
     ps: Annotated[int, typer.Option("--ps", help="Parameter servers (0: single-server training).")] = 1,

@@ -241,12 +241,13 @@ def explain(choice: PlanOption, options: Sequence[PlanOption], models: PlanModel
     reasons += _ps_market_reasons(choice, options, models)
     if len(counts) == 1:
         (gpu,) = counts
-        per_step = {
-            g: models.prices.price_per_hour_usd(g, c.region, c.workers[0].transient)
-            / models.speed.worker_steps_per_s(g)
-            for g in {o.cluster.workers[0].gpu for o in options}
-            if models.prices.offered(g, c.region, c.workers[0].transient)  # e.g. no spot K80 on AWS
-        }
+        per_step = {}
+        for g in {o.cluster.workers[0].gpu for o in options}:
+            try:
+                price = models.prices.price_per_hour_usd(g, c.region, c.workers[0].transient)
+            except UserInputError:  # not sold so here (no spot K80 on AWS): not a rival
+                continue
+            per_step[g] = price / models.speed.worker_steps_per_s(g)
         if min(per_step, key=per_step.get) == gpu and len(per_step) > 1:
             reasons.append(f"{gpu.upper()}: lowest cost per step of the GPU types considered")
     return reasons

@@ -14,8 +14,9 @@ Public API (fitted on the public CM-DARE data on first use, cached under
     recovery_time_s(...), recovery_time_published_s(...)
     published_workload(name), list_published_workloads(), gpu_tflops(name)
 
-``workload`` is a published workload name (``resnet32`` = CM-DARE's T2T ResNet-32, whose
-measurements trained the models) or a :class:`WorkloadFeatures`.
+``workload`` is a model name (``cmdare workloads``; ``t2t_resnet32`` is CM-DARE's T2T ResNet-32, whose
+measurements trained the models, and ``resnet32`` He's, predicted from its profile), a name of the data
+(``Res32``) or a :class:`WorkloadFeatures`.
 """
 
 from __future__ import annotations
@@ -230,7 +231,9 @@ def fit_from_store(db_url: str | None = None) -> dict:
 
 
 def _workload(workload: str | WorkloadFeatures) -> WorkloadFeatures:
-    return workload if isinstance(workload, WorkloadFeatures) else published_workload(workload)
+    from cmdare.predict.workloads import workload_features
+
+    return workload_features(workload)
 
 
 def predict_step_time_s(

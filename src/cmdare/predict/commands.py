@@ -181,6 +181,18 @@ def _table(kind: str, input_path: Path, output_path: Path | None, remote: bool =
         typer.echo(f"wrote {len(out)} rows to {output_path}")
 
 
+def _model(name: str | None) -> str:
+    """``--model``, given; a model CM-DARE did not measure gets a note on stderr: its prediction extrapolates."""
+    from cmdare.predict.workloads import workload_features
+
+    w = workload_features(_need(name, "--model"))
+    if not w.measured:
+        typer.echo(f"note: {w.name} was not measured by CM-DARE; predicted from its profile ({w.model_flops / 1e9:.2f} "
+                   f"GFLOPs per sample trained, {w.num_params:,} parameters): this extrapolates from the public "
+                   "data", err=True)
+    return w.name
+
+
 def _need(value, flag: str):
     from cmdare.errors import UserInputError
 
@@ -192,7 +204,7 @@ def _need(value, flag: str):
 @predict_app.command("step-time")
 def step_time_cmd(
     model: str = typer.Option(
-        None, "--model", help="Published workload, e.g. resnet32 (see `cmdare predict workloads`)."
+        None, "--model", help="A model of `cmdare workloads`, e.g. t2t_resnet32 (measured by CM-DARE) or resnet32."
     ),
     gpu: str = typer.Option(None, "--gpu", help="GPU type (k80, p100, v100, t4, l4, a100, h100) or its TFLOPS."),
     latency_ms: float = typer.Option(0.3, "--latency-ms", min=0.0, help="Worker-PS network latency."),
@@ -208,7 +220,7 @@ def step_time_cmd(
     g = _need(gpu, "--gpu")
     with contextlib.suppress(ValueError):
         g = float(g)
-    t = predict_step_time_s(_need(model, "--model"), g, latency_ms)
+    t = predict_step_time_s(_model(model), g, latency_ms)
     if level is None:
         typer.echo(f"{t:.4f} s/step")
         return
@@ -220,7 +232,7 @@ def step_time_cmd(
 
 @predict_app.command("cluster-speed")
 def cluster_speed_cmd(
-    model: str = typer.Option(None, "--model", help="Published workload, e.g. resnet15."),
+    model: str = typer.Option(None, "--model", help="A model of `cmdare workloads`, e.g. t2t_resnet15."),
     workers: str = typer.Option(None, "--workers", help="GPU workers, e.g. k80:4 or k80:2,p100:1."),
     ps: int = typer.Option(1, "--ps", min=1, help="Number of parameter servers."),
     placement: str = typer.Option(
@@ -235,7 +247,7 @@ def cluster_speed_cmd(
         return _table("cluster-speed", input_path, output_path)
     from cmdare.predict import predict_cluster_steps_per_s
 
-    speed = predict_cluster_steps_per_s(_need(model, "--model"), _need(workers, "--workers"), ps, placement=placement)
+    speed = predict_cluster_steps_per_s(_model(model), _need(workers, "--workers"), ps, placement=placement)
     if level is None:
         typer.echo(f"{speed:.3f} steps/s")
         return

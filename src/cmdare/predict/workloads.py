@@ -1,20 +1,29 @@
-"""Named workload descriptors of the CNNs measured in the public CM-DARE data.
+"""Workload descriptors: the CNNs measured in the public CM-DARE data, and every other model by its profile.
 
-The features are Tensor2Tensor's (model FLOPs as in ``speed_data/0latency_data.csv``, #parameters)
-and the checkpoint table's #tensors and checkpoint size. They belong to the measurements they came
-with: never combine them with cmdare's own zoo profiler figures (``cmdare.workloads``), whose FLOP
-counts use another convention. ``resnet32`` here means "T2T ResNet-32 as measured by CM-DARE".
+One vocabulary: a name means the network ``cmdare workloads`` lists under it, in ``train``, ``plan`` and
+``predict`` alike. The networks CM-DARE measured are the zoo's ``t2t_resnet15``/``t2t_resnet32``,
+``custom_resnet1..8`` and ``shake_shake_*`` (:data:`ZOO_TO_PUBLISHED`); their features are the measured
+ones (Tensor2Tensor's model FLOPs as in ``speed_data/0latency_data.csv``, #parameters, the checkpoint table's
+#tensors and checkpoint size), and the data's own names (``Res32``, ``shakebig``, ...) name them too. Any
+other model (``resnet32`` is He et al.'s 0.46M-parameter CIFAR ResNet, not T2T's 1.86M one) gets features
+from cmdare's profiler (:func:`profiled_features`), whose training FLOPs follow the same convention (within
+2% on the measured networks): a prediction for it extrapolates from the public data, and says so.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from cmdare.errors import UnknownNameError
+from cmdare.workloads.families import MEASURED_AS
 
-__all__ = ["WorkloadFeatures", "list_published_workloads", "published_workload", "resolve_workload_name"]
+__all__ = ["EXTRAPOLATED", "ZOO_TO_PUBLISHED", "WorkloadFeatures", "list_published_workloads", "profiled_features",
+           "published_workload", "resolve_workload_name", "workload_features"]
 
 SOURCE = "CM-DARE public data (Li, Walls, Guo, ICDCS 2020), Tensor2Tensor features"
+EXTRAPOLATED = ("cmdare's profile of the zoo model, not measured by CM-DARE: predictions extrapolate from the "
+                "public data")
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,7 @@ class WorkloadFeatures:
     checkpoint_mb: float
     max_tensor_mb: float | None = None
     source: str = SOURCE
+    measured: bool = True  # CM-DARE measured this network; False: features from cmdare's profiler
 
     @property
     def avg_tensor_mb(self) -> float:
@@ -87,14 +97,13 @@ _WORKLOADS: dict[str, WorkloadFeatures] = {
     )
 }
 
+# The zoo's name of each network the CM-DARE data measured.
+ZOO_TO_PUBLISHED: dict[str, str] = dict(MEASURED_AS)
+
+# The data's own spellings (never a zoo name of another network: ``resnet32`` is He's ResNet-32).
 _ALIASES: dict[str, str] = {
-    "resnet15": "Res15",
-    "resnet-15": "Res15",
-    "resnet_15": "Res15",
+    **ZOO_TO_PUBLISHED,
     "res15": "Res15",
-    "resnet32": "Res32",
-    "resnet-32": "Res32",
-    "resnet_32": "Res32",
     "res32": "Res32",
     "shake_small": "shakesmall",
     "shake-small": "shakesmall",
@@ -108,7 +117,6 @@ _ALIASES: dict[str, str] = {
     "shake96": "shakebig",
     "shakeshake-big": "shakebig",
     **{f"custom-resnet{i}": f"custom{i}" for i in range(1, 9)},
-    **{f"custom_resnet{i}": f"custom{i}" for i in range(1, 9)},
 }
 
 
@@ -120,7 +128,8 @@ def resolve_workload_name(name: str) -> str:
     """
     key = name.strip()
     lower = {k.lower(): k for k in _WORKLOADS}
-    lower_display = {w.display_name.lower(): k for k, w in _WORKLOADS.items()}
+    lower_display = {w.display_name.lower(): k for k, w in _WORKLOADS.items()
+                     if not w.display_name.startswith("ResNet-")}  # He's ResNets share these names
     low = key.lower()
     for table in (lower, _ALIASES, lower_display):
         if low in table:
@@ -129,7 +138,7 @@ def resolve_workload_name(name: str) -> str:
 
 
 def published_workload(name: str) -> WorkloadFeatures:
-    """Features of the published CNN ``name`` (e.g. ``resnet32`` -> ``Res32``).
+    """Features of the published CNN ``name`` (e.g. ``t2t_resnet32`` or ``Res32``).
 
     Raises:
         UnknownNameError: if the name is unknown; the message lists valid names.
@@ -140,3 +149,37 @@ def published_workload(name: str) -> WorkloadFeatures:
 def list_published_workloads() -> list[str]:
     """Canonical names of all published workloads, in table order."""
     return list(_WORKLOADS)
+
+
+def workload_features(name: str | WorkloadFeatures) -> WorkloadFeatures:
+    """The features of the network ``name`` names: measured (:func:`published_workload`) where CM-DARE
+    measured it, else from cmdare's profiler (:func:`profiled_features`, ``measured`` False).
+
+    Raises:
+        UnknownNameError: neither a model (``cmdare workloads``) nor a published name.
+    """
+    if isinstance(name, WorkloadFeatures):
+        return name
+    try:
+        return published_workload(name)
+    except UnknownNameError:
+        pass
+    from cmdare.workloads.registry import check_model_name, model_names
+
+    try:
+        check_model_name(name)
+    except UnknownNameError:
+        raise UnknownNameError("workload", name, [*model_names(), *list_published_workloads()]) from None
+    return profiled_features(name)
+
+
+@lru_cache(maxsize=64)
+def profiled_features(name: str) -> WorkloadFeatures:
+    """Features of model ``name`` from cmdare's profiler at CIFAR's 3x32x32: training FLOPs per sample (T2T's
+    convention), parameters, tensors, and a checkpoint of parameters and momentum (float32), as the
+    measured networks' checkpoints hold."""
+    from cmdare.workloads.profile import profile_model
+
+    p = profile_model(name)
+    return WorkloadFeatures(name, name, float(p.flops_per_sample_train), p.num_params, p.num_tensors,
+                            round(2 * 4 * p.num_params / 1e6, 2), p.max_tensor_mb, EXTRAPOLATED, measured=False)

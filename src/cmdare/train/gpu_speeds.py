@@ -3,10 +3,11 @@ replacement (``cheapest``) and the compute stretch that emulates a mixed cluster
 
 Locally every worker computes on this machine's CPU, so a run of ``k80:2,v100:1`` emulates the types: each
 worker's steps are stretched to the step-time model's ratio between its type and the fastest type present
-(that one trains at this machine's speed; a stretch is never below 1). The model's features are the
-published CNN's when the run's model is one of them, else the profiled model's (FLOPs per training sample
-times :data:`T2T_FLOPS_PER_PROFILED`, the ratio of the CM-DARE tables' count to cmdare's profiler on
-resnet32, since the step-time model was fitted on the tables' count).
+(that one trains at this machine's speed; a stretch is never below 1). The model's features are those of
+the network its name names (:func:`cmdare.predict.workloads.workload_features`): the measured ones for the
+networks CM-DARE measured, else the profiled model's, whose training FLOPs per sample follow the tables'
+convention (within 2% on the measured networks). Before, the profiled count was multiplied by 4, a ratio
+taken from He's ResNet-32 against T2T's, and ``resnet15``/``resnet32`` took T2T's measured features.
 """
 
 from __future__ import annotations
@@ -23,23 +24,14 @@ if TYPE_CHECKING:
     from cmdare.train.emitter import RunEmitter
     from cmdare.train.spec import TrainSpec
 
-__all__ = ["T2T_FLOPS_PER_PROFILED", "catalog_offers", "compute_stretch", "emulated_step_stretch", "step_time_s"]
-
-T2T_FLOPS_PER_PROFILED = 4.0  # Res32: 1.659e9 "Model FLOPs" in the tables / 4.150e8 profiled per sample
+__all__ = ["catalog_offers", "compute_stretch", "emulated_step_stretch", "step_time_s"]
 
 
 @functools.cache
 def _features(model: str):  # noqa: ANN202 - WorkloadFeatures, imported lazily
-    from cmdare.predict.workloads import WorkloadFeatures, published_workload
+    from cmdare.predict.workloads import workload_features
 
-    try:
-        return published_workload(model)
-    except CmdareError:
-        from cmdare.workloads import profile_model
-
-        p = profile_model(model)
-        return WorkloadFeatures(model, model, float(p.flops_per_sample_train * T2T_FLOPS_PER_PROFILED),
-                                p.num_params, p.num_tensors, p.checkpoint_bytes / 1e6)
+    return workload_features(model)
 
 
 @functools.cache

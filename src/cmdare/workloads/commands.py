@@ -30,6 +30,7 @@ def workloads(
     num_classes: Annotated[int, typer.Option("--num-classes", help="Classifier outputs.")] = 10,
 ) -> None:
     """List the CNN zoo with FLOPs, parameters, tensor sizes and checkpoint bytes per model."""
+    from cmdare.workloads.families import MEASURED_AS
     from cmdare.workloads.profile import profile_model
     from cmdare.workloads.registry import describe_model, model_names
 
@@ -39,7 +40,8 @@ def workloads(
     names = list(models) if models else model_names()
     profiles = [profile_model(name, shape, num_classes) for name in names]  # raises on unknown names
     if fmt == "json":
-        rows = [dict(p.to_dict(), description=describe_model(p.name)) for p in profiles]
+        rows = [dict(p.to_dict(), description=describe_model(p.name), measured_as=MEASURED_AS.get(p.name))
+                for p in profiles]
         typer.echo(json.dumps(rows, indent=2))
         return
 
@@ -48,7 +50,8 @@ def workloads(
 
     table = Table(
         title=f"cmdare workloads at input {'x'.join(map(str, shape))} "
-        "(train FLOPs = 3 x forward; MB = MiB of parameter tensors)",
+        "(train FLOPs = 3 x forward; MB = MiB of parameter tensors; measured: its name in the CM-DARE data, "
+        "whose measurements plan and predict use; the others are predicted from their profile)",
     )
     for col in (
         "model",
@@ -59,6 +62,7 @@ def workloads(
         "avg tensor MB",
         "max tensor MB",
         "checkpoint MB",
+        "measured",
         "description",
     ):
         table.add_column(col, justify="left" if col in ("model", "description") else "right")
@@ -72,6 +76,7 @@ def workloads(
             f"{p.avg_tensor_mb:.4f}",
             f"{p.max_tensor_mb:.4f}",
             f"{p.checkpoint_bytes / 2**20:.2f}",
+            MEASURED_AS.get(p.name, "-"),
             describe_model(p.name),
         )
     console = Console()

@@ -3,8 +3,8 @@ imports torch; :mod:`cmdare.workloads.resnet` and :mod:`cmdare.workloads.shake_s
 
 from __future__ import annotations
 
-__all__ = ["CUSTOM_RESNETS", "EXTRA_MODELS", "HE_RESNETS", "SHAKE_SHAKE_WIDTHS", "T2T_WIDTHS", "builtin_model_names",
-           "describe_builtin"]
+__all__ = ["CUSTOM_RESNETS", "EXTRA_MODELS", "HE_RESNETS", "MEASURED_AS", "SHAKE_SHAKE_WIDTHS", "T2T_WIDTHS",
+           "builtin_model_names", "describe_builtin"]
 
 # name -> blocks per stage (He style, widths 16/32/64).
 HE_RESNETS: dict[str, tuple[int, int, int]] = {
@@ -45,6 +45,23 @@ SHAKE_SHAKE_WIDTHS: dict[str, int] = {
     "shake_shake_64": 64,
     "shake_shake_80": 80,
     "shake_shake_96": 96,
+}
+
+# The networks the CM-DARE data measured, by their zoo name -> the data's name (the zoo reproduces their
+# parameter and tensor counts exactly; cmdare.predict uses their measured features).
+MEASURED_AS: dict[str, str] = {
+    "t2t_resnet15": "Res15",
+    "t2t_resnet32": "Res32",
+    **{f"custom_resnet{i}": f"custom{i}" for i in range(1, 9)},
+    "shake_shake_16": "shake16",
+    "shake_shake_small": "shakesmall",
+    "shake_shake_32": "shakesmall",
+    "shake_shake_48": "shake48",
+    "shake_shake_mid": "shakemid",
+    "shake_shake_64": "shakemid",
+    "shake_shake_80": "shake80",
+    "shake_shake_large": "shakebig",
+    "shake_shake_96": "shakebig",
 }
 
 # Built outside the families above (cmdare.workloads.resnet_fc).

@@ -29,7 +29,9 @@ from cmdare.errors import UserInputError
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["WorkloadProfile", "count_flops_forward", "forget_profiles", "profile_model"]
+    from cmdare.workloads.specs import ModelSpec
+
+__all__ = ["WorkloadProfile", "count_flops_forward", "profile_model"]
 
 _MIB = float(2**20)
 
@@ -188,12 +190,6 @@ def _profile_by_name(name: str, shape: tuple[int, int, int], num_classes: int) -
     return _profile_module(name, model, shape, num_classes, flops_forward=fwd)
 
 
-def forget_profiles() -> None:
-    """Drop the profiles kept in memory (a model was registered or removed under a name)."""
-    _profile_by_name.cache_clear()
-    _builtin_profile.cache_clear()
-
-
 def profile_model(
     name_or_module: str | nn.Module, input_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10
 ) -> WorkloadProfile:
@@ -222,8 +218,13 @@ def profile_model(
     check_model_name(name)
     spec = MODELS.get(name)
     if name not in builtin_model_names() or (spec is not None and not spec.builtin):
-        return _profile_by_name(name, shape, classes)  # a user's model: it may change under the same name
-    return _builtin_profile(name, shape, classes)
+        return _registered_profile(spec, shape, classes)  # keyed by the registration: one under the same name
+    return _builtin_profile(name, shape, classes)            # later is profiled anew
+
+
+@functools.lru_cache(maxsize=256)
+def _registered_profile(spec: ModelSpec, shape: tuple[int, int, int], num_classes: int) -> WorkloadProfile:
+    return _profile_by_name.__wrapped__(spec.name, shape, num_classes)
 
 
 @functools.lru_cache(maxsize=256)

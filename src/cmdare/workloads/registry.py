@@ -60,7 +60,6 @@ def register_model(name: str, builder: Builder, description: str = "", *, replac
     _ensure_builtins()
     if name in MODELS and not replace:
         raise UserInputError(f"model {name!r} is already registered")
-    _forget_profiles()
     return add_model(name, builder, description)
 
 
@@ -72,13 +71,6 @@ def unregister_model(name: str) -> None:
     """
     _spec(name)
     del MODELS[name]
-    _forget_profiles()
-
-
-def _forget_profiles() -> None:
-    from cmdare.workloads.profile import forget_profiles
-
-    forget_profiles()
 
 
 def list_models() -> list[str]:
