@@ -16,7 +16,7 @@ console = Console(soft_wrap=True)
 
 # The main job shows the transient path: each server lives a bathtub-distributed GCE lifetime, the cloud's
 # clocks 7200x faster than training in emulated time (docs/controller.md): a 24 h lifetime is 12 emulated
-# seconds, about 220 steps of two K80 workers on resnet15, so a 500-step run sees a few servers revoked and
+# seconds, about 330 steps of two K80 workers on resnet15, so a 500-step run sees a few servers revoked and
 # replaced, at the same steps on any machine.
 DEFAULT_REVOCATIONS = "lifetime=bathtub,speedup=7200"
 DEFAULT_CHECKPOINT_EVERY = 200
