@@ -43,9 +43,17 @@ def plot_pareto(
     if budget_usd is not None:
         ax.axhline(budget_usd, color="tab:green", ls="--", lw=1, label="budget")
     ax.set_xscale("log")
-    ax.set_xlabel("expected training time (h)")
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    def hours(h: float, _pos: int) -> str:  # plain durations, never 2x10^-1
+        return f"{h * 60:.0f} min" if h < 1 else f"{h:g} h"
+
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(hours))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("expected training time (log scale)")
     ax.set_ylabel("expected cost (USD)")
-    ax.set_title("cmdare plan: time/cost of simulated configurations")
+    ax.set_title("Expected time and cost of each configuration simulated")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()

@@ -21,6 +21,15 @@ DURATIONS = (("local_duration_s", "local save"), ("remote_duration_s", "local + 
 FIT_COLUMNS = ["source", "duration", "points", "sizes", "intercept_s", "s_per_mb", "mape", "note"]
 
 
+def shown_source(source: str) -> str:
+    """A store source as a plot labels it (``cmdare:checkpoint``: the public CM-DARE data's checkpoint table)."""
+    if source == "cmdare":
+        return "cmdare's own runs"
+    if source.startswith("cmdare:"):
+        return f"CM-DARE data ({source.split(':', 1)[1]} table)"
+    return source
+
+
 def distinct_sizes(sizes_mb: Any, rtol: float = SAME_SIZE_RTOL) -> int:
     """How many distinct sizes ``sizes_mb`` holds, counting sizes within ``rtol`` of the next as one."""
     s = np.sort(np.asarray(sizes_mb, float))
@@ -91,13 +100,13 @@ def build(store: Store, run_id: str | None = None) -> Report:
                 sub = df[(df.source == source) & df[col].notna()]
                 if sub.empty:
                     continue
-                name = f"{source} {label}" if len(sources) > 1 else label
+                name = f"{shown_source(source)}: {label}" if len(sources) > 1 else label
                 pts = ax.scatter(sub.size_mb, sub[col], s=12, alpha=0.6, label=name)
                 f = fit_df[(fit_df.source == source) & (fit_df.duration == col) & fit_df.s_per_mb.notna()]
                 if len(f):
                     x = np.linspace(0, sub.size_mb.max() * 1.05, 50)
                     ax.plot(x, f.intercept_s.iloc[0] + f.s_per_mb.iloc[0] * x, "--", color=pts.get_facecolor()[0])
-        ax.set(xlabel="checkpoint size (MB)", ylabel="duration (s)")
+        ax.set(xlabel="checkpoint size (MB)", ylabel="duration (s)", title="dashed: linear fit per source")
         ax.legend()
 
     return Report(

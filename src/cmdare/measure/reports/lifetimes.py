@@ -35,6 +35,11 @@ DEFAULT_TYPES = ("k80", "p100", "v100", "cpu")
 GPU_TYPES = ("k80", "p100", "v100")
 
 
+def shown_type(stype: str) -> str:
+    """A server type as a plot labels it (``gpu``/``unlabeled``: the spreadsheet's earlier experiments)."""
+    return {"cpu": "CPU", "gpu": "GPU of unrecorded type", "unlabeled": "unrecorded type"}.get(stype, stype.upper())
+
+
 def fit_models(lifetimes_s: np.ndarray, censored: np.ndarray | None) -> dict[str, LifetimeModel]:
     """Exponential, bathtub and empirical models fitted to one group."""
     return {
@@ -139,34 +144,44 @@ def build(store: Store, run_id: str | None = None) -> Report:
     )
 
     def plot(fig: Any) -> None:
+        from matplotlib.lines import Line2D
+
         ax1, ax2, ax3 = fig.subplots(1, 3)
         colors = {}
         for stype, (t, cens, models) in fitted.items():
             x, f = empirical_cdf(t, cens)
             ks_b = ks_distance(models["bathtub"], t, cens)
             ks_e = ks_distance(models["exponential"], t, cens)
-            label = f"{stype} (n={len(t)}; KS bathtub {ks_b:.2f}, exp {ks_e:.2f})"
+            label = f"{shown_type(stype)}: {len(t)} servers (KS bathtub {ks_b:.2f}, exponential {ks_e:.2f})"
             line = ax1.step(x / 3600, f, where="post", label=label)[0]
             colors[stype] = line.get_color()
             grid = np.linspace(0, max(x.max(), 24 * 3600) * 1.02, 400)
             ax1.plot(grid / 3600, models["bathtub"].cdf(grid), "--", color=line.get_color(), lw=1)
             ax1.plot(grid / 3600, models["exponential"].cdf(grid), ":", color=line.get_color(), lw=1)
-        ax1.set(xlabel="lifetime (h)", ylabel="P(revoked by t)", title="CDF: empirical, bathtub --, exp :")
-        ax1.legend(fontsize=7)
+        ax1.set(xlabel="lifetime (h)", ylabel="fraction revoked by then", title="Lifetime CDF per server type")
+        kinds = ax1.legend(handles=[Line2D([], [], color="k", lw=1.5, label="measured"),
+                                    Line2D([], [], color="k", lw=1, ls="--", label="bathtub fit"),
+                                    Line2D([], [], color="k", lw=1, ls=":", label="exponential fit")],
+                           fontsize=7, loc="lower right")
+        ax1.add_artist(kinds)
+        ax1.legend(fontsize=6.5, loc="center right", bbox_to_anchor=(1.0, 0.55))
         for stype in [s for s in ("k80", "cpu") if s in fitted] or list(fitted)[:1]:
             sub = df[df.server_type == stype]
             for region, g in sub.groupby("region"):
                 if len(g) >= 10:
                     x, f = empirical_cdf(g.lifetime_s.to_numpy(float), ~g.preempted.to_numpy(bool))
-                    ax2.step(x / 3600, f, where="post", label=f"{stype} {region} ({len(g)})")
-        ax2.set(xlabel="lifetime (h)", ylabel="P(revoked by t)", title="CDF by region")
-        ax2.legend(fontsize=6)
+                    ax2.step(x / 3600, f, where="post", label=f"{shown_type(stype)} {region}: {len(g)} servers")
+        ax2.set(xlabel="lifetime (h)", ylabel="fraction revoked by then", title="Lifetime CDF per region (measured)")
+        ax2.legend(fontsize=6.5, loc="upper left")
         width = 0.8 / max(len(by_hour), 1)
         for i, row in enumerate(by_hour.itertuples(index=False)):
             counts = np.array(row[1:], dtype=float)
-            ax3.bar(np.arange(24) + i * width, counts, width=width, label=row[0], color=colors.get(row[0]))
-        ax3.set(xlabel="hour of day", ylabel="revocations (< 24 h)", title="revocations by hour")
-        ax3.legend(fontsize=7)
+            ax3.bar(np.arange(24) + i * width, counts, width=width, label=shown_type(row[0]),
+                    color=colors.get(row[0]))
+        ax3.set(xlabel="hour of day the server was revoked (local)", ylabel="servers revoked within 24 h",
+                title="Revocations by hour of day")
+        ax3.set_xticks(range(0, 24, 3))
+        ax3.legend(fontsize=6.5, loc="upper left")
 
     from cmdare.cloud.catalog import default_catalog
     from cmdare.measure.lifetime_markets import market_rows
@@ -176,7 +191,7 @@ def build(store: Store, run_id: str | None = None) -> Report:
                  "data it was fitted on, or the assumption (interruption rate, source, date) where none exists")
     return Report(
         "lifetimes",
-        "Transient server lifetimes",
+        "Transient server lifetimes (GCE, from the public CM-DARE data and the lifetimes it imports)",
         {"summary": pd.DataFrame(rows), "markets": markets, "fits": pd.DataFrame(fits), "by_hour": by_hour},
         notes,
         plot,

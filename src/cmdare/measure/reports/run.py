@@ -26,6 +26,10 @@ MARKED = {
     "ps_move": "blue",
 }
 BINS = 40
+MAX_WORKER_LINES = 8  # a run with more workers plots staleness per GPU type
+# What the plot's legend calls each marked event.
+EVENT_WORDS = {"revocation": "server revoked", "worker_lost": "worker lost", "notice": "preemption notice",
+               "replacement_joined": "replacement joined", "chief_change": "new chief", "ps_move": "blocks moved"}
 
 
 def _cost_usd(servers: Any, run: Run, now: float) -> float | None:
@@ -162,15 +166,27 @@ def build(store: Store, run_id: str | None = None) -> Report:
         else pd.DataFrame()
     )
 
+    workers_df = workers_table(steps, events, servers, stale_df)
+    gpu_of = {int(r.worker_id): str(r.gpu_type).upper() if isinstance(r.gpu_type, str) else "?"
+              for r in workers_df.itertuples()} if len(workers_df) else {}
+
     def plot(fig: Any) -> None:
         if len(stale_hist):
+            from matplotlib.ticker import MaxNLocator
+
             ax, ax_stale = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2.2, 1]})
-            for k, (worker, part) in enumerate(stale_hist.groupby("worker_id")):
-                part = part.sort_values("staleness")
+            hist = stale_hist.assign(gpu=stale_hist.worker_id.map(lambda w: gpu_of.get(int(w), "?")))
+            per_worker = hist.worker_id.nunique() <= MAX_WORKER_LINES  # else one line per GPU type
+            groups = hist.groupby("worker_id" if per_worker else "gpu")
+            for k, (key, part) in enumerate(groups):
+                part = part.groupby("staleness", as_index=False)["count"].sum().sort_values("staleness")
                 share = part["count"] / part["count"].sum()
-                ax_stale.plot(part["staleness"], share, "o-", ms=3, color=f"C{k % 10}", label=f"worker {worker}")
+                label = f"worker {key} ({gpu_of.get(int(key), '?')})" if per_worker else \
+                    f"{key} workers ({hist[hist.gpu == key].worker_id.nunique()})"
+                ax_stale.plot(part["staleness"], share, "o-", ms=3, color=f"C{k % 10}", label=label)
+            ax_stale.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax_stale.set(xlabel="push staleness (global steps since the pull)", ylabel="fraction of pushes",
-                         title=f"staleness, mean {stale_df['mean'].iloc[-1]:.2f}")
+                         title=f"Push staleness (mean {stale_df['mean'].iloc[-1]:.2f} steps)")
             ax_stale.legend(fontsize=7)
         else:
             ax = fig.subplots(1, 1)
@@ -181,7 +197,8 @@ def build(store: Store, run_id: str | None = None) -> Report:
         for ev in events.itertuples():
             color = MARKED.get(ev.kind)
             if color:
-                ax.axvline(ev.time - t0, color=color, ls="--", lw=1, label=None if ev.kind in seen else ev.kind)
+                ax.axvline(ev.time - t0, color=color, ls="--", lw=1,
+                           label=None if ev.kind in seen else EVENT_WORDS.get(ev.kind, ev.kind))
                 seen.add(ev.kind)
         for ck in ckpts.itertuples():
             if ck.time is not None and "checkpoint" not in seen:
@@ -191,17 +208,17 @@ def build(store: Store, run_id: str | None = None) -> Report:
                 ax.axvline(ck.time - t0, color="gray", ls=":", lw=1)
         cost = summary["cost_usd"]
         ax.set(
-            xlabel="time since start (s)",
-            ylabel="global steps/s",
-            title=f"{run_id}" + (f" - cost so far ${cost:.2f}" if cost is not None else ""),
+            xlabel="time since the run started (s)",
+            ylabel="cluster speed (global steps/s)",
+            title="Training speed and events" + (f" (cost so far ${cost:.4f})" if cost is not None else ""),
         )
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="best")
 
     return Report(
         "run",
         f"Run {run_id}",
         {"summary": summary_df, "timeline": timeline, "events": event_df,
-         "workers": workers_table(steps, events, servers, stale_df), "staleness": stale_df, "shards": shard_df},
+         "workers": workers_df, "staleness": stale_df, "shards": shard_df},
         notes,
         plot,
         figsize=(15, 4.5) if len(stale_hist) else (11, 4.5),

@@ -22,6 +22,10 @@ SATURATED_EFFICIENCY = 0.8
 EMULATED_MARK = " (emulated)"  # appended to the model of samples from cmdare runs on emulated servers
 
 
+# The CM-DARE data's short model names -> the zoo's (what cmdare workloads, train and plan call them).
+ZOO_NAME = {"res15": "t2t_resnet15", "res32": "t2t_resnet32", "shakesmall": "shake_shake_small",
+            "shakemid": "shake_shake_mid", "shakebig": "shake_shake_large"}
+
 def cluster_speeds(store: Store) -> Any:
     """Median steady-state steps/s per (gpu_type, model_name, ps, workers) from cluster speed samples."""
     import pandas as pd
@@ -124,7 +128,7 @@ def build(store: Store, run_id: str | None = None) -> Report:
                 g = g.sort_values("workers")
                 base1 = g.ideal_steps_per_s / g.workers
                 speedup = g.steps_per_s / base1
-                line = ax.plot(g.workers, speedup, "o-", ms=3, label=f"{model} ({ps} PS)")[0]
+                line = ax.plot(g.workers, speedup, "o-", ms=3, label=f"{ZOO_NAME.get(model, model)} ({ps} PS)")[0]
                 knee = knees.get((gpu, model, ps))
                 if knee is not None and knee == knee:
                     k = g[g.workers == knee]
