@@ -50,5 +50,6 @@ class ProgressCallback(TrainCallback):
             self.progress.console.print(f"step {report.global_step}: {who}{what}", highlight=False, markup=False)
 
     def on_run_end(self, summary: RunSummary) -> None:
-        self.progress.update(self.task, completed=min(summary.global_step, self.total))
+        # while training the bar shows the recent speed; at the end the run's, as the summary does
+        self.progress.update(self.task, completed=min(summary.global_step, self.total), speed=summary.steps_per_s)
         self.progress.stop()
