@@ -60,7 +60,8 @@ def test_a_replaced_builtin_name_is_profiled_from_its_own_builder():
 def test_workloads_reads_cached_profiles_without_importing_torch(tmp_path_factory, run):
     home = tmp_path_factory.getbasetemp() / "workloads-home"  # shared by both runs: the first fills it
     env = dict(os.environ, CMDARE_HOME=str(home))
-    probe = ("import sys; from cmdare.cli import main; sys.argv = ['cmdare', 'workloads', '--format', 'json']\n"
+    probe = ("import sys; from cmdare.cli import main\n"
+             "sys.argv = ['cmdare', 'workloads', '--format', 'json', '-m', 'resnet8', '-m', 'shake_shake_96']\n"
              "try:\n    main()\nexcept SystemExit:\n    pass\n"
              "print('torch loaded:', 'torch' in sys.modules, file=sys.stderr)")
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
