@@ -28,19 +28,12 @@ __all__ = ["catalog_offers", "compute_stretch", "emulated_step_stretch", "step_t
 
 
 @functools.cache
-def _features(model: str):  # noqa: ANN202 - WorkloadFeatures, imported lazily
-    from cmdare.predict.workloads import workload_features
-
-    return workload_features(model)
-
-
-@functools.cache
 def step_time_s(model: str, gpu: str) -> float | None:
     """Predicted seconds per step of ``model`` on ``gpu`` (None: the model cannot say for this GPU)."""
     from cmdare.predict import predict_step_time_s
 
     try:
-        t = predict_step_time_s(_features(model), gpu)
+        t = predict_step_time_s(model, gpu)  # the network the name names (workload_features)
     except CmdareError:
         return None
     return t if t > 0 else None
