@@ -34,9 +34,10 @@ def _store(db: str | None) -> Any:
     return open_store(db)
 
 
-def list_runs(store: Any, limit: int | None = None, now: float | None = None) -> list[dict[str, Any]]:
-    """The store's cmdare runs, newest first: id, status (``stale`` for a silent ``running`` one), model,
-    dataset, step reached of the target, cost, accuracy, start time and storage."""
+def list_runs(store: Any, limit: int | None = None, now: float | None = None,
+              run_id: str | None = None) -> list[dict[str, Any]]:
+    """The store's cmdare runs (only ``run_id``, when given), newest first: id, status (``stale`` for a silent
+    ``running`` one), model, dataset, step reached of the target, cost, accuracy, start time and storage."""
     from sqlalchemy import func, select
 
     from cmdare.measure.reports.run import shown_status
@@ -45,15 +46,17 @@ def list_runs(store: Any, limit: int | None = None, now: float | None = None) ->
     now = time.time() if now is None else now
     with store.session() as s:
         query = select(Run).where(Run.source == "cmdare").order_by(Run.started_at.desc())
+        if run_id is not None:
+            query = query.where(Run.run_id == run_id)
         runs = list(s.scalars(query.limit(limit) if limit else query))
         ids = [r.run_id for r in runs]
         last_step = dict(s.execute(select(StepMetric.run_id, func.max(StepMetric.global_step))
                                    .where(StepMetric.run_id.in_(ids)).group_by(StepMetric.run_id)).all())
         news: dict[str, float] = {}
         for table in (StepMetric, Event):
-            for run_id, t in s.execute(select(table.run_id, func.max(table.time)).where(table.run_id.in_(ids))
+            for rid, t in s.execute(select(table.run_id, func.max(table.time)).where(table.run_id.in_(ids))
                                        .group_by(table.run_id)).all():
-                news[run_id] = max(news.get(run_id, 0.0), float(t or 0.0))
+                news[rid] = max(news.get(rid, 0.0), float(t or 0.0))
         rows = []
         for r in runs:
             config = r.config or {}
@@ -116,7 +119,7 @@ def run_status(run_id: str, storage: str | None, db: str | None = None) -> dict[
         pass
     steps = CheckpointStore(where).steps() if "status" in out or where.exists("run.json") else []
     out["latest_checkpoint_step"] = steps[-1] if steps else None
-    recorded = next((r for r in list_runs(_store(db)) if r["run_id"] == run_id), None)
+    recorded = next(iter(list_runs(_store(db), run_id=run_id)), None)  # this run's row, not every run's
     if recorded is not None:
         out.setdefault("status", recorded["status"])
         out.setdefault("global_step", recorded["step"])
