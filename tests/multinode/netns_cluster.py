@@ -159,6 +159,15 @@ class NetnsCluster:
         self.wait_for_workers(workers, timeout)
         return self
 
+    def start_plain_head(self, cpus: int = 2) -> NetnsCluster:
+        """``ray start --head`` with no cmdare resource: a Ray cluster that cmdare did not start."""
+        if not self.holder_pid:
+            self.start_namespace()
+        self._ray_env = {}
+        self._ray_start("head", self.head_home, ["--head", "--port", str(self.port), "--include-dashboard", "false",
+                        "--num-cpus", str(cpus)])
+        return self
+
     def start_autoscaling_head(self, command: str, env: dict[str, str] | None = None) -> NetnsCluster:
         """Run ``command``: the ``RAY_FAKE_CLUSTER=1 ray start --head --autoscaling-config=...`` line a
         ``cmdare cluster-config --cloud local`` config names (with a temp dir of ours). Ray's autoscaler, with

@@ -44,11 +44,32 @@ def test_joined_run_with_default_options_injects_no_revocation(
     assert proc.returncode == 0, out[-4000:] + "\n" + cluster.logs_tail()
     assert re.search(r"\bfinished: step 40\b", proc.stdout), out[-4000:]
     assert "servers: 0 revoked, 0 replaced" in proc.stdout, out[-4000:]
+    assert (f"joined the Ray cluster at {cluster.address}: 3 nodes (1 parameter server, 2 workers), 5 CPUs, 0 GPUs"
+            in proc.stderr), out[-4000:]
     assert "warning: checkpoints live on the head node only" in proc.stderr, out[-4000:]  # no --storage given
     # The workers really ran on the worker nodes, one each, and the parameter shard on the head.
     actors = cluster.actor_nodes()
     assert sorted(node for cls, _, node in actors if cls == "Worker") == ["node-0", "node-1"], actors
     assert {node for cls, _, node in actors if cls != "Worker"} == {"head"}, actors
+
+
+@pytest.mark.timeout(180)
+def test_address_auto_refuses_a_ray_cluster_cmdare_did_not_start(netns: NetnsCluster) -> None:
+    """Before: it joined whatever Ray ran on the machine and died with an ActorDiedError traceback."""
+    netns.start_plain_head(cpus=2)
+    args = [CMDARE, "train", "--address", "auto", "--model", "resnet8", "--steps", "10", "--no-record",
+            "--tensorboard", "none"]
+    env = {"CMDARE_HOME": str(netns.tmp / "driver"), "RAY_ADDRESS": netns.address, "COLUMNS": "200"}
+    proc = netns.run(args, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # Ray's core logs that it cannot reach 8.8.8.8 to learn this machine's address (this namespace has no
+    # route out) before any logging can be configured; every other line is cmdare's.
+    lines = [line for line in proc.stderr.strip().splitlines() if "network_util.cc" not in line]
+    assert lines == [
+        f"error: the Ray cluster at {netns.address}: 1 node, 2 CPUs, 0 GPUs was not started by cmdare (no node "
+        "offers cmdare_worker, cmdare_ps or cmdare_head): start one from 'cmdare cluster-config' "
+        "(docs/cluster.md), or pass --any-cluster to train on it anyway"], proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.timeout(300)

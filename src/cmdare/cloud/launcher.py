@@ -46,6 +46,7 @@ from cmdare.cloud.gpu_counts import parse_gpu_counts
 from cmdare.cloud.launcher_local import local_config, local_start_command
 from cmdare.cloud.launcher_names import (
     GPU_LABEL,
+    HEAD_RESOURCE,
     HEAD_TYPE,
     LOCAL_HEAD_TYPE,
     PS_RESOURCE,
@@ -265,8 +266,8 @@ def cluster_config(
         head_setup = ["pip install -U 'boto3>=1.4.8'"]  # 1.4.8 adds InstanceMarketOptions
 
     types: dict[str, Any] = {
-        HEAD_TYPE: {"max_workers": 0, "resources": {"CPU": ps_off.vcpus}, "labels": {ROLE_LABEL: "head"},
-                    "node_config": cpu_node},
+        HEAD_TYPE: {"max_workers": 0, "resources": {"CPU": ps_off.vcpus, HEAD_RESOURCE: 1},
+                    "labels": {ROLE_LABEL: "head"}, "node_config": cpu_node},
         PS_TYPE: {
             "min_workers": ps, "max_workers": ps,
             "resources": {"CPU": ps_off.vcpus, PS_RESOURCE: 1},

@@ -11,6 +11,7 @@ start command exports ``CMDARE_STORAGE`` and ``RAY_AUTH_MODE``. Local nodes have
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from cmdare.cloud.detection import LOCAL_CLUSTER_RAY_CONFIG, system_config_flag
 from cmdare.cloud.launcher_names import (
     GPU_LABEL,
+    HEAD_RESOURCE,
     LOCAL_HEAD_TYPE,
     PS_RESOURCE,
     PS_TYPE,
@@ -55,7 +57,7 @@ def local_config(
     """
     common = {"CPU": cpus_per_node, "object_store_memory": LOCAL_OBJECT_STORE_BYTES}
     types: dict[str, Any] = {
-        LOCAL_HEAD_TYPE: {"resources": {"CPU": cpus_per_node}, "node_config": {}, "max_workers": 0},
+        LOCAL_HEAD_TYPE: {"resources": {"CPU": cpus_per_node, HEAD_RESOURCE: 1}, "node_config": {}, "max_workers": 0},
         PS_TYPE: {
             "min_workers": ps, "max_workers": ps + spare_nodes,
             "resources": {**common, PS_RESOURCE: 1},
@@ -75,6 +77,7 @@ def local_config(
         env[STORAGE_ENV] = storage
     start = (" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
              + f" ray start --head --node-ip-address=127.0.0.1 --port={head_port} --num-cpus={cpus_per_node}"
+             + f" --resources={shlex.quote(json.dumps({HEAD_RESOURCE: 1}))}"
              + " --dashboard-host=127.0.0.1"
              + f" --autoscaling-config={shlex.quote(config_path or DEFAULT_CONFIG_PATH)} "
              + system_config_flag(LOCAL_CLUSTER_RAY_CONFIG))

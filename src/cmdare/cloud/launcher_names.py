@@ -1,16 +1,19 @@
 """Names shared by the cluster configs and the trainer: node types, custom resources and node labels.
 
 The trainer places parameter shards with :data:`PS_RESOURCE`, any training worker with
-:data:`WORKER_RESOURCE` and a worker of one GPU type with :func:`gpu_resource` (``cmdare_gpu_k80``).
+:data:`WORKER_RESOURCE` and a worker of one GPU type with :func:`gpu_resource` (``cmdare_gpu_k80``);
+the head offers :data:`HEAD_RESOURCE`, so ``cmdare train --address`` knows a cmdare cluster before its
+other nodes are up.
 """
 
 from __future__ import annotations
 
-from cmdare.cloud.servers import GPU_RESOURCE_PREFIX, PS_RESOURCE, WORKER_RESOURCE, gpu_resource
+from cmdare.cloud.servers import GPU_RESOURCE_PREFIX, HEAD_RESOURCE, PS_RESOURCE, WORKER_RESOURCE, gpu_resource
 
 __all__ = [
     "GPU_LABEL",
     "GPU_RESOURCE_PREFIX",
+    "HEAD_RESOURCE",
     "HEAD_TYPE",
     "LOCAL_HEAD_TYPE",
     "PS_RESOURCE",

@@ -11,16 +11,19 @@ from dataclasses import dataclass
 
 from cmdare.errors import UserInputError
 
-__all__ = ["CLOUDS", "GPU_RESOURCE_PREFIX", "PS_RESOURCE", "ROLES", "ServerSpec", "WORKER_RESOURCE", "cost_usd",
-           "gpu_resource"]
+__all__ = ["CLOUDS", "CMDARE_RESOURCE_PREFIX", "GPU_RESOURCE_PREFIX", "HEAD_RESOURCE", "PS_RESOURCE", "ROLES",
+           "ServerSpec", "WORKER_RESOURCE", "cost_usd", "gpu_resource"]
 
 CLOUDS: tuple[str, ...] = ("gcp", "aws", "local")
 ROLES: tuple[str, ...] = ("worker", "ps", "head")
 # Custom Ray resources of a cluster's nodes (what `cmdare cluster-config` gives each node type): a worker
-# node has WORKER_RESOURCE and gpu_resource(its GPU type), one per GPU; a PS node has PS_RESOURCE.
+# node has WORKER_RESOURCE and gpu_resource(its GPU type), one per GPU; a PS node has PS_RESOURCE; the
+# head HEAD_RESOURCE. A cluster whose nodes offer none of these was not started by cmdare.
 WORKER_RESOURCE = "cmdare_worker"
 PS_RESOURCE = "cmdare_ps"
+HEAD_RESOURCE = "cmdare_head"
 GPU_RESOURCE_PREFIX = "cmdare_gpu_"
+CMDARE_RESOURCE_PREFIX = "cmdare_"
 
 
 def gpu_resource(gpu_type: str) -> str:

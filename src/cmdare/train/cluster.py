@@ -5,9 +5,19 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from cmdare.cloud.detection import INLINE_OBJECTS, LOCAL_RAY_CONFIG
+from cmdare.cloud.servers import (
+    CMDARE_RESOURCE_PREFIX,
+    GPU_RESOURCE_PREFIX,
+    HEAD_RESOURCE,
+    PS_RESOURCE,
+    WORKER_RESOURCE,
+)
 from cmdare.errors import ClusterError
 
 # A local multi-node cluster rewrites 127.0.0.1 to the machine's address unless this is set
@@ -28,12 +38,16 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus
 
     if ray.is_initialized():
         return False
-    if address and address != "auto":
-        _check_reachable(address)
+    target = _auto_address() if address == "auto" else address
+    if target:
+        _check_reachable(target)
     common = {"logging_level": logging.ERROR, "log_to_driver": False, "include_dashboard": False}
     try:
         if address:
-            ray.init(address=address, **common)
+            # A driver of a loopback cluster is on loopback too; else Ray probes the internet for this
+            # machine's address (and logs a warning where it cannot reach it).
+            on_loopback = target is not None and target.rpartition(":")[0] in (LOOPBACK, "localhost")
+            ray.init(address=address, **({"_node_ip_address": LOOPBACK} if on_loopback else {}), **common)
         else:
             # address="local": always a new local instance, even when another Ray runs on this machine
             ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address="127.0.0.1",
@@ -43,6 +57,81 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ClusterError(f"cannot connect to {where}: {first}") from err
     return True
+
+
+@dataclass(frozen=True)
+class JoinedCluster:
+    """What a joined Ray cluster holds: its alive nodes by cmdare role, CPUs and GPUs."""
+
+    address: str
+    nodes: int
+    cpus: float
+    gpus: float
+    roles: Mapping[str, int] = field(default_factory=dict)  # "head", "parameter server", "k80 worker", ...
+
+    @property
+    def is_cmdare(self) -> bool:
+        """Whether any node offers a resource of cmdare's cluster configs (``cmdare_*``)."""
+        return bool(self.roles)
+
+    def describe(self) -> str:
+        """``'127.0.0.1:6379: 4 nodes (1 head, 1 parameter server, 2 k80 workers), 8 CPUs, 2 GPUs'``."""
+        roles = ", ".join(f"{n} {role}{'s' * (n != 1)}" for role, n in self.roles.items())
+        return (f"{self.address}: {self.nodes} node{'s' * (self.nodes != 1)}{f' ({roles})' if roles else ''}, "
+                f"{self.cpus:g} CPU{'s' * (self.cpus != 1)}, {self.gpus:g} GPU{'s' * (self.gpus != 1)}")
+
+
+_ROLE_ORDER = {"head": 0, "parameter server": 1}
+
+
+def node_role(resources: Iterable[str]) -> str | None:
+    """A node's cmdare role from its resource names, or None for a node no cmdare config made."""
+    names = set(resources)
+    gpus = sorted(n[len(GPU_RESOURCE_PREFIX):] for n in names if n.startswith(GPU_RESOURCE_PREFIX))
+    if WORKER_RESOURCE in names or gpus:
+        return "+".join(gpus) + " worker" if gpus else "worker"
+    if PS_RESOURCE in names:
+        return "parameter server"
+    if HEAD_RESOURCE in names:
+        return "head"
+    return "other" if any(n.startswith(CMDARE_RESOURCE_PREFIX) for n in names) else None
+
+
+def joined_cluster(nodes: Iterable[Mapping[str, Any]], address: str) -> JoinedCluster:
+    """Describe a cluster from ``ray.nodes()`` (alive nodes only)."""
+    alive = [n for n in nodes if n.get("Alive")]
+    roles = Counter(r for n in alive if (r := node_role(n.get("Resources", {}))) is not None)
+    return JoinedCluster(address, len(alive), sum(n.get("Resources", {}).get("CPU", 0.0) for n in alive),
+                         sum(n.get("Resources", {}).get("GPU", 0.0) for n in alive),
+                         dict(sorted(roles.items(), key=lambda kv: (_ROLE_ORDER.get(kv[0], 2), kv[0]))))
+
+
+def check_joined(address: str, any_cluster: bool = False) -> JoinedCluster:
+    """The cluster Ray joined for ``--address``; refuses one no cmdare config started unless ``any_cluster``.
+
+    A cluster that is not cmdare's has no node for a worker's ``cmdare_worker`` resource (or its workers
+    land anywhere): refusing it here is one line instead of a training run that waits or dies later.
+    """
+    import ray
+
+    gcs = ray.get_runtime_context().gcs_address or address
+    info = joined_cluster(ray.nodes(), gcs)
+    if not info.is_cmdare and not any_cluster:
+        raise ClusterError(
+            f"the Ray cluster at {info.describe()} was not started by cmdare (no node offers {WORKER_RESOURCE}, "
+            f"{PS_RESOURCE} or {HEAD_RESOURCE}): start one from 'cmdare cluster-config' (docs/cluster.md), "
+            "or pass --any-cluster to train on it anyway")
+    return info
+
+
+def _auto_address() -> str | None:
+    """The cluster ``--address auto`` names (``RAY_ADDRESS``, or the one ``ray start`` left on this machine)."""
+    try:
+        from ray._private.services import get_ray_address_from_environment
+
+        return get_ray_address_from_environment("auto", None)
+    except Exception:  # noqa: BLE001 -- no cluster, or another Ray: ray.init reports it
+        return None
 
 
 def _check_reachable(address: str, timeout_s: float = 3.0) -> None:

@@ -63,7 +63,10 @@ def train_command(
                                 help="Where checkpoints and the run's control files go: a directory or a URL "
                                 "(s3://bucket/prefix, gs://bucket/prefix, any fsspec URL). Default: the data "
                                 "directory. On a cluster, use storage every machine reaches."),
-    address: str = typer.Option(None, help="Join this Ray cluster ('auto' on a cluster node)."),
+    address: str = typer.Option(None, help="Join this Ray cluster ('auto' on a cluster node); it must be one that "
+                                "'cmdare cluster-config' describes, unless --any-cluster."),
+    any_cluster: bool = typer.Option(False, "--any-cluster",
+                                     help="With --address: train on a Ray cluster that cmdare did not start."),
     gpus_per_worker: str = typer.Option("auto", help="GPUs per worker (Ray num_gpus); auto: one when the "
                                         "cluster has GPUs, else none."),
     transient: bool = typer.Option(True, "--transient/--on-demand",
@@ -187,8 +190,8 @@ def train_command(
 
         tb_dir = Path(tensorboard).expanduser() if tensorboard else data_dir() / "tensorboard" / run_id
         callbacks.append(TensorBoardCallback(str(tb_dir)))
-    trainer = Trainer(spec, callbacks, address=address, run_id=run_id, resume=resume is not None,
-                      resume_step=from_step)
+    trainer = Trainer(spec, callbacks, address=address, any_cluster=any_cluster, run_id=run_id,
+                      resume=resume is not None, resume_step=from_step)
     summary = trainer.run()
     acc = f"{summary.final_accuracy:.3f}" if summary.final_accuracy is not None else "-"
     console.print(f"[bold]run {summary.run_id}[/] {summary.status}: step {summary.global_step} in "

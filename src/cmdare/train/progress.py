@@ -44,7 +44,10 @@ class ProgressCallback(TrainCallback):
         self.progress.update(self.task, acc=f"{report.accuracy:.3f}")
 
     def on_event(self, report: EventReport) -> None:
-        if report.kind in _SHOWN or (report.kind == "mitigation" and report.details.get("phase") != "recommendation"):
+        if report.kind == "cluster_joined":
+            self.progress.console.print(f"joined the Ray cluster at {report.details['cluster']}", highlight=False,
+                                        markup=False)
+        elif report.kind in _SHOWN or (report.kind == "mitigation" and report.details.get("phase") != "recommendation"):
             who = f"worker {report.worker_id} " if report.worker_id is not None else ""
             what = _WORDS.get(report.kind, report.kind.replace("_", " "))
             self.progress.console.print(f"step {report.global_step}: {who}{what}", highlight=False, markup=False)

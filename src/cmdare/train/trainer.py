@@ -31,7 +31,7 @@ from cmdare import __version__
 from cmdare.cloud.local import LocalProcessProvider, ServerProvider, StartupDelay
 from cmdare.cloud.ray_cluster import RayClusterProvider
 from cmdare.control import NoRevocations, RunController, RunState, build_revocation_source
-from cmdare.errors import StorageError, TransientError, UserInputError
+from cmdare.errors import ClusterError, StorageError, TransientError, UserInputError
 from cmdare.events import RunInfo, RunSummary, TrainCallback
 from cmdare.ps.blocks import ParamInfo
 from cmdare.storage import Storage
@@ -39,7 +39,7 @@ from cmdare.train.balancing import DecisionSource
 from cmdare.train.checkpoint import CheckpointStore
 from cmdare.train.checkpoint_uploads import CheckpointUploads
 from cmdare.train.chief_duties import ChiefDuties
-from cmdare.train.cluster import ensure_ray
+from cmdare.train.cluster import JoinedCluster, check_joined, ensure_ray
 from cmdare.train.cluster_health import LoopWatchdog
 from cmdare.train.detached import DetachedCalls
 from cmdare.train.emitter import RunEmitter
@@ -70,7 +70,8 @@ class Trainer:
     Args:
         spec: the run's configuration.
         callbacks: measurement hooks (store recorder, TensorBoard, progress bar).
-        address: join this Ray cluster (``"auto"`` on a cluster node) instead of starting one.
+        address: join this Ray cluster (``"auto"`` on a cluster node) instead of starting one; a cluster that
+            no cmdare config started is refused unless ``any_cluster``.
         run_id: the run's id (default: a new one).
         resume: continue run ``run_id`` from its latest checkpoint (or from ``resume_from``, or from the
             checkpoint of step ``resume_step``).
@@ -86,11 +87,11 @@ class Trainer:
                  address: str | None = None, run_id: str | None = None, resume: bool = False,
                  resume_from: str | Path | None = None, checkpoint_dir: str | Path | Storage | None = None,
                  provider: ServerProvider | None = None, decisions: DecisionSource | None = None,
-                 background_uploads: bool = True, resume_step: int | None = None):
+                 background_uploads: bool = True, resume_step: int | None = None, any_cluster: bool = False):
         if resume and run_id is None and resume_from is None:
             raise UserInputError("resume needs the run id or a checkpoint path")
         self.spec = spec
-        self.address = address
+        self.address, self.any_cluster = address, any_cluster
         self.resuming = resume or resume_from is not None
         self.run_id = run_id or new_run_id()
         self.storage = training_storage(spec, self.run_id, checkpoint_dir)
@@ -192,6 +193,19 @@ class Trainer:
         """Whether cloud time is emulated (advancing with training): local providers; a real cluster's is not."""
         return self.provider.emulated
 
+    def _joined_cluster(self) -> JoinedCluster | None:
+        """The joined cluster (None on a local run); a cluster cmdare did not start is refused here."""
+        if not self.address:
+            return None
+        try:
+            return check_joined(self.address, self.any_cluster)
+        except ClusterError:
+            if self._started_ray:
+                import ray
+
+                ray.shutdown()
+            raise
+
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         """Train to ``spec.steps``; always reports ``on_run_end``, also on failure."""
@@ -199,12 +213,15 @@ class Trainer:
         params, momentum, buffers, step = self._prepare()
         need_cpus = (spec.workers + spec.warm_spares) * spec.cpus_per_worker + spec.ps * spec.cpus_per_shard
         self._started_ray = ensure_ray(self.address, num_cpus=max(os.cpu_count() or 1, int(np.ceil(need_cpus)) + 2))
+        joined = self._joined_cluster()
         t_start = time.time()
         config = dict(spec.to_dict(), checkpoint_dir=self.storage.uri, provider=self.provider.kind)
         # emulated: a local stand-in for cloud servers, or real servers revoked by injection (asked for)
         self.emulated = self.provider.kind != "ray" or not isinstance(self._source, NoRevocations)
         self.emitter.emit("on_run_start", RunInfo(self.run_id, config, t_start, code_version=__version__,
                                                   emulated=self.emulated, resumed_from_step=step))
+        if joined is not None:
+            self.emitter.event("cluster_joined", details={"cluster": joined.describe(), "cmdare": joined.is_cmdare})
         if self.storage_warning:
             self.emitter.event("storage_warning", details={"warning": self.storage_warning,
                                                            "storage": self.storage.uri})
