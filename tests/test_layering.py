@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "cmdare": 0,  # cmdare/__init__.py
     "cmdare.errors": 0,
     "cmdare.paths": 0,
+    "cmdare.file_cache": 0,
     "cmdare.public_data": 0,
     "cmdare.events": 0,
     "cmdare.workloads": 1,

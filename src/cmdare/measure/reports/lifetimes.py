@@ -11,10 +11,14 @@ it was fitted on or the assumption it rests on (:func:`cmdare.measure.lifetime_m
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from cmdare.file_cache import cached_json, code_digest
+from cmdare.measure import lifetime_models
 from cmdare.measure.lifetime_models import (
     BathtubLifetime,
     EmpiricalLifetime,
@@ -22,6 +26,7 @@ from cmdare.measure.lifetime_models import (
     LifetimeModel,
     empirical_cdf,
     ks_distance,
+    model_from_dict,
 )
 from cmdare.measure.reports.base import Report, require_rows
 from cmdare.measure.store import Store
@@ -41,12 +46,24 @@ def shown_type(stype: str) -> str:
 
 
 def fit_models(lifetimes_s: np.ndarray, censored: np.ndarray | None) -> dict[str, LifetimeModel]:
-    """Exponential, bathtub and empirical models fitted to one group."""
+    """Exponential, bathtub and empirical models fitted to one group (the bathtub's fit, half a second
+    each, is kept on disk by the data it was fitted on)."""
     return {
         "exponential": ExponentialLifetime().fit(lifetimes_s, censored),
-        "bathtub": BathtubLifetime().fit(lifetimes_s, censored),
+        "bathtub": _cached_bathtub(np.asarray(lifetimes_s, float), censored),
         "empirical": EmpiricalLifetime().fit(lifetimes_s, censored),
     }
+
+
+def _cached_bathtub(lifetimes_s: np.ndarray, censored: np.ndarray | None) -> LifetimeModel:
+    from cmdare.paths import models_dir, private_dir
+
+    cens = np.zeros(lifetimes_s.size, bool) if censored is None else np.asarray(censored, bool)
+    key = hashlib.sha256(lifetimes_s.tobytes() + cens.tobytes()).hexdigest()
+    code = code_digest([Path(lifetime_models.__file__)])
+    path = private_dir(models_dir() / "lifetime_fits") / f"bathtub-{code}.json"
+    return cached_json(path, key, lambda: BathtubLifetime().fit(lifetimes_s, cens), lambda m: m.to_dict(),
+                       model_from_dict)
 
 
 def fit_default_models(df: Any) -> dict[str, dict[str, Any]]:
