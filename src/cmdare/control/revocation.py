@@ -13,7 +13,7 @@
   server) is revoked ``T`` seconds after the first step (a scripted schedule: the same in the Ray trainer
   and the simulator); ``trace=FILE``
   (a value without ``@``) replays a revocation trace file - a CSV ``time_s,server,event`` or a
-  Can't Be Late per-tick JSON, see :mod:`cmdare.control.revocation_traces` - whose revocations hit
+  Can't Be Late per-tick JSON, see :mod:`cmdare.measure.revocation_traces` - whose revocations hit
   a slot, the lowest live slot of a server type, or any transient worker; both divided by ``speedup``;
 * ``none``: no injected revocations (notices and real failures are still handled).
 
@@ -157,7 +157,7 @@ def _parse_trace(text: str | None) -> tuple[tuple[float, int | str | None], ...]
     if "@" not in text:  # a trace file
         from pathlib import Path
 
-        from cmdare.control.revocation_traces import load_revocation_trace
+        from cmdare.measure.revocation_traces import load_revocation_trace
 
         if not Path(text).expanduser().is_file():
             raise ValueError(f"trace={text}: no such trace file (a schedule is SECONDS@SLOT+...)")

@@ -8,7 +8,8 @@ import pytest
 
 from cmdare.cloud.servers import ServerSpec
 from cmdare.control import RevocationPlan, TraceRevocations, WorkerInfo, build_revocation_source
-from cmdare.control.revocation_traces import (
+from cmdare.errors import DataFormatError, UserInputError
+from cmdare.measure.revocation_traces import (
     RevocationTrace,
     TraceEvent,
     load_revocation_trace,
@@ -16,7 +17,6 @@ from cmdare.control.revocation_traces import (
     read_trace_csv,
     write_trace_csv,
 )
-from cmdare.errors import DataFormatError, UserInputError
 
 CSV = ("time_s,server,event\n# a comment\n3600,0,revoke\n5400,K80,notice\n5430,k80,revoke\n9000,*,revoke\n"
        "9100,*,available\n")
