@@ -253,6 +253,7 @@ class PsServerExecutor:
         self.by_key.update(replaced)
         for key, server in replaced.items():
             self._node_refs[key] = server.actor.node_id.remote()
+            self._replacement_joined()  # a replacement server holds a lost shard's blocks (as the simulator counts)
 
     def placement_changed(self, new_keys: Sequence[int], added: Sequence[Server]) -> tuple[int, ...]:
         """After a placement change: the added shards' servers get their keys; returns the removed servers' keys."""
