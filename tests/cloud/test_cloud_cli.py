@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from cmdare.cloud.commands import register
 from cmdare.errors import CmdareError, DataFormatError, UnknownNameError, UserInputError
+from cmdare.plan.catalog_command import catalog_command
 
 CMDARE = Path(sys.executable).parent / "cmdare"
 
@@ -22,6 +23,7 @@ CMDARE = Path(sys.executable).parent / "cmdare"
 def app() -> typer.Typer:
     app = typer.Typer(pretty_exceptions_enable=False)
     register(app)
+    app.command("catalog")(catalog_command)
     return app
 
 

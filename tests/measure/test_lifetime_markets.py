@@ -60,8 +60,11 @@ def test_market_lifetimes_per_cloud_and_gpu():
     assert k80.model.to_dict() == load_lifetime_model("bathtub:k80").to_dict()  # today's fitted model, kept
     t4 = market_lifetime(catalog, "gcp", "t4", "us-east1")
     assert t4.market == "spot" and t4.assumption and t4.label.startswith("exponential 12%/month")
-    aws = market_lifetime(catalog, "aws", "v100", "us-east-1")
-    assert aws.market == "spot" and "band 5-10%" in aws.label and aws.assumption
+    aws = market_lifetime(catalog, "aws", "v100", "us-east-1")  # fitted from the bundled p3 trace (issue 32)
+    assert aws.market == "spot" and aws.label == "weibull fitted (aws:v100)" and not aws.assumption
+    assert "bamboo_p3-trace.csv" in aws.basis and aws.model.mean_s() / 3600 == pytest.approx(1.62, abs=0.05)
+    l4 = market_lifetime(catalog, "aws", "l4", "us-east-1")  # no trace: the catalog's band, an assumption
+    assert "band" in l4.label and l4.assumption
     override = market_lifetime(catalog, "aws", "v100", "us-east-1", rate="2%/day")
     assert override.model.cdf(86400.0) == pytest.approx(0.02) and "--interruption-rate" in override.basis
     assert market_lifetime(catalog, "aws", "cpu", "us-east-1").model is None  # PS servers: on-demand only
@@ -74,8 +77,13 @@ def test_market_rows_name_data_or_assumption():
     k80 = by[("gcp", "preemptible", "bathtub:k80")]
     assert k80["deadline_h"] == 24.0 and k80["revoked_by_30d"] == 1.0 and "63 measured" in k80["basis"]
     spot = [r for r in rows if r["market"] == "spot"]
-    assert spot and all(r["deadline_h"] is None and r["revoked_by_24h"] < 0.01 for r in spot)
-    assert all("assumption" in r["basis"] for r in spot if r["assumption"])
+    assert spot and all(r["deadline_h"] is None for r in spot)
+    assert all("assumption" in r["basis"] and r["revoked_by_24h"] < 0.01 for r in spot if r["assumption"])
+    # the bundled traces' offerings (issue 32): fitted, with source and date, and far shorter lives
+    fitted = {(r["cloud"], r["servers"]): r for r in spot if r["basis"].startswith("fitted (")}
+    assert set(fitted) == {("aws", "v100"), ("aws", "t4"), ("gcp", "a100")}, sorted(fitted)
+    assert all(not r["assumption"] and "bundled trace" in r["basis"] and r["revoked_by_24h"] > 0.5
+               for r in fitted.values())
 
 
 def test_emulation_draws_from_each_servers_offering():
@@ -88,5 +96,7 @@ def test_emulation_draws_from_each_servers_offering():
 
     gce = [draw(W("gcp", "K80", "us-east1")) for _ in range(300)]
     aws = [draw(W("aws", "V100", "us-east-1")) for _ in range(300)]
+    l4 = [draw(W("aws", "L4", "us-east-1")) for _ in range(300)]
     assert max(gce) <= load_lifetime_model("bathtub:k80").params()["max_s"]  # the 24 h deadline (+ slack)
-    assert np.median(aws) > 30 * 86400.0  # no deadline; 7.5%/month: the median is months
+    assert np.median(l4) > 30 * 86400.0  # no deadline; an assumed rate: the median is months
+    assert 0.8 * 3600 < np.median(aws) < 2 * 3600  # the p3 trace's Weibull (scale 1.68 h, shape 1.09)

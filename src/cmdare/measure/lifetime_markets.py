@@ -5,7 +5,9 @@ The catalog (:mod:`cmdare.cloud.catalog`) names each offering's transient market
 - ``preemptible`` (GCE preemptible VMs, stopped after at most 24 h): the bathtub (or another
   registered model) fitted on the measured 2018-2019 lifetimes, per server type where fitted
   (``bathtub:k80``), else its pooled default; the planner's time-of-day models stay with it;
-- ``spot`` (GCE Spot VMs, AWS Spot Instances: no maximum run time): :class:`SpotLifetime`, an
+- ``spot`` (GCE Spot VMs, AWS Spot Instances: no maximum run time): the model fitted from preemption traces
+  for the offering's cloud and GPU where there is one (:mod:`cmdare.measure.spot_fits`: the user's own,
+  else the bundled traces': AWS V100 and T4, GCP A100), else :class:`SpotLifetime`, an
   exponential (or Weibull, ``lifetime: weibull`` with ``lifetime_shape``) whose probability of an
   interruption within the rate's period equals the offering's ``interruption_rate`` (``"8%/month"``,
   or an AWS band such as ``"5-10%"``, read as its middle); ``rate=`` overrides it
@@ -28,7 +30,8 @@ import numpy as np
 
 from cmdare.cloud.catalog_model import RATE_BANDS, Catalog, Offering, parse_interruption_rate
 from cmdare.errors import UnknownNameError, UserInputError
-from cmdare.measure.lifetime_models import DEADLINE_S, LifetimeModel, _as_array, _censor_mask, load_defaults
+from cmdare.measure.lifetime_models import DEADLINE_S, LifetimeModel, load_defaults
+from cmdare.measure.weibull import SpotLifetime
 
 __all__ = ["ASSUMED_RATES", "PS_SERVER", "MarketLifetime", "SpotLifetime", "market_lifetime", "market_rows",
            "offering_draw", "offering_lifetime", "preemptible_spec"]
@@ -37,62 +40,6 @@ PS_SERVER = "cpu"  # the server type name of a CPU-only parameter server
 #: The rate a spot offering without one in the catalog is assumed to have (a user-added offering).
 ASSUMED_RATES = {"aws": "5-10%", "gcp": "12%/month"}
 _ASSUMED = "assumed"  # interruption sources naming an assumption contain this word
-
-
-class SpotLifetime(LifetimeModel):
-    """Weibull lifetimes with no deadline: F(t) = 1 - exp(-(t / scale_s) ** shape); shape 1 is exponential."""
-
-    def __init__(self, shape: float = 1.0, scale_s: float | None = None):
-        self.shape_, self.scale_s_ = float(shape), scale_s
-        self.meta = {}
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return "exponential" if self.shape_ == 1.0 else "weibull"
-
-    @classmethod
-    def from_rate(cls, fraction: float, period_s: float, shape: float = 1.0) -> SpotLifetime:
-        """The model with ``P(revoked within period_s) = fraction``."""
-        return cls(shape, period_s / (-math.log1p(-fraction)) ** (1.0 / shape))
-
-    def is_fitted(self) -> bool:
-        return self.scale_s_ is not None
-
-    def fit(self, lifetimes_s: Any, censored: Any = None) -> SpotLifetime:
-        """Right-censored maximum likelihood of shape and scale (Nelder-Mead on their logs)."""
-        from scipy.optimize import minimize
-
-        t = np.maximum(_as_array(lifetimes_s), 1e-9)
-        events = ~_censor_mask(censored, t.size)
-        if not events.any():
-            raise UserInputError("a Weibull fit needs at least one revocation (every lifetime is censored)")
-
-        def nll(p: np.ndarray) -> float:
-            k, lam = np.exp(p)
-            z = t / lam
-            return float(-(np.sum(np.log(k / lam) + (k - 1) * np.log(z[events]))) + np.sum(z ** k))
-
-        start = np.log([1.0, t.sum() / events.sum()])
-        k, lam = np.exp(minimize(nll, start, method="Nelder-Mead", options={"xatol": 1e-6, "fatol": 1e-9}).x)
-        self.shape_, self.scale_s_ = float(k), float(lam)
-        return self
-
-    def cdf(self, t_s: Any) -> np.ndarray:
-        self._check_fitted()
-        t = np.maximum(np.asarray(t_s, dtype=float), 0.0)
-        return 1.0 - np.exp(-((t / self.scale_s_) ** self.shape_))
-
-    def sample(self, rng: np.random.Generator, size: int | tuple[int, ...]) -> np.ndarray:
-        self._check_fitted()
-        return self.scale_s_ * rng.weibull(self.shape_, size)
-
-    def params(self) -> dict[str, Any]:
-        return {"shape": self.shape_, "scale_s": self.scale_s_}
-
-    def mean_s(self, rng_seed: int = 0, n: int = 20_000) -> float:
-        """Mean lifetime in seconds (closed form)."""
-        self._check_fitted()
-        return float(self.scale_s_ * math.gamma(1.0 + 1.0 / self.shape_))
 
 
 @dataclass(frozen=True)
@@ -175,6 +122,13 @@ def offering_lifetime(off: Offering, server: str, transient: bool = True, rate: 
         spec = preemptible_spec(off.lifetime, server)
         return MarketLifetime(off.cloud, market, server, load_lifetime_model(spec), spec, _fitted_basis(spec),
                               False, spec)
+    if rate is None and off.gpu:
+        from cmdare.measure.spot_fits import fitted_spot_lifetime
+
+        fit = fitted_spot_lifetime(off.cloud, server, off.region)
+        if fit is not None:
+            return MarketLifetime(off.cloud, market, server, fit.model, f"{fit.model.name} fitted ({fit.key})",
+                                  fit.basis(), False)
     text = rate if rate is not None else off.interruption_rate or ASSUMED_RATES.get(off.cloud, "10%/month")
     fraction, period_s = parse_interruption_rate(text)
     shape = off.lifetime_shape if off.lifetime == "weibull" and off.lifetime_shape else 1.0
@@ -242,7 +196,7 @@ def market_rows(catalog: Catalog, rate: str | None = None) -> list[dict[str, Any
             continue
         row = groups.setdefault((off.cloud, ml.market, ml.label, ml.basis), {
             "cloud": off.cloud, "market": ml.market, "model": ml.label, "servers": [], "regions": set(),
-            **_model_stats(ml.model), "assumption": ml.assumption, "basis": ml.basis,
+            **_model_stats(ml.model, ml.market), "assumption": ml.assumption, "basis": ml.basis,
         })
         if server not in row["servers"]:
             row["servers"].append(server)
@@ -256,10 +210,10 @@ def market_rows(catalog: Catalog, rate: str | None = None) -> list[dict[str, Any
     return sorted(rows, key=lambda r: (r["cloud"], r["market"], str(r.get("servers")), r["model"]))
 
 
-def _model_stats(model: LifetimeModel | None) -> dict[str, Any]:
+def _model_stats(model: LifetimeModel | None, market: str) -> dict[str, Any]:
     if model is None:
         return {"mean_lifetime_h": math.inf, "revoked_by_24h": 0.0, "revoked_by_30d": 0.0, "deadline_h": None}
-    deadline = DEADLINE_S / 3600 if not isinstance(model, SpotLifetime) else None
+    deadline = DEADLINE_S / 3600 if market == "preemptible" else None
     return {
         "mean_lifetime_h": model.mean_s() / 3600,
         "revoked_by_24h": float(model.cdf(DEADLINE_S - 300.0)),

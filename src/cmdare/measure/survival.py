@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from cmdare.errors import UnknownNameError, UserInputError
-from cmdare.measure.lifetime_markets import SpotLifetime
 from cmdare.measure.lifetime_models import (
     DEADLINE_S,
     BathtubLifetime,
@@ -35,6 +34,7 @@ from cmdare.measure.lifetime_models import (
     empirical_cdf,
 )
 from cmdare.measure.spot_traces import ServerSpans
+from cmdare.measure.weibull import SpotLifetime
 
 __all__ = ["CANDIDATES", "FitResult", "fit_model", "fit_weibull", "heldout_check", "kaplan_meier", "log_density",
            "log_likelihood", "log_survival", "select_by_heldout", "spans_log_likelihood"]

@@ -355,5 +355,8 @@ def simulate_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``cmdare plan`` and ``cmdare plan simulate`` to the main app."""
+    """Add ``cmdare plan``, ``cmdare plan simulate`` and ``cmdare catalog`` to the main app."""
+    from cmdare.plan.catalog_command import catalog_command
+
     app.add_typer(plan_app, name="plan")
+    app.command("catalog")(catalog_command)

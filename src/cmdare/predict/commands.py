@@ -130,6 +130,14 @@ def pd_unique(values) -> list:
 
 @models_app.command("fit")
 def fit_cmd(
+    what: str = typer.Argument(None, metavar="[lifetimes]",
+                               help="'lifetimes': fit spot-server lifetimes from --trace files for --offering "
+                                    "(default: the performance models)."),
+    trace: list[Path] = typer.Option(None, "--trace", help="A preemption trace (repeat for several): Bamboo/Parcae "
+                                     "events, GCP counts, cmdare's time_s,server,event CSV or Can't Be Late JSON."),
+    offering: str = typer.Option(None, "--offering", help="What the traces measured: CLOUD:GPU[:REGION], e.g. "
+                                 "aws:v100 or gcp:a100:us-east1; plan, simulate and lifetime=auto then use the fit."),
+    order: str = typer.Option("fifo", "--order", help="Count traces: which servers a drop ends (fifo: the oldest)."),
     from_store: bool = typer.Option(
         False,
         "--from-store",
@@ -137,7 +145,17 @@ def fit_cmd(
     ),
     db: str = typer.Option(None, "--db", help="Store URL (default: CMDARE_DB_URL or the local SQLite file)."),
 ) -> None:
-    """Refit all models on the shared data (and the store) and cache them under the models directory."""
+    """Refit all models on the shared data (and the store) and cache them under the models directory;
+    ``fit lifetimes``: fit spot lifetimes from preemption traces."""
+    if what == "lifetimes":
+        _fit_lifetimes(trace or [], offering, order)
+        return
+    if what is not None or trace or offering:
+        from cmdare.errors import UserInputError
+
+        raise UserInputError(f"'cmdare models fit' takes no argument or 'lifetimes' (with --trace and --offering), "
+                             f"got {what!r}" if what is not None else "--trace and --offering go with 'models fit "
+                             "lifetimes'")
     import shutil
 
     import cmdare.predict as P
@@ -168,6 +186,29 @@ def fit_cmd(
                     f" -> {e['heldout_mape_refined']:.1f}% (refined)"
                 )
     typer.echo(f"fitted models cached in {P._cache_dir()}")
+
+
+def _fit_lifetimes(traces: list[Path], offering: str | None, order: str) -> None:
+    import datetime
+
+    from cmdare.measure.spot_fits import fit_offering, save_fit
+
+    result = fit_offering(traces, _need_option(offering, "--offering"), datetime.date.today().isoformat(), order)
+    path = save_fit(result)
+    loglik = ", ".join(f"{k} {v:.3f}" for k, v in result.heldout_loglik.items())
+    mean_h = result.server_hours / result.n_preemptions
+    typer.echo(f"{result.meta['offering']}: {result.n_servers} servers, {result.n_preemptions} preemptions in "
+               f"{result.server_hours:.1f} server-hours; mean lifetime {mean_h:.2f} h")
+    typer.echo(f"chosen: {result.chosen} {result.model.params()} (held-out log-likelihood per preemption: {loglik})")
+    typer.echo(f"saved to {path}: plan, plan simulate and --revocations lifetime=auto use it for this offering")
+
+
+def _need_option(value: str | None, flag: str) -> str:
+    from cmdare.errors import UserInputError
+
+    if value is None:
+        raise UserInputError(f"give {flag}")
+    return value
 
 
 def _table(kind: str, input_path: Path, output_path: Path | None, remote: bool = False) -> None:

@@ -1,0 +1,157 @@
+"""Spot lifetime models fitted from preemption traces: shipped defaults and the user's own fits.
+
+An *offering key* names what a fit covers: ``CLOUD:GPU`` or ``CLOUD:GPU:REGION`` (``aws:v100``,
+``gcp:a100:us-east1``). :func:`fit_offering` reads traces (:mod:`cmdare.measure.spot_traces`), picks a model by
+held-out likelihood (:mod:`cmdare.measure.survival`) and :func:`save_fit` stores it under the data directory's
+``models/spot_lifetimes``. :func:`fitted_spot_lifetime` is what the catalog's spot markets ask first: the
+user's fit for the offering's region, then for any region, then the shipped fits of the bundled traces
+(``measure/data/spot_lifetime_fits.json``, made by :func:`fit_bundled`), else None (the catalog's
+interruption-rate assumption stays).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cmdare.errors import DataFormatError, UserInputError
+from cmdare.measure.lifetime_models import LifetimeModel, model_from_dict
+from cmdare.measure.spot_traces import BUNDLED_TRACES, ServerSpans, load_bundled_trace, read_spot_trace
+from cmdare.measure.survival import FitResult, select_by_heldout
+from cmdare.measure.weibull import SpotLifetime
+
+__all__ = ["SHIPPED_FITS", "SpotFit", "fit_bundled", "fit_offering", "fitted_spot_lifetime", "offering_key",
+           "parse_offering", "save_fit", "user_fits_dir"]
+
+SHIPPED_FITS = Path(__file__).parent / "data" / "spot_lifetime_fits.json"
+#: The bundled traces the shipped fits come from (the Parcae p3 trace repeats Bamboo's: not fitted twice).
+SHIPPED_KEYS = ("aws:v100", "aws:t4", "gcp:a100:us-east1", "gcp:v100:us-east1")
+_OFFERING = re.compile(r"^(aws|gcp):([a-z0-9]+)(?::([a-z0-9-]+))?$")
+
+
+def parse_offering(text: str) -> tuple[str, str, str | None]:
+    """``'aws:V100:us-east-1'`` -> ``('aws', 'v100', 'us-east-1')``; one-line error otherwise."""
+    m = _OFFERING.match(str(text).strip().lower())
+    if not m:
+        raise UserInputError(f"--offering must be CLOUD:GPU[:REGION] with CLOUD aws or gcp (e.g. aws:v100 or "
+                             f"gcp:a100:us-east1), got {text!r}")
+    return m.group(1), m.group(2), m.group(3)
+
+
+def offering_key(cloud: str, gpu: str, region: str | None = None) -> str:
+    """``aws:v100`` or ``gcp:a100:us-east1``."""
+    return ":".join(p for p in (cloud.lower(), gpu.lower(), (region or "").lower()) if p)
+
+
+def user_fits_dir() -> Path:
+    """Where ``cmdare models fit lifetimes`` keeps fits (the data directory's ``models/spot_lifetimes``)."""
+    from cmdare.paths import models_dir, private_dir
+
+    return private_dir(models_dir() / "spot_lifetimes")
+
+
+def _merged(traces: Sequence[ServerSpans]) -> ServerSpans:
+    """Several traces as one, each from its own start (server names prefixed by the trace's index)."""
+    if len(traces) == 1:
+        return traces[0]
+    servers = {f"t{i}:{name}": spans for i, tr in enumerate(traces) for name, spans in tr.servers.items()}
+    return ServerSpans(servers, max(t.horizon_s for t in traces), " + ".join(t.source for t in traces), "merged")
+
+
+def fit_offering(paths: Sequence[str | Path], offering: str, fitted_on: str, order: str = "fifo") -> FitResult:
+    """Fit the lifetimes of ``paths`` (read each from its start) for ``offering``; ``fitted_on`` is the date
+    to record (the caller's clock)."""
+    if not paths:
+        raise UserInputError("give at least one --trace FILE")
+    cloud, gpu, region = parse_offering(offering)
+    spans = _merged([read_spot_trace(p, order).spans for p in paths])
+    result = select_by_heldout(spans, fitted_on=fitted_on)
+    result.meta.update(offering=offering_key(cloud, gpu, region), traces=[str(p) for p in paths], order=order)
+    return result
+
+
+def save_fit(result: FitResult, directory: Path | None = None) -> Path:
+    """Store a fit as ``<offering key>.json`` (``:`` as ``_``); returns the path."""
+    key = result.meta["offering"]
+    path = (directory or user_fits_dir()) / f"{key.replace(':', '_')}.json"
+    path.write_text(json.dumps(result.to_dict(), indent=1, sort_keys=True))
+    path.chmod(0o600)
+    return path
+
+
+@dataclass(frozen=True)
+class SpotFit:
+    """A fitted lifetime model for one offering, and what it rests on (for the catalog's ``basis``)."""
+
+    key: str
+    model: LifetimeModel
+    chosen: str
+    source: str
+    fitted_on: str | None
+    servers: int
+    preemptions: int
+    server_hours: float
+    shipped: bool
+
+    def basis(self) -> str:
+        """``fitted on 167 preemptions in 273 server-hours (Bamboo ...), 2026-12-03`` and which key."""
+        who = "bundled trace" if self.shipped else "your trace"
+        return (f"fitted ({self.chosen}, held-out likelihood) on {self.preemptions} preemptions of {self.servers} "
+                f"servers in {self.server_hours:.0f} server-hours, {who} {self.source} ({self.key}), "
+                f"fitted {self.fitted_on or 'undated'}; no deadline")
+
+
+def _model(data: dict[str, Any]) -> LifetimeModel:
+    """A saved model: the shared registry's, or a Weibull (the spot markets' own model)."""
+    if isinstance(data, dict) and data.get("model") == "weibull":
+        return SpotLifetime(**data.get("params", {}))
+    return model_from_dict(data)
+
+
+def _spot_fit(key: str, data: dict[str, Any], shipped: bool, where: str) -> SpotFit:
+    try:
+        return SpotFit(key, _model(data["model"]), str(data["chosen"]), str(data["source"]),
+                       data.get("fitted_on"), int(data["servers"]), int(data["preemptions"]),
+                       float(data["server_hours"]), shipped)
+    except (KeyError, TypeError, ValueError) as err:
+        raise DataFormatError(f"{where}: not a spot lifetime fit ({err})") from None
+
+
+def _shipped() -> dict[str, dict[str, Any]]:
+    return json.loads(SHIPPED_FITS.read_text()) if SHIPPED_FITS.exists() else {}
+
+
+def fitted_spot_lifetime(cloud: str, gpu: str, region: str | None = None) -> SpotFit | None:
+    """The fit for a spot offering: the user's (this region, then any), then the shipped ones; None: none."""
+    keys = [offering_key(cloud, gpu, region)] if region else []
+    keys.append(offering_key(cloud, gpu))
+    for key in keys:
+        path = user_fits_dir() / f"{key.replace(':', '_')}.json"
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+            except ValueError:
+                raise DataFormatError(f"{path}: not valid JSON") from None
+            return _spot_fit(key, data, False, str(path))
+    shipped = _shipped()
+    prefix = offering_key(cloud, gpu)
+    for key in [*keys, *sorted(k for k in shipped if k.startswith(prefix + ":"))]:
+        if key in shipped:
+            return _spot_fit(key, shipped[key], True, str(SHIPPED_FITS))
+    return None
+
+
+def fit_bundled(fitted_on: str) -> dict[str, dict[str, Any]]:
+    """Fit every shipped trace of :data:`SHIPPED_KEYS` (the content of :data:`SHIPPED_FITS`)."""
+    out = {}
+    for key in SHIPPED_KEYS:
+        result = select_by_heldout(load_bundled_trace(key).spans, fitted_on=fitted_on)
+        info = BUNDLED_TRACES[key]
+        result.meta.update(offering=key, traces=[info.file], citation=info.citation, describes=info.offering)
+        result.source = info.file
+        out[key] = result.to_dict()
+    return out
