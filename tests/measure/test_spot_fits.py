@@ -33,6 +33,7 @@ def test_the_shipped_fits_are_what_the_bundled_traces_give():
     assert set(shipped) == set(fresh) == {"aws:v100", "aws:t4", "gcp:a100:us-east1", "gcp:v100:us-east1"}
     for key, fit in fresh.items():
         assert shipped[key]["chosen"] == fit["chosen"], key
+        assert shipped[key]["capacity"] == fit["capacity"], key  # the gaps until the count recovered
         for name, value in fit["model"]["params"].items():
             assert shipped[key]["model"]["params"][name] == pytest.approx(value, rel=1e-6), (key, name)
 

@@ -19,8 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from cmdare.errors import DataFormatError, UserInputError
-from cmdare.measure.lifetime_models import LifetimeModel, model_from_dict
-from cmdare.measure.spot_traces import BUNDLED_TRACES, ServerSpans, load_bundled_trace, read_spot_trace
+from cmdare.measure.lifetime_models import EmpiricalLifetime, LifetimeModel, model_from_dict
+from cmdare.measure.spot_traces import (
+    BUNDLED_TRACES,
+    ServerSpans,
+    SpotTrace,
+    capacity_gaps,
+    load_bundled_trace,
+    read_spot_trace,
+)
 from cmdare.measure.survival import FitResult, select_by_heldout
 from cmdare.measure.weibull import SpotLifetime
 
@@ -62,15 +69,23 @@ def _merged(traces: Sequence[ServerSpans]) -> ServerSpans:
     return ServerSpans(servers, max(t.horizon_s for t in traces), " + ".join(t.source for t in traces), "merged")
 
 
+def _capacity(traces: Sequence[SpotTrace]) -> dict[str, list]:
+    """Each lost server's wait until the count of servers held recovers (censored: never within the trace)."""
+    gaps = [capacity_gaps(t) for t in traces]
+    return {"gaps_s": [round(float(g), 3) for g, _ in gaps for g in g],
+            "censored": [bool(c) for _, cs in gaps for c in cs]}
+
+
 def fit_offering(paths: Sequence[str | Path], offering: str, fitted_on: str, order: str = "fifo") -> FitResult:
-    """Fit the lifetimes of ``paths`` (read each from its start) for ``offering``; ``fitted_on`` is the date
-    to record (the caller's clock)."""
+    """Fit the lifetimes of ``paths`` (read each from its start) for ``offering``, and keep the capacity gaps;
+    ``fitted_on`` is the date to record (the caller's clock)."""
     if not paths:
         raise UserInputError("give at least one --trace FILE")
     cloud, gpu, region = parse_offering(offering)
-    spans = _merged([read_spot_trace(p, order).spans for p in paths])
-    result = select_by_heldout(spans, fitted_on=fitted_on)
-    result.meta.update(offering=offering_key(cloud, gpu, region), traces=[str(p) for p in paths], order=order)
+    traces = [read_spot_trace(p, order) for p in paths]
+    result = select_by_heldout(_merged([t.spans for t in traces]), fitted_on=fitted_on)
+    result.meta.update(offering=offering_key(cloud, gpu, region), traces=[str(p) for p in paths], order=order,
+                       capacity=_capacity(traces))
     return result
 
 
@@ -96,6 +111,7 @@ class SpotFit:
     preemptions: int
     server_hours: float
     shipped: bool
+    capacity: LifetimeModel | None = None  # the wait for a replacement server (Kaplan-Meier of the trace's gaps)
 
     def basis(self) -> str:
         """``fitted on 167 preemptions in 273 server-hours (Bamboo ...), 2026-12-03`` and which key."""
@@ -112,11 +128,21 @@ def _model(data: dict[str, Any]) -> LifetimeModel:
     return model_from_dict(data)
 
 
+def _capacity_model(data: Any) -> LifetimeModel | None:
+    """The empirical (Kaplan-Meier) distribution of capacity gaps; None without any recovered gap."""
+    if not data or not data.get("gaps_s"):
+        return None
+    gaps, censored = data["gaps_s"], data.get("censored") or [False] * len(data["gaps_s"])
+    if all(censored):
+        return None
+    return EmpiricalLifetime().fit(gaps, censored)
+
+
 def _spot_fit(key: str, data: dict[str, Any], shipped: bool, where: str) -> SpotFit:
     try:
         return SpotFit(key, _model(data["model"]), str(data["chosen"]), str(data["source"]),
                        data.get("fitted_on"), int(data["servers"]), int(data["preemptions"]),
-                       float(data["server_hours"]), shipped)
+                       float(data["server_hours"]), shipped, _capacity_model(data.get("capacity")))
     except (KeyError, TypeError, ValueError) as err:
         raise DataFormatError(f"{where}: not a spot lifetime fit ({err})") from None
 
@@ -149,9 +175,11 @@ def fit_bundled(fitted_on: str) -> dict[str, dict[str, Any]]:
     """Fit every shipped trace of :data:`SHIPPED_KEYS` (the content of :data:`SHIPPED_FITS`)."""
     out = {}
     for key in SHIPPED_KEYS:
-        result = select_by_heldout(load_bundled_trace(key).spans, fitted_on=fitted_on)
+        trace = load_bundled_trace(key)
+        result = select_by_heldout(trace.spans, fitted_on=fitted_on)
         info = BUNDLED_TRACES[key]
-        result.meta.update(offering=key, traces=[info.file], citation=info.citation, describes=info.offering)
+        result.meta.update(offering=key, traces=[info.file], citation=info.citation, describes=info.offering,
+                           capacity=_capacity([trace]))
         result.source = info.file
         out[key] = result.to_dict()
     return out

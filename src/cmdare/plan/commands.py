@@ -249,6 +249,9 @@ def simulate_cmd(
         "--region", help="Region of every server (default: the cloud's region offering the GPUs).")] = None,
     replacement: Annotated[str, typer.Option(
         "--replacement", "--replace", help="Replacement policy for a lost worker: same | cheapest | none.")] = "same",
+    replacement_timeout: Annotated[float | None, typer.Option(
+        "--replacement-timeout", help="Seconds a replacement may wait for spot capacity and start up before the "
+        "policy falls back (cheapest: another GPU type), as for cmdare train (default: it waits).")] = None,
     revocations: Annotated[str | None, typer.Option(
         "--revocations", help="As for cmdare train: lifetime=MODEL | every=S[,first=F] | trace=T@SLOT+... | "
         "trace=FILE | none (default: lifetime=the --lifetime model).")] = None,
@@ -284,7 +287,8 @@ def simulate_cmd(
                               ps_transient)
     region = region or models.prices.default_region([g.gpu for g in parse_workers(workers, transient, "")])
     groups = parse_workers(workers, transient, region)
-    cluster = ClusterSpec(groups, ps=ps, region=region, ps_transient=ps_transient, replacement=replacement)
+    cluster = ClusterSpec(groups, ps=ps, region=region, ps_transient=ps_transient, replacement=replacement,
+                          replacement_timeout_s=replacement_timeout)
     _check_names(models.prices, [g.gpu for g in groups], [region])
     summary = Simulator(job, cluster, models, revocations=source, plan=revocation_plan).summarize(runs, seed)
     from cmdare.plan.markets import lifetime_labels, revocation_stats, traced_runs
@@ -304,6 +308,7 @@ def simulate_cmd(
         "cloud": cloud,
         "catalog": catalog or "default",
         "replacement": cluster.replacement,
+        "replacement_timeout_s": cluster.replacement_timeout_s,
         "revocations": revocations or f"lifetime={lifetime}",
         "lifetime_models": lifetime_labels(cluster, models.lifetimes),
         "lr_policy": job.lr_policy,

@@ -3,7 +3,9 @@
 :class:`OfferingLifetimes` is the ``LifetimeSampler`` that gives each server type the lifetime model of
 its catalog offering's market (:mod:`cmdare.measure.lifetime_markets`): GCE preemptible servers draw
 exactly what ``--lifetime bathtub`` draws (per-type fits, time-of-day models with ``--start-hour``),
-spot servers an exponential (or Weibull) at the offering's interruption rate, with no deadline.
+spot servers the model fitted from a preemption trace of the offering, else an exponential (or Weibull) at
+its interruption rate, with no deadline; a replacement spot server first waits for capacity as long as the
+trace's servers took to come back (:meth:`OfferingLifetimes.capacity_wait`).
 :func:`lifetime_labels` names the model each configuration used; :func:`revocation_stats` reads
 revocation times and server ages from simulated membership timelines.
 """
@@ -88,6 +90,21 @@ class OfferingLifetimes:
             return self._quantiles(ml).lifetimes_at(u, server, region, launch_hour)
         table = self._table(server, region, ml)
         return table[(np.asarray(u, dtype=float) * table.size).astype(np.int64)]
+
+    def capacity_wait(self, rng: np.random.Generator, server: str, region: str) -> float:
+        """Seconds a replacement ``server`` VM waits for spot capacity: a draw from the gaps of the trace its
+        market's model was fitted on (until the count of servers held recovered); 0 where no trace says."""
+        key = ("capacity", server.lower(), region)
+        model = self._markets.get(key, False)
+        if model is False:
+            model = None
+            if self.rate is None and self.market(server, region).market == "spot" and server.lower() != PS_SERVER:
+                from cmdare.measure.spot_fits import fitted_spot_lifetime
+
+                fit = fitted_spot_lifetime(self.cloud, server.lower(), region)
+                model = fit.capacity if fit is not None else None
+            self._markets[key] = model
+        return 0.0 if model is None else float(model.sample(rng, 1)[0])
 
     def describe(self, server: str, region: str) -> str:
         """The model of ``server`` VMs in ``region``, e.g. ``exponential 7.5%/month (band 5-10%) (aws spot,

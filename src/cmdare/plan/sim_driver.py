@@ -73,9 +73,11 @@ class SimRun:
                            checkpoint_every=job.checkpoint_every_steps, virtual_duties=True,
                            hit_workers=plan.hits("worker"), hit_ps=hit_ps, ps_notice_s=notice,
                            replace_ps=cluster.replacement != "none",
-                           start_timeout_s=math.inf, probe_after_s=math.inf, stuck_after_s=math.inf)
+                           replacement_timeout_s=cluster.replacement_timeout_s, start_timeout_s=math.inf,
+                           probe_after_s=math.inf, stuck_after_s=math.inf)
         self.controller = RunController(config, kernel, ps_kernel)
         self.workers: dict[int, ServerSpec] = {}  # live worker servers, billed
+        self._awaiting_capacity: set[int] = set()  # replacements asked for while the market has no capacity
         self.training: set[int] = set()
         self._counts = [0] * len(sim.gpus)  # workers training per GPU type (kept with ``training``)
         self.ps_billed = cluster.ps
@@ -220,12 +222,28 @@ class SimRun:
             return
         self.lifetimes.replaced(c.slot, c.spec.gpu_type)
         delay = float(self.sim.models.startup.sample(self.rng, c.spec.gpu_type, True, c.spec.region))
+        capacity = getattr(self.sim.models.lifetimes, "capacity_wait", None)
+        # a spot replacement first waits for capacity (no server, nothing billed), then starts up
+        wait = capacity(self.rng, c.spec.gpu_type, c.spec.region) if capacity is not None and c.spec.transient else 0
         self.replacements += 1
-        self._bill(self._price_s(c.spec))
-        self._pending.append(E.ServerStarting(wall=now, now=now, worker_id=c.worker_id, startup_s=delay))
-        self._later(delay, lambda t: E.WorkerUp(wall=t, now=t, worker_id=c.worker_id))
+        if wait > 0:
+            del self.workers[c.worker_id]
+            self._awaiting_capacity.add(c.worker_id)
+            self.env.timeout(wait).callbacks.append(lambda _ev: self._capacity_came(c.worker_id, c.spec))
+        else:
+            self._bill(self._price_s(c.spec))
+        self._pending.append(E.ServerStarting(wall=now, now=now, worker_id=c.worker_id, startup_s=wait + delay))
+        self._later(wait + delay, lambda t: E.WorkerUp(wall=t, now=t, worker_id=c.worker_id))
+
+    def _capacity_came(self, worker_id: int, spec: ServerSpec) -> None:
+        """Capacity for a waiting replacement: its server exists (and is billed) from now."""
+        if self.ended is None and worker_id in self._awaiting_capacity:
+            self._awaiting_capacity.discard(worker_id)
+            self.workers[worker_id] = spec
+            self._bill(self._price_s(spec))
 
     def _end_worker(self, worker_id: int) -> None:
+        self._awaiting_capacity.discard(worker_id)  # given up before any server came: nothing billed
         spec = self.workers.pop(worker_id, None)
         if worker_id in self.training:
             self.training.discard(worker_id)

@@ -208,8 +208,13 @@ class ClusterSpec:
     region: str = "us-east1"
     ps_transient: bool = False
     replacement: str = "same"
+    #: Seconds a replacement may wait for capacity and start-up before the policy falls back (``cheapest``:
+    #: another GPU type) or the run trains on without it, as ``cmdare train --replacement-timeout``; None: forever.
+    replacement_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
+        if self.replacement_timeout_s is not None and not self.replacement_timeout_s > 0:
+            raise UserInputError(f"--replacement-timeout must be positive, got {self.replacement_timeout_s}")
         if not self.workers or self.n_workers == 0:
             raise UserInputError("a cluster needs at least 1 worker")
         if self.ps < 0 or self.ps > MAX_PS:
