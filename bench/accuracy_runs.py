@@ -7,7 +7,7 @@ gradients matter. All runs share one local Ray instance.
     .venv/bin/python bench/accuracy_runs.py                    # full: ~15 min on 2 busy cores
     .venv/bin/python bench/accuracy_runs.py --seeds 1 --workers 1,4 --no-revocations   # quick look
 
-Writes the raw per-run figures as JSON (``--out``), the plots ``docs/img/accuracy_*.png`` (``--plot-dir``)
+Writes the raw per-run figures as JSON (``--out``), the plots ``docs/images/accuracy_*.png`` (``--plot-dir``)
 and, with ``--db``, every run into a measurement store (so ``cmdare.predict.accuracy`` can fit from it).
 The last line printed is one JSON object with the summary figures.
 """
@@ -230,9 +230,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-scale", action="store_true", help="Skip the worker-count experiment.")
     ap.add_argument("--policy-plot-suffix", default="", help="Suffix of the LR-policy plot's file name.")
     ap.add_argument("--db", default=None, help="Also record every run in this store (SQLAlchemy URL).")
-    ap.add_argument("--out", default="docs/img/accuracy_runs.json")
+    ap.add_argument("--out", default="docs/images/accuracy_runs.json")
     ap.add_argument("--replot", action="store_true", help="Only redraw the plots from --out (no runs).")
-    ap.add_argument("--plot-dir", default="docs/img")
+    ap.add_argument("--plot-dir", default="docs/images")
     args = ap.parse_args(argv)
     if args.replot:
         results = json.loads(Path(args.out).read_text())

@@ -16,7 +16,7 @@ CM-DARE's PS stragglers. The straggler (``--factor``, 3x) slows that shard's who
 link). ``--ps-bandwidth ''`` runs without the link (CPU-bound on this machine: see docs/benchmarks.md).
 
 Elastic: one shard, no straggler, ``elastic_ps=True`` and PSLD placement; steps/s over time with the
-``ps_add`` / ``ps_remove`` events marked goes to ``docs/img/psld_elastic.png``.
+``ps_add`` / ``ps_remove`` events marked goes to ``docs/images/psld_elastic.png``.
 
 Usage: .venv/bin/python bench/psld.py [--steps 400] [--workers 2] [--ps 3] [--elastic-steps 600]
 Prints one JSON object as its last line.
@@ -42,7 +42,7 @@ STATIC = ("round-robin", "greedy", "mxnet", "byteps")
 # under the straggler only (to keep the benchmark near 5 minutes).
 BALANCED_STATIC = ("greedy", "mxnet", "byteps")
 MODEL = "resnet8_fc"
-IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+IMG = Path(__file__).resolve().parent.parent / "docs" / "images"
 
 
 def heaviest_shard(placement: str, ps: int) -> int:

@@ -26,7 +26,7 @@ reports its figures under ``cold_baseline``.
 
 Usage: .venv/bin/python bench/revocation.py [--workers 4] [--steps 1600] [--every 250] [--first 150]
        [--warm-spares 2] [--cold-baseline]
-Prints one JSON object as its last line; the throughput plot goes to docs/img/revocation_throughput.png.
+Prints one JSON object as its last line; the throughput plot goes to docs/images/revocation_throughput.png.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any
 
 from cmdare.train.cluster import start_local_cluster  # before Ray is imported: Ray on 127.0.0.1
 
-IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+IMG = Path(__file__).resolve().parent.parent / "docs" / "images"
 
 
 def _quantiles(xs: list[float]) -> dict[str, float | None]:

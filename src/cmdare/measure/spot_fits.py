@@ -22,6 +22,7 @@ from cmdare.errors import DataFormatError, UserInputError
 from cmdare.measure.lifetime_models import EmpiricalLifetime, LifetimeModel, model_from_dict
 from cmdare.measure.spot_traces import (
     BUNDLED_TRACES,
+    DATA_DIR,
     ServerSpans,
     SpotTrace,
     capacity_gaps,
@@ -31,7 +32,7 @@ from cmdare.measure.spot_traces import (
 from cmdare.measure.survival import FitResult, select_by_heldout
 from cmdare.measure.weibull import SpotLifetime
 
-__all__ = ["SHIPPED_FITS", "SpotFit", "fit_bundled", "fit_offering", "fitted_spot_lifetime", "offering_key",
+__all__ = ["SHIPPED_FITS", "SpotFit", "all_fits", "fit_bundled", "fit_offering", "fitted_spot_lifetime", "offering_key",
            "parse_offering", "save_fit", "user_fits_dir"]
 
 SHIPPED_FITS = Path(__file__).parent / "data" / "spot_lifetime_fits.json"
@@ -169,6 +170,20 @@ def fitted_spot_lifetime(cloud: str, gpu: str, region: str | None = None) -> Spo
         if key in shipped:
             return _spot_fit(key, shipped[key], True, str(SHIPPED_FITS))
     return None
+
+
+def all_fits() -> list[tuple[SpotFit, list[Path]]]:
+    """Every fit with the trace files it was fitted on: the shipped ones, then the user's."""
+    out = [(_spot_fit(key, data, True, str(SHIPPED_FITS)), [DATA_DIR / t for t in data.get("traces", [])])
+           for key, data in _shipped().items()]
+    for path in sorted(user_fits_dir().glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            raise DataFormatError(f"{path}: not valid JSON") from None
+        out.append((_spot_fit(str(data.get("offering", path.stem)), data, False, str(path)),
+                    [Path(t) for t in data.get("traces", [])]))
+    return out
 
 
 def fit_bundled(fitted_on: str) -> dict[str, dict[str, Any]]:
