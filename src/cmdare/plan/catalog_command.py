@@ -66,6 +66,8 @@ def _lifetime(o) -> str:  # noqa: ANN001 - an Offering
         if fit is not None:
             files = ", ".join(Path(part).name for part in fit.source.split(" + "))
             return f"{fit.model.name} fitted from {files} ({fit.fitted_on or 'undated'})"
+    if o.market == "preemptible":
+        return f"{o.lifetime} fitted on GCE preemptible lifetimes (measured 2018-2019)"
     if o.interruption_rate is None:
         return o.lifetime
     shape = f" k={o.lifetime_shape:g}" if o.lifetime == "weibull" and o.lifetime_shape else ""
