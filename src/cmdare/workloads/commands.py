@@ -37,15 +37,20 @@ def workloads(
     if fmt not in _FORMATS:
         raise UserInputError(f"--format must be one of {', '.join(_FORMATS)}, got {fmt!r}")
     shape = _parse_shape(input_shape)
+    from rich.console import Console
+    from rich.progress import track
+
     names = list(models) if models else model_names()
-    profiles = [profile_model(name, shape, num_classes) for name in names]  # raises on unknown names
+    # the first call profiles every network (seconds; kept on disk after): show it on a terminal
+    shown = track(names, description="profiling the zoo (once; kept for later calls)", transient=True,
+                  console=Console(stderr=True), disable=len(names) < 3)
+    profiles = [profile_model(name, shape, num_classes) for name in shown]  # raises on unknown names
     if fmt == "json":
         rows = [dict(p.to_dict(), description=describe_model(p.name), measured_as=MEASURED_AS.get(p.name))
                 for p in profiles]
         typer.echo(json.dumps(rows, indent=2))
         return
 
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(
