@@ -12,6 +12,7 @@ import json
 import os
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -183,6 +184,26 @@ def runs_show(run: str = typer.Argument(..., help="Run id (see `cmdare runs`).")
         typer.echo(f"{key.replace('_', ' ')}: {'-' if value is None else value}")
 
 
+def export_cmd(run: str = typer.Argument(..., help="Run id (see `cmdare runs`)."),
+               output: Path = typer.Option(..., "--output", "-o", help="The file to write."),
+               fmt: str = typer.Option("torch", "--format", help="torch (torch.save) or safetensors."),
+               step: int | None = typer.Option(None, "--step", help="The checkpoint of this step (default: newest)."),
+               storage: str | None = typer.Option(None, envvar="CMDARE_STORAGE",
+                                                  help="The run's storage (default: as recorded)."),
+               db: str | None = _DB_OPTION) -> None:
+    """Write a run's trained model as a plain PyTorch state_dict (parameters and buffers)."""
+    from cmdare.storage import run_storage
+    from cmdare.train.export import FORMATS, export_run
+
+    if fmt not in FORMATS:
+        raise UserInputError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    done = export_run(run_storage(run, storage or recorded_storage(run, db)), output, fmt, step)
+    load = ("torch.load(FILE, weights_only=True)" if fmt == "torch" else "safetensors.torch.load_file(FILE)")
+    typer.echo(f"wrote {done.model} of {run} at step {done.step} to {done.path}: {done.tensors} tensors, "
+               f"{done.parameters:,} values; load with {load} into the model's load_state_dict")
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``cmdare runs`` to the main app."""
+    """Add ``cmdare runs`` and ``cmdare export`` to the main app."""
     app.add_typer(runs_app, name="runs")
+    app.command("export")(export_cmd)

@@ -1,0 +1,131 @@
+"""``cmdare export``: a run's trained model as a plain PyTorch ``state_dict``, buffers included.
+
+The checkpoint holds the parameters as one flat vector in the model's parameter order and the buffers
+(batch-norm statistics) by name; :func:`checkpoint_state_dict` puts them back into the run's network and
+returns its ``state_dict``. Two formats: ``torch`` (``torch.save``; ``torch.load(FILE, weights_only=True)``
+reads it) and ``safetensors`` (the Hugging Face format: an 8-byte little-endian header length, a JSON header
+naming each tensor's dtype, shape and byte range, then the raw bytes; written here without the
+``safetensors`` package, read by ``safetensors.torch.load_file``). Neither needs cmdare to be loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cmdare.errors import CheckpointError, UserInputError
+from cmdare.storage import Storage
+from cmdare.train.checkpoint import Checkpoint, CheckpointStore
+from cmdare.train.spec import TrainSpec
+
+__all__ = ["FORMATS", "Exported", "checkpoint_state_dict", "export_run", "write_safetensors"]
+
+FORMATS = ("torch", "safetensors")
+#: torch dtype name -> safetensors dtype code
+_SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+                       "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What :func:`export_run` wrote."""
+
+    path: Path
+    step: int
+    model: str
+    tensors: int
+    parameters: int
+
+
+def checkpoint_state_dict(ckpt: Checkpoint, spec: TrainSpec) -> dict[str, Any]:
+    """The ``state_dict`` of ``spec``'s network holding ``ckpt``'s parameters and buffers (CPU tensors).
+
+    Raises:
+        CheckpointError: the checkpoint does not fit the network (another model, or missing buffers).
+    """
+    import torch
+
+    from cmdare.datasets import load_dataset
+    from cmdare.workloads import build_model
+
+    data = load_dataset(spec.dataset, spec.data_dir, image_size=spec.image_size, channels=spec.channels,
+                        seed=spec.seed)
+    model = build_model(spec.model, num_classes=data.num_classes, in_channels=data.input_shape[0])
+    params = list(model.parameters())
+    count = sum(p.numel() for p in params)
+    if ckpt.params.size != count:
+        raise CheckpointError(f"the checkpoint of step {ckpt.step} holds {ckpt.params.size:,} parameters; "
+                              f"{spec.model} has {count:,}")
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(torch.from_numpy(np.ascontiguousarray(ckpt.params, np.float32)), params)
+        own = dict(model.named_buffers())
+        missing = sorted(name for name, b in own.items() if name not in ckpt.buffers and b.is_floating_point())
+        if missing and ckpt.buffers:
+            raise CheckpointError(f"the checkpoint of step {ckpt.step} lacks buffers {', '.join(missing[:3])}")
+        for name, value in ckpt.buffers.items():
+            if name in own:
+                own[name].copy_(torch.from_numpy(np.asarray(value)).reshape(own[name].shape))
+    return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+
+
+def write_safetensors(tensors: dict[str, Any], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Write CPU tensors in the safetensors format (header, then each tensor's bytes in name order)."""
+    import torch
+
+    header: dict[str, Any] = {"__metadata__": dict(metadata or {})} if metadata else {}
+    blobs, offset = [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype not in _SAFETENSORS_DTYPES:
+            raise UserInputError(f"tensor {name}: dtype {dtype} has no safetensors code")
+        # numpy has no bfloat16: its bytes go through an int16 view
+        raw = (t.view(torch.int16) if dtype == "bfloat16" else t).numpy().tobytes()
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes with trailing spaces
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for raw in blobs:
+            f.write(raw)
+
+
+def export_run(storage: Storage, output: str | os.PathLike[str], fmt: str = "torch",
+               step: int | None = None) -> Exported:
+    """Write the model of the run stored at ``storage`` (its checkpoint of ``step``, default the newest).
+
+    Raises:
+        UserInputError: an unknown format, or an output that is a directory.
+        CheckpointError: no such checkpoint, or one that does not fit the run's network.
+    """
+    if fmt not in FORMATS:
+        raise UserInputError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    out = Path(output).expanduser()
+    if out.is_dir():
+        raise UserInputError(f"--output {out} is a directory: give a file name")
+    store = CheckpointStore(storage)
+    ckpt = store.load(store.resume_point(step))
+    spec_dict = (ckpt.meta or {}).get("spec")
+    if not isinstance(spec_dict, dict):
+        raise CheckpointError(f"the checkpoint of step {ckpt.step} in {storage.uri} does not name its run's model")
+    spec = TrainSpec.from_dict(spec_dict)
+    state = checkpoint_state_dict(ckpt, spec)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "torch":
+        import torch
+
+        torch.save(state, out)
+    else:
+        write_safetensors(state, out, {"model": spec.model, "step": str(ckpt.step), "format": "pt"})
+    count = sum(int(t.numel()) for k, t in state.items() if t.is_floating_point())
+    return Exported(out, ckpt.step, spec.model, len(state), count)
