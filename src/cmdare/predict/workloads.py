@@ -22,7 +22,7 @@ __all__ = ["EXTRAPOLATED", "ZOO_TO_PUBLISHED", "WorkloadFeatures", "list_publish
            "published_workload", "resolve_workload_name", "workload_features"]
 
 SOURCE = "CM-DARE public data (Li, Walls, Guo, ICDCS 2020), Tensor2Tensor features"
-EXTRAPOLATED = ("cmdare's profile of the zoo model, not measured by CM-DARE: predictions extrapolate from the "
+EXTRAPOLATED = ("cmdare's profile of the model, not measured by CM-DARE: predictions extrapolate from the "
                 "public data")
 
 

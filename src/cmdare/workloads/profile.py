@@ -216,10 +216,21 @@ def profile_model(
 
     name, classes = name_or_module, int(num_classes)
     check_model_name(name)
+    from cmdare.workloads.import_path import is_import_path
+
+    if is_import_path(name):
+        return _path_profile(name, shape, classes)  # the user's code may change: kept for this process only
     spec = MODELS.get(name)
     if name not in builtin_model_names() or (spec is not None and not spec.builtin):
         return _registered_profile(spec, shape, classes)  # keyed by the registration: one under the same name
     return _builtin_profile(name, shape, classes)            # later is profiled anew
+
+
+@functools.lru_cache(maxsize=64)
+def _path_profile(path: str, shape: tuple[int, int, int], num_classes: int) -> WorkloadProfile:
+    from cmdare.workloads.registry import build_model
+
+    return _profile_module(path, build_model(path, num_classes, shape[0]), shape, num_classes)
 
 
 @functools.lru_cache(maxsize=256)

@@ -87,7 +87,10 @@ def check_model_name(name: str) -> None:
         UnknownNameError: unknown model name.
     """
     from cmdare.workloads.families import builtin_model_names
+    from cmdare.workloads.import_path import is_import_path
 
+    if is_import_path(name):
+        return  # imported where it is used (a worker's node may have it when this one does not)
     builtin = builtin_model_names()
     if name not in builtin and name not in MODELS:
         raise UnknownNameError("model", str(name), [*builtin, *(n for n in MODELS if n not in builtin)])
@@ -108,7 +111,10 @@ def describe_model(name: str) -> str:
         UnknownNameError: ``name`` is not registered.
     """
     from cmdare.workloads.families import builtin_model_names, describe_builtin
+    from cmdare.workloads.import_path import is_import_path
 
+    if is_import_path(name):
+        return f"your model, built by {name}"
     if name in builtin_model_names() and (name not in MODELS or MODELS[name].builtin):
         return describe_builtin(name)  # without loading the zoo (torch)
     return _spec(name).description
@@ -126,7 +132,8 @@ def build_model(name: str, num_classes: int = 10, in_channels: int = 3) -> torch
     """Build a fresh, randomly initialised model by name (uses torch's global RNG).
 
     Args:
-        name: a name from :func:`list_models`.
+        name: a name from :func:`list_models`, or the import path of the user's factory
+            (``mypkg.models:build_net``, see :mod:`cmdare.workloads.import_path`).
         num_classes: size of the classifier output.
         in_channels: channels of the input images (1 for digits, 3 for CIFAR).
 
@@ -138,8 +145,11 @@ def build_model(name: str, num_classes: int = 10, in_channels: int = 3) -> torch
         UnknownNameError: ``name`` is not registered (the message lists the valid names).
         UserInputError: ``num_classes`` or ``in_channels`` is not a positive integer.
     """
-    spec = _spec(name)
+    from cmdare.workloads.import_path import build_from_path, is_import_path
+
     for label, value in (("num_classes", num_classes), ("in_channels", in_channels)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise UserInputError(f"{label} must be a positive integer, got {value!r}")
-    return spec.builder(num_classes, in_channels)
+    if is_import_path(name):
+        return build_from_path(name, num_classes, in_channels)
+    return _spec(name).builder(num_classes, in_channels)

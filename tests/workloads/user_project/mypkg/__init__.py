@@ -1,0 +1,1 @@
+"""A practitioner's own package, outside cmdare (tests put its parent directory on PYTHONPATH)."""
