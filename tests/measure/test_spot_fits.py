@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_spot_traces import BAD
 
 from cmdare.cloud.catalog import load_catalog
 from cmdare.errors import UserInputError
@@ -73,15 +74,10 @@ def test_a_users_trace_replaces_the_default_with_one_command(tmp_path):
     assert "fitted from mine.csv" in catalog.stdout, catalog.stdout
 
 
-BAD = {
-    "empty": ("", "empty file"),
-    "unsorted": ("2000,add,a\n1000,add,b\n", "times not sorted"),
-    "unknown": ("hello,world\n", "unknown spot trace format"),
-    "negative": ("2021-12-10, 13:00:00, 5\n2021-12-10, 13:01:00, -1\n", "the count of servers is negative"),
-}
+CLI_CASES = ("empty", "unsorted", "unknown", "negative")  # the reader's own cases (test_spot_traces), via the CLI
 
 
-@pytest.mark.parametrize("case", sorted(BAD))
+@pytest.mark.parametrize("case", CLI_CASES)
 def test_a_bad_trace_is_one_line(tmp_path, case):
     text, message = BAD[case]
     path = tmp_path / f"{case}.csv"
