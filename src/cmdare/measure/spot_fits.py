@@ -15,6 +15,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +149,9 @@ def _spot_fit(key: str, data: dict[str, Any], shipped: bool, where: str) -> Spot
         raise DataFormatError(f"{where}: not a spot lifetime fit ({err})") from None
 
 
+@lru_cache(maxsize=1)
 def _shipped() -> dict[str, dict[str, Any]]:
+    """The shipped fits (read once: every catalog offering asks)."""
     return json.loads(SHIPPED_FITS.read_text()) if SHIPPED_FITS.exists() else {}
 
 

@@ -44,10 +44,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus
     common = {"logging_level": logging.ERROR, "log_to_driver": False, "include_dashboard": False}
     try:
         if address:
-            # A driver of a loopback cluster is on loopback too; else Ray probes the internet for this
-            # machine's address (and logs a warning where it cannot reach it).
-            on_loopback = target is not None and target.rpartition(":")[0] in (LOOPBACK, "localhost")
-            ray.init(address=address, **({"_node_ip_address": LOOPBACK} if on_loopback else {}), **common)
+            ray.init(address=address, **common)
         else:
             # address="local": always a new local instance, even when another Ray runs on this machine
             ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address="127.0.0.1",
