@@ -7,7 +7,8 @@
   model file; see :mod:`cmdare.measure.lifetime_models`), divided by ``speedup`` (time compression:
   ``speedup=3600`` turns an hour into a second), counted from the moment its server is ready;
   ``lifetime=auto``: each server's catalog offering picks its market's model (GCE preemptible: the
-  fitted bathtub; spot: exponential at the interruption rate, :mod:`cmdare.measure.lifetime_markets`);
+  fitted bathtub; spot: a preemption trace's fit where one exists, else exponential at the interruption rate,
+  :mod:`cmdare.measure.lifetime_markets`);
 * ``every=S[,first=F]``: a transient server is revoked every ``S`` seconds (chaos tests);
 * ``trace=T@SLOT+T@ps+...``: the worker in data slot ``SLOT`` (``ps``: the longest-serving transient PS
   server) is revoked ``T`` seconds after the first step (a scripted schedule: the same in the Ray trainer

@@ -310,7 +310,7 @@ def load_plan_models(
         workload: a published workload name (``resnet32``, ``Res15``, ``shakebig`` ...): the models
             were fitted on its CM-DARE measurements.
         lifetime: ``"auto"``: each server type's catalog offering picks the model of its market (GCE
-            preemptible: the fitted bathtub; spot: exponential at the interruption rate, see
+            preemptible: the fitted bathtub; spot: a preemption trace's fit, else exponential at the rate, see
             :class:`~cmdare.plan.markets.OfferingLifetimes`); else a lifetime model spec for every
             server; ``"none"`` gives transient servers that are never revoked.
         catalog: a catalog override file or shipped name (``"icac2019"`` replays the 2019 prices);

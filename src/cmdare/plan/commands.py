@@ -81,8 +81,9 @@ def _check_names(prices, gpus: list[str], regions: list[str]) -> None:
 
 
 _Lifetime = Annotated[str, typer.Option(
-    "--lifetime", help="auto (each offering's market model: GCE preemptible bathtub, spot exponential at the catalog's "
-    "interruption rate), or for every server: bathtub, exponential, empirical, a file, or none.")]
+    "--lifetime", help="auto (each offering's market model: GCE preemptible bathtub; spot: the fit of a preemption "
+    "trace where one exists, else exponential at the catalog's interruption rate), or for every server: bathtub, "
+    "exponential, empirical, a file, or none.")]
 _ModelError = Annotated[bool, typer.Option(
     "--model-error/--no-model-error",
     help="Also draw each run's speed from the speed model's calibrated prediction interval (model error "
