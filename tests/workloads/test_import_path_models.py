@@ -57,6 +57,7 @@ def test_a_bad_import_path_is_one_line(tmp_path, path, message):
     assert message in res.stderr
 
 
+@pytest.mark.cluster  # a real training run on Ray, its export and a failed one: the long end-to-end tier
 @pytest.mark.timeout(300)
 def test_a_users_model_trains_on_ray_workers_by_import_path_and_exports(tmp_path):
     """The workers are Ray actors in other processes: each imports the factory itself (nothing registered)."""
