@@ -54,6 +54,7 @@ class MarketLifetime:
         assumption: True when no measurement of this market stands behind the model.
         spec: for a fitted (preemptible) model, the :func:`~cmdare.measure.lifetime_models.load_lifetime_model`
             spec, which the planner also uses for its time-of-day models; None otherwise.
+        fit: for a spot model fitted on a preemption trace, its :class:`~cmdare.measure.spot_fits.SpotFit`.
     """
 
     cloud: str
@@ -64,6 +65,7 @@ class MarketLifetime:
     basis: str
     assumption: bool
     spec: str | None = None
+    fit: Any = None  # the SpotFit of a spot market's preemption trace (its capacity gaps too), when it rests on one
 
     def describe(self) -> str:
         """One line: ``exponential 7.5%/month (aws spot, assumption)``."""
@@ -128,7 +130,7 @@ def offering_lifetime(off: Offering, server: str, transient: bool = True, rate: 
         fit = fitted_spot_lifetime(off.cloud, server, off.region)
         if fit is not None:
             return MarketLifetime(off.cloud, market, server, fit.model, f"{fit.model.name} fitted ({fit.key})",
-                                  fit.basis(), False)
+                                  fit.basis(), False, fit=fit)
     text = rate if rate is not None else off.interruption_rate or ASSUMED_RATES.get(off.cloud, "10%/month")
     fraction, period_s = parse_interruption_rate(text)
     shape = off.lifetime_shape if off.lifetime == "weibull" and off.lifetime_shape else 1.0

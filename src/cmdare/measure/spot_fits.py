@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +93,22 @@ def fit_offering(paths: Sequence[str | Path], offering: str, fitted_on: str, ord
 
 def save_fit(result: FitResult, directory: Path | None = None) -> Path:
     """Store a fit as ``<offering key>.json`` (``:`` as ``_``); returns the path."""
-    key = result.meta["offering"]
-    path = (directory or user_fits_dir()) / f"{key.replace(':', '_')}.json"
+    path = _user_fit_path(result.meta["offering"], directory)
     path.write_text(json.dumps(result.to_dict(), indent=1, sort_keys=True))
     path.chmod(0o600)
     return path
+
+
+def _user_fit_path(key: str, directory: Path | None = None) -> Path:
+    """Where the user's fit of offering ``key`` is kept: ``aws_v100_us-east-1.json``."""
+    return (directory or user_fits_dir()) / f"{key.replace(':', '_')}.json"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        raise DataFormatError(f"{path}: not valid JSON") from None
 
 
 @dataclass(frozen=True)
@@ -113,7 +124,17 @@ class SpotFit:
     preemptions: int
     server_hours: float
     shipped: bool
-    capacity: LifetimeModel | None = None  # the wait for a replacement server (Kaplan-Meier of the trace's gaps)
+    capacity_data: dict[str, Any] | None = field(default=None, repr=False)  # the trace's gaps, as stored
+
+    @cached_property
+    def capacity(self) -> LifetimeModel | None:
+        """The wait for a replacement server: the Kaplan-Meier distribution of the trace's capacity gaps
+        (built when the simulator first asks; None without any recovered gap)."""
+        data = self.capacity_data
+        if not data or not data.get("gaps_s"):
+            return None
+        gaps, censored = data["gaps_s"], data.get("censored") or [False] * len(data["gaps_s"])
+        return None if all(censored) else EmpiricalLifetime().fit(gaps, censored)
 
     def basis(self) -> str:
         """``fitted on 167 preemptions in 273 server-hours (Bamboo ...), 2026-12-03`` and which key."""
@@ -130,21 +151,11 @@ def _model(data: dict[str, Any]) -> LifetimeModel:
     return model_from_dict(data)
 
 
-def _capacity_model(data: Any) -> LifetimeModel | None:
-    """The empirical (Kaplan-Meier) distribution of capacity gaps; None without any recovered gap."""
-    if not data or not data.get("gaps_s"):
-        return None
-    gaps, censored = data["gaps_s"], data.get("censored") or [False] * len(data["gaps_s"])
-    if all(censored):
-        return None
-    return EmpiricalLifetime().fit(gaps, censored)
-
-
 def _spot_fit(key: str, data: dict[str, Any], shipped: bool, where: str) -> SpotFit:
     try:
         return SpotFit(key, _model(data["model"]), str(data["chosen"]), str(data["source"]),
                        data.get("fitted_on"), int(data["servers"]), int(data["preemptions"]),
-                       float(data["server_hours"]), shipped, _capacity_model(data.get("capacity")))
+                       float(data["server_hours"]), shipped, data.get("capacity"))
     except (KeyError, TypeError, ValueError) as err:
         raise DataFormatError(f"{where}: not a spot lifetime fit ({err})") from None
 
@@ -160,13 +171,9 @@ def fitted_spot_lifetime(cloud: str, gpu: str, region: str | None = None) -> Spo
     keys = [offering_key(cloud, gpu, region)] if region else []
     keys.append(offering_key(cloud, gpu))
     for key in keys:
-        path = user_fits_dir() / f"{key.replace(':', '_')}.json"
+        path = _user_fit_path(key)
         if path.exists():
-            try:
-                data = json.loads(path.read_text())
-            except ValueError:
-                raise DataFormatError(f"{path}: not valid JSON") from None
-            return _spot_fit(key, data, False, str(path))
+            return _spot_fit(key, _read_json(path), False, str(path))
     shipped = _shipped()
     prefix = offering_key(cloud, gpu)
     for key in [*keys, *sorted(k for k in shipped if k.startswith(prefix + ":"))]:
@@ -180,10 +187,7 @@ def all_fits() -> list[tuple[SpotFit, list[Path]]]:
     out = [(_spot_fit(key, data, True, str(SHIPPED_FITS)), [DATA_DIR / t for t in data.get("traces", [])])
            for key, data in _shipped().items()]
     for path in sorted(user_fits_dir().glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except ValueError:
-            raise DataFormatError(f"{path}: not valid JSON") from None
+        data = _read_json(path)
         out.append((_spot_fit(str(data.get("offering", path.stem)), data, False, str(path)),
                     [Path(t) for t in data.get("traces", [])]))
     return out

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from cmdare.errors import UnknownNameError
-from cmdare.measure.spot_fits import fitted_spot_lifetime
+from cmdare.measure.lifetime_markets import offering_lifetime
 
 __all__ = ["catalog_command"]
 
@@ -62,7 +62,7 @@ def _lifetime(o) -> str:  # noqa: ANN001 - an Offering
     """The offering's lifetime model as the table shows it: ``exponential @ 5-10% (assumed, 2026-11-29)``, or
     ``weibull fitted from bamboo_p3-trace.csv (2026-12-03)`` where a trace fit replaces the catalog's rate."""
     if o.market == "spot" and o.gpu:
-        fit = fitted_spot_lifetime(o.cloud, o.gpu, o.region)
+        fit = offering_lifetime(o, o.gpu.lower()).fit  # the spot market's decision: a trace's fit, else the rate
         if fit is not None:
             files = ", ".join(Path(part).name for part in fit.source.split(" + "))
             return f"{fit.model.name} fitted from {files} ({fit.fitted_on or 'undated'})"

@@ -44,7 +44,6 @@ class OfferingLifetimes:
         if rate is not None:
             parse_interruption_rate(rate)  # a malformed rate fails here, not mid-plan
         self._markets: dict[tuple[str, str], Any] = {}
-        self._capacity: dict[tuple[str, str], Any] = {}  # capacity-wait model per (server, region); None: none
         self._tables: dict[tuple[str, str], np.ndarray] = {}
         self._fitted: dict[str, Any] = {}  # preemptible model name -> QuantileLifetimes (per-type fits, hours)
         self._make_fitted = fitted
@@ -95,15 +94,8 @@ class OfferingLifetimes:
     def capacity_wait(self, rng: np.random.Generator, server: str, region: str) -> float:
         """Seconds a replacement ``server`` VM waits for spot capacity: a draw from the gaps of the trace its
         market's model was fitted on (until the count of servers held recovered); 0 where no trace says."""
-        key = (server.lower(), region)
-        if key not in self._capacity:
-            fit = None
-            if self.rate is None and key[0] != PS_SERVER and self.market(server, region).market == "spot":
-                from cmdare.measure.spot_fits import fitted_spot_lifetime
-
-                fit = fitted_spot_lifetime(self.cloud, key[0], region)
-            self._capacity[key] = fit.capacity if fit is not None else None
-        model = self._capacity[key]
+        fit = self.market(server, region).fit  # a spot market's trace fit (not with --interruption-rate)
+        model = fit.capacity if fit is not None else None
         return 0.0 if model is None else float(model.sample(rng, 1)[0])
 
     def describe(self, server: str, region: str) -> str:

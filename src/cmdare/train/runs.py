@@ -193,10 +193,8 @@ def export_cmd(run: str = typer.Argument(..., help="Run id (see `cmdare runs`)."
                db: str | None = _DB_OPTION) -> None:
     """Write a run's trained model as a plain PyTorch state_dict (parameters and buffers)."""
     from cmdare.storage import run_storage
-    from cmdare.train.export import FORMATS, export_run
+    from cmdare.train.export import export_run
 
-    if fmt not in FORMATS:
-        raise UserInputError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     done = export_run(run_storage(run, storage or recorded_storage(run, db)), output, fmt, step)
     load = ("torch.load(FILE, weights_only=True)" if fmt == "torch" else "safetensors.torch.load_file(FILE)")
     typer.echo(f"wrote {done.model} of {run} at step {done.step} to {done.path}: {done.tensors} tensors, "
