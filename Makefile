@@ -20,7 +20,7 @@ run: install
 	$(BIN)/cmdare train
 
 test: install-test
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench examples
 	$(BIN)/python -m pytest -q -m "not slow and not cluster" --durations=15
 
 # Multi-node clusters, Ray's autoscaler and long end-to-end fault runs on real Ray (.ci/run runs them too).
@@ -32,4 +32,4 @@ test-slow: install-test
 	$(BIN)/python -m pytest -q -m slow
 
 lint: install-test
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench examples

@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "cmdare.events": 0,
     "cmdare.workloads": 1,
     "cmdare.datasets": 1,
+    "cmdare.tasks": 1,
     "cmdare.ps": 1,
     "cmdare.cloud": 1,
     "cmdare.storage": 1,

@@ -20,8 +20,8 @@ PINNED: dict[str, list[str]] = {
         "ServerSpec", "cost_usd", "gpu_tflops", "load_catalog",
     ],
     "cmdare.datasets": [
-        "BatchStream", "Dataset", "DatasetSpec", "epoch_permutation", "fit_images", "list_datasets", "load_dataset",
-        "register_dataset",
+        "BatchStream", "Dataset", "DatasetSpec", "MapSamples", "epoch_permutation", "fit_images", "list_datasets",
+        "load_dataset", "register_dataset",
     ],
     "cmdare.events": [
         "CheckpointReport", "EVENT_KINDS", "EvalReport", "EventReport", "RunInfo", "RunSummary", "ShardReport",
@@ -65,6 +65,7 @@ PINNED: dict[str, list[str]] = {
         "BUNDLED_DIR", "DATA_ENV", "LIFETIME_FILES", "PUBLIC_SOURCES", "is_bundled", "lifetime_files",
         "public_data_dir",
     ],
+    "cmdare.tasks": ["Evaluation", "Task", "build_task", "check_part", "is_builtin_dataset", "part_name"],
     "cmdare.storage": ["MissingObjectError", "Storage", "as_storage", "run_storage", "storage_options", "storage_root"],
     "cmdare.train": ["OptimizerConfig", "TrainCallback", "TrainSpec", "Trainer", "train"],
     "cmdare.train.callbacks": [

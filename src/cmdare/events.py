@@ -86,8 +86,9 @@ class EvalReport:
     time: float
     global_step: int
     worker_id: int
-    accuracy: float
+    accuracy: float | None  # None where the task measures no accuracy (your own data)
     loss: float
+    metrics: dict[str, float] = field(default_factory=dict)  # every metric of the task, accuracy included
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,26 @@ def test_joined_run_with_default_options_injects_no_revocation(
     assert {node for cls, _, node in actors if cls != "Worker"} == {"head"}, actors
 
 
+@pytest.mark.timeout(420)
+def test_your_own_code_by_import_path_trains_on_the_worker_nodes(netns_cluster: Callable[..., NetnsCluster]) -> None:
+    """Issue 33: a model, data, loss and metric given only as import paths; each node's worker processes import
+    the package themselves (it is on every node's path, as an installed package would be); nothing is
+    registered anywhere."""
+    waves = str(Path(__file__).resolve().parents[2] / "examples" / "waves")
+    cluster = netns_cluster(workers=2, head_cpus=3, env={"PYTHONPATH": waves})
+    proc = cluster.run(
+        [CMDARE, "train", "--address", cluster.address, "--model", "waves.model:build_net", "--dataset",
+         "waves.data:make_sets", "--loss", "waves.losses:mse", "--metric", "waves.losses:mae", "--lr", "0.005",
+         "--weight-decay", "0", "--steps", "60", "--workers", "2", "--checkpoint-every", "30", "--eval-every", "30",
+         "--no-record", "--tensorboard", "none"],
+        env={"CMDARE_HOME": str(cluster.tmp / "driver"), "PYTHONPATH": waves, "COLUMNS": "200"}, timeout=360)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:] + "\n" + cluster.logs_tail()
+    assert re.search(r"\bfinished: step 60 in [\d.]+ s, test loss [\d.]+, mae [\d.]+", proc.stdout), out[-4000:]
+    actors = cluster.actor_nodes()
+    assert sorted(node for cls, _, node in actors if cls == "Worker") == ["node-0", "node-1"], actors
+
+
 @pytest.mark.timeout(180)
 def test_address_auto_refuses_a_ray_cluster_cmdare_did_not_start(netns: NetnsCluster) -> None:
     """Before: it joined whatever Ray ran on the machine and died with an ActorDiedError traceback."""

@@ -241,6 +241,54 @@ def test_a_failing_push_raises_in_the_worker_and_the_channel_stays_usable():
         server.close()
 
 
+def test_a_10_mb_model_with_and_without_pieces_arrives_whole_and_bit_identical():
+    """Buffers far larger than a socket's (one MSG_WAITALL receive each) arrive whole, in either direction."""
+    n, steps = 2_500_000, 3
+    grads = _gradients(n, steps)
+    state = _Sgd()
+    server = TcpChannelServer(state.connect, HOST)
+    params, buf = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    client = TcpChannelClient(server.address, params, buf)
+    try:
+        for t, (g, want) in enumerate(zip(grads, _reference(n, grads), strict=True)):
+            buf[:] = g
+            pieces = [(n // 2, n // 3), (7, 1_000_001)] if t == 1 else []
+            for offset, count in pieces:
+                client.send_piece(offset, count, t, 0)
+            client.send(t, None, 0, sum(c for _, c in pieces))
+            assert client.receive() == (t + 1, True)
+            assert np.array_equal(params, want)
+    finally:
+        client.close()
+        server.close()
+
+
+def test_recv_into_exact_fills_from_bursts_and_reports_a_peer_that_closes_midway():
+    a, b = socket.socketpair()
+    payload = np.arange(300_000, dtype=np.float32)
+    raw = memoryview(payload).cast("B")
+
+    def bursts(upto: int) -> None:
+        for lo in range(0, upto, 100_003):
+            a.sendall(raw[lo:min(lo + 100_003, upto)])
+            time.sleep(0.002)
+
+    try:
+        got = np.zeros_like(payload)
+        writer = threading.Thread(target=bursts, args=(len(raw),))
+        writer.start()
+        tcp_channel.recv_into_exact(b, got)
+        writer.join()
+        assert np.array_equal(got, payload)
+        bursts(len(raw) // 2)
+        a.close()
+        with pytest.raises(ChannelClosed):
+            tcp_channel.recv_into_exact(b, got)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_closing_the_server_closes_its_channels():
     state = _Sgd()
     server = TcpChannelServer(state.connect, HOST)

@@ -28,7 +28,8 @@ from cmdare.train.worker import Worker
 pytestmark = pytest.mark.skipif(not channels_enabled(), reason="needs Linux memfd and fd passing")
 
 OPT = OptimizerConfig(lr=0.05, momentum=0.9, weight_decay=5e-4)
-OFF = {"runtime_env": {"env_vars": {"CMDARE_SHM": "0"}}}
+OFF = {"runtime_env": {"env_vars": {"CMDARE_SHM": "0", "CMDARE_TCP": "0"}}}
+NO_TCP = {"runtime_env": {"env_vars": {"CMDARE_TCP": "0"}}}  # these tests compare the same-node channel with Ray
 
 
 def _on(node_id: str) -> dict:
@@ -48,26 +49,28 @@ def nodes(cluster):
     return head, other.node_id
 
 
-def _run(spec: TrainSpec, shard_nodes: list[str], worker_node: str, channels: bool, steps: int):
+def _run(spec: TrainSpec, shard_nodes: list[str], worker_node: str, channels: bool, steps: int, tcp: bool = False):
     """Shards on ``shard_nodes``, ``spec.workers`` workers on ``worker_node``; ``steps`` steps each (sync: all
-    together); returns (final model-order parameters, each worker's data paths)."""
-    flat, paths, _ = _run_full(spec, shard_nodes, worker_node, channels, steps)
+    together); ``channels``: the same-node channel (and, with ``tcp``, the TCP one to other nodes); returns
+    (final model-order parameters, each worker's data paths)."""
+    flat, paths, _ = _run_full(spec, shard_nodes, worker_node, channels, steps, tcp)
     return flat, paths
 
 
-def _run_with_stats(spec: TrainSpec, shard_nodes: list[str], worker_node: str, steps: int):
+def _run_with_stats(spec: TrainSpec, shard_nodes: list[str], worker_node: str, steps: int, tcp: bool = False):
     """(final parameters, pieces each shard was announced, pieces it applied on arrival, the workers' data
     paths) of a run."""
-    flat, paths, stats = _run_full(spec, shard_nodes, worker_node, True, steps)
+    flat, paths, stats = _run_full(spec, shard_nodes, worker_node, True, steps, tcp)
     return flat, [s.pieces for s in stats], [s.pieces_applied for s in stats], paths
 
 
-def _run_full(spec: TrainSpec, shard_nodes: list[str], worker_node: str, channels: bool, steps: int):
+def _run_full(spec: TrainSpec, shard_nodes: list[str], worker_node: str, channels: bool, steps: int,
+              tcp: bool = False):
     import ray
 
     infos, params, momentum, _, _ = initial_state(spec, "t", None, None, False)
     placement = get_placement(spec.placement).place(infos, spec.ps)
-    env = {} if channels else OFF
+    env = OFF if not channels else {} if tcp else NO_TCP
     if spec.ps_bandwidth:
         link = spec.ps_link_bytes_per_s()
     if spec.sync:
@@ -110,9 +113,9 @@ def test_sync_run_with_one_shard_on_the_workers_node_equals_the_run_through_ray(
     head, other = nodes
     spec = _spec()
     fast, paths = _run(spec, [head, other], head, channels=True, steps=6)
-    assert paths == [{"channel": [0], "ray": [1]}] * 2  # the shard on the workers' node by the channel
+    assert paths == [{"channel": [0], "tcp": [], "ray": [1]}] * 2  # the shard on the workers' node by the channel
     plain, paths_off = _run(spec, [head, other], head, channels=False, steps=6)
-    assert paths_off == [{"channel": [], "ray": [0, 1]}] * 2
+    assert paths_off == [{"channel": [], "tcp": [], "ray": [0, 1]}] * 2
     np.testing.assert_array_equal(fast, plain)
 
 
@@ -120,7 +123,7 @@ def test_async_run_through_channels_equals_the_run_through_ray(nodes):
     head, _ = nodes
     spec = _spec(sync=False, ps=2)
     fast, paths = _run(spec, [head, head], head, channels=True, steps=5)
-    assert paths == [{"channel": [0, 1], "ray": []}] * 2
+    assert paths == [{"channel": [0, 1], "tcp": [], "ray": []}] * 2
     plain, _ = _run(spec, [head, head], head, channels=False, steps=5)
     np.testing.assert_array_equal(fast, plain)
 
@@ -136,7 +139,7 @@ def test_a_shard_that_dies_under_a_channel_is_a_shard_loss(nodes):
     ray.get(shard.load.remote(BlockData(tuple(placement.blocks_on(0)), params, momentum, 0)))
     worker = ray.remote(Worker).options(num_cpus=0, **_on(head)).remote(0, 0, 1, spec, [shard], placement, 1, 0,
                                                                          None, 1.0)
-    assert ray.get(worker.data_paths.remote()) == {"channel": [0], "ray": []}
+    assert ray.get(worker.data_paths.remote()) == {"channel": [0], "tcp": [], "ray": []}
     assert ray.get(worker.run_steps.remote(3, 60.0)).steps == 3
     ray.kill(shard)
     with pytest.raises(ray.exceptions.RayActorError) as err:
@@ -154,7 +157,7 @@ def test_pieces_sent_through_ray_to_another_node_change_no_value(nodes, sync):
     spec = _spec(sync=sync, ps=2, workers=2 if sync else 1, ps_bandwidth="400MB/s")
     overlapped = _run_with_stats(spec, [other, other], head, steps=4)
     after = _run_with_stats(dataclass_replace(spec, overlap=False), [other, other], head, steps=4)
-    assert overlapped[3] == [{"channel": [], "ray": [0, 1]}] * spec.workers
+    assert overlapped[3] == [{"channel": [], "tcp": [], "ray": [0, 1]}] * spec.workers
     np.testing.assert_array_equal(overlapped[0], after[0])
     assert after[1] == [0, 0] and after[2] == [0, 0]
     assert all(n >= 4 * spec.workers for n in overlapped[1])

@@ -17,7 +17,7 @@ from cmdare.datasets.base import (
     register_dataset,
 )
 from cmdare.datasets.builtin import register_builtin_datasets
-from cmdare.datasets.sharding import BatchStream, epoch_permutation
+from cmdare.datasets.sharding import BatchStream, MapSamples, epoch_permutation
 
 register_builtin_datasets()
 
@@ -25,6 +25,7 @@ __all__ = [
     "BatchStream",
     "Dataset",
     "DatasetSpec",
+    "MapSamples",
     "epoch_permutation",
     "fit_images",
     "list_datasets",

@@ -15,7 +15,7 @@ Every worker gets the same number of batches per epoch, ``(N // K) // batch_size
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from cmdare.datasets.base import Dataset
 
-__all__ = ["BatchStream", "epoch_permutation"]
+__all__ = ["BatchStream", "MapSamples", "epoch_permutation", "take_batch"]
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
@@ -34,12 +34,47 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_samples)
 
 
+def take_batch(data: Any, idx: torch.Tensor) -> tuple[Any, Any]:
+    """The samples ``idx`` of ``data`` as one ``(inputs, targets)`` batch: rows of a tuple of tensors, or a
+    map-style dataset's items (``(input, target)`` pairs) put together by its collate function
+    (:class:`MapSamples`; ``torch.utils.data.default_collate`` by default).
+
+    Raises:
+        UserInputError: an item is not an ``(input, target)`` pair.
+    """
+    if isinstance(data, tuple):
+        return data[0][idx], data[1][idx]
+    return data.batch(idx)
+
+
+class MapSamples:
+    """A map-style dataset (``__len__`` and ``__getitem__`` giving ``(input, target)``), batched by
+    ``collate`` (default: ``torch.utils.data.default_collate``); ``label`` names it in errors."""
+
+    def __init__(self, dataset: Any, collate: Any = None, label: str = "the dataset"):
+        self.dataset, self.collate, self.label = dataset, collate, label
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def batch(self, idx: torch.Tensor) -> tuple[Any, Any]:
+        """Items ``idx`` collated into ``(inputs, targets)``."""
+        from torch.utils.data import default_collate
+
+        items = [self.dataset[i] for i in idx.tolist()]
+        batch = (self.collate or default_collate)(items)
+        if not isinstance(batch, tuple | list) or len(batch) != 2:
+            raise UserInputError(f"{self.label}: an item must be an (input, target) pair; a batch of them collated "
+                                 f"to {type(batch).__name__}")
+        return batch[0], batch[1]
+
+
 class BatchStream(Iterator[tuple["torch.Tensor", "torch.Tensor"]]):
     """An infinite, deterministic iterator of one worker's ``(x, y)`` training batches.
 
     Args:
-        data: a :class:`~cmdare.datasets.Dataset` (its training split is used) or a tuple ``(x, y)``
-            of tensors with the same first dimension.
+        data: a :class:`~cmdare.datasets.Dataset` (its training split is used), a tuple ``(x, y)``
+            of tensors with the same first dimension, or a :class:`MapSamples` (a map-style dataset).
         worker_index: this worker's index in ``[0, num_workers)``.
         num_workers: number of workers sharing the data.
         batch_size: samples per batch.
@@ -61,9 +96,13 @@ class BatchStream(Iterator[tuple["torch.Tensor", "torch.Tensor"]]):
         start_batch: int = 0,
     ):
 
-        x, y = (data.train_x, data.train_y) if hasattr(data, "train_x") else data  # type: ignore[union-attr, misc]
-        if len(x) != len(y):
-            raise UserInputError(f"x and y differ in length: {len(x)} vs {len(y)}")
+        if isinstance(data, MapSamples):
+            self.samples: tuple[Any, Any] | MapSamples = data
+        else:
+            x, y = (data.train_x, data.train_y) if hasattr(data, "train_x") else data  # type: ignore[union-attr, misc]
+            if len(x) != len(y):
+                raise UserInputError(f"x and y differ in length: {len(x)} vs {len(y)}")
+            self.samples = (x, y)
         if not isinstance(num_workers, int) or num_workers < 1:
             raise UserInputError(f"num_workers must be >= 1, got {num_workers!r}")
         if not isinstance(worker_index, int) or not 0 <= worker_index < num_workers:
@@ -74,10 +113,9 @@ class BatchStream(Iterator[tuple["torch.Tensor", "torch.Tensor"]]):
             raise UserInputError(f"seed must be a non-negative integer, got {seed!r}")
         if start_batch < 0:
             raise UserInputError(f"start_batch must be >= 0, got {start_batch}")
-        self.x, self.y = x, y
         self.worker_index, self.num_workers = worker_index, num_workers
         self.batch_size, self.seed = batch_size, seed
-        self.num_samples = int(len(x))
+        self.num_samples = int(len(self.samples[0]) if isinstance(self.samples, tuple) else len(self.samples))
         self.batches_per_epoch = (self.num_samples // num_workers) // batch_size
         if self.batches_per_epoch == 0:
             raise UserInputError(
@@ -130,7 +168,7 @@ class BatchStream(Iterator[tuple["torch.Tensor", "torch.Tensor"]]):
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self.batch_indices(self._position)
         self._position += 1
-        return self.x[idx], self.y[idx]
+        return take_batch(self.samples, idx)
 
     def __repr__(self) -> str:
         return (

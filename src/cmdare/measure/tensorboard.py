@@ -41,7 +41,11 @@ class TensorBoardCallback(TrainCallback):
         w.add_scalar("loss", report.loss, report.global_step, walltime=report.time)
 
     def on_eval(self, report: EvalReport) -> None:
-        self.writer.add_scalar("accuracy", report.accuracy, report.global_step, walltime=report.time)
+        for name, value in (report.metrics or {"accuracy": report.accuracy}).items():
+            if value is not None:
+                self.writer.add_scalar(name, value, report.global_step, walltime=report.time)
+        if report.accuracy is None:  # your own task: its test loss is what shows progress
+            self.writer.add_scalar("test_loss", report.loss, report.global_step, walltime=report.time)
 
     def on_checkpoint(self, report: CheckpointReport) -> None:
         self.writer.add_scalar("checkpoint_s", report.duration_s, report.global_step, walltime=report.time)

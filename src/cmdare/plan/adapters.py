@@ -288,21 +288,22 @@ class PredictedAccuracy:
         return self.model.predict(X)[back]
 
 
-def resolve_workload(name: str):
+def resolve_workload(name: str, input_shape: tuple[int, ...] | None = None):
     """The workload descriptor of the network ``name`` names: measured (``t2t_resnet32`` -> ``Res32``), or
-    from cmdare's profile (``resnet32``, He's; its ``source`` says the prediction extrapolates).
+    from cmdare's profile (``resnet32``, He's; your model at ``input_shape``; its ``source`` says the prediction
+    extrapolates).
 
     Raises:
         UnknownNameError: listing the known workloads.
     """
     from cmdare.predict.workloads import workload_features
 
-    return workload_features(name)
+    return workload_features(name, input_shape)
 
 
 def load_plan_models(
     workload: str, lifetime: str = "auto", catalog: str | None = None, cloud: str = "gcp",
-    interruption_rate: str | None = None, model_error: bool = False,
+    interruption_rate: str | None = None, model_error: bool = False, input_shape: tuple[int, ...] | None = None,
 ) -> PlanModels:
     """Speed, lifetime, startup and price models for ``workload``.
 
@@ -319,6 +320,7 @@ def load_plan_models(
         interruption_rate: overrides every spot offering's interruption rate (``"auto"`` only).
         model_error: draw each simulated run's speed from the speed model's calibrated prediction
             interval (:mod:`cmdare.predict.intervals`), so P95 carries model error too.
+        input_shape: one sample's shape, for your own model given by import path (default 3,32,32).
 
     Raises:
         UnknownNameError: unknown workload, lifetime model or cloud.
@@ -327,7 +329,7 @@ def load_plan_models(
     from cmdare.cloud.catalog import load_catalog
     from cmdare.predict import predict_checkpoint_s
 
-    features = resolve_workload(workload)
+    features = resolve_workload(workload, input_shape)
     prices = CatalogPrices(load_catalog(catalog) if catalog else None, cloud)
     prices.regions()  # fail early on an unknown cloud
     if interruption_rate is not None and lifetime != "auto":
@@ -340,6 +342,9 @@ def load_plan_models(
     else:
         lifetimes = NoRevocations() if lifetime == "none" else QuantileLifetimes(lifetime)
     checkpoint_s = predict_checkpoint_s(features.checkpoint_mb * 1e6, features.num_tensors, remote=True)
+    from cmdare.workloads.import_path import is_import_path
+
+    yours = is_import_path(workload)  # your own model: the CIFAR classifiers' accuracy points say nothing of it
     return PlanModels(
         speed=_PredictSpeed(features, model_error),
         lifetimes=lifetimes,
@@ -350,9 +355,9 @@ def load_plan_models(
             f"{features.name} ({features.source}); cmdare.predict speed/checkpoint/startup; "
             f"lifetimes {_lifetime_source(lifetime, interruption_rate)}; "
             f"prices {catalog or 'default catalog'} ({cloud}); "
-            "accuracy: ICAC 2019 ResNet-32/CIFAR-10 points"
+            + ("no accuracy model (your own model)" if yours else "accuracy: ICAC 2019 ResNet-32/CIFAR-10 points")
         ),
-        accuracy=PredictedAccuracy(),
+        accuracy=None if yours else PredictedAccuracy(),
         evacuation=DEFAULT_EVACUATION,
         ps_state_bytes=features.checkpoint_mb * 1e6,  # the checkpoint holds the values and the momentum
         notice_s=NOTICE_LEAD_S.get(cloud, NOTICE_LEAD_S["gcp"]),

@@ -62,10 +62,12 @@ def parse_deadline_s(text: str, now: datetime | None = None) -> float:
 
 
 def _models(model: str, lifetime: str, catalog: str | None, cloud: str, rate: str | None = None,
-            model_error: bool = False):
+            model_error: bool = False, input_shape: str | None = None):
     from cmdare.plan.adapters import load_plan_models
+    from cmdare.workloads.commands import parse_shape
 
-    return load_plan_models(model, lifetime, catalog, cloud, rate, model_error=model_error)
+    return load_plan_models(model, lifetime, catalog, cloud, rate, model_error=model_error,
+                            input_shape=parse_shape(input_shape) if input_shape else None)
 
 
 def _check_names(prices, gpus: list[str], regions: list[str]) -> None:
@@ -92,6 +94,8 @@ _Rate = Annotated[str | None, typer.Option(
     "--interruption-rate", help="Spot interruption rate overriding the catalog's (--lifetime auto): 8%/month, 2%/day "
     "or an AWS band <5%, 5-10%, 10-15%, 15-20%, >20%.")]
 _CkptEvery = Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints.")]
+_InputShape = Annotated[str | None, typer.Option(
+    "--input-shape", help="Your own model (an import path): one sample's shape, e.g. 32 (default: 3,32,32).")]
 _Deadline = Annotated[str | None, typer.Option("--deadline", help="e.g. 2h, 90min, or a clock time.")]
 _Catalog = Annotated[str | None, typer.Option("--catalog", help="Price catalog file or name (icac2019).")]
 _Cloud = Annotated[str, typer.Option("--cloud", help="Cloud whose prices apply: gcp or aws.")]
@@ -155,6 +159,7 @@ def plan(
         typer.Option("--min-accuracy", help="Keep configurations predicted to reach this final accuracy, e.g. 0.91."),
     ] = None,
     start_hour: _StartHour = None,
+    input_shape: _InputShape = None,
     ps_market: Annotated[str, typer.Option(
         "--ps-market", help="Parameter servers on on-demand servers, spot servers (evacuated within their "
         "notice), or any: both, compared.")] = "on-demand",
@@ -183,7 +188,7 @@ def plan(
         if not Path(plot).expanduser().parent.exists():  # fail before minutes of simulation, not after
             raise DataNotFoundError(f"folder for the plot does not exist: {Path(plot).parent}")
     job = JobSpec(model, steps, checkpoint_every, start_hour=_start_hour(start_hour))
-    models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error),
+    models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape),
                               ps_market != "on-demand")
     gpu_list = _split(gpus) if gpus is not None else models.prices.default_gpus()
     region_list = _split(regions) if regions is not None else [models.prices.default_region(gpu_list)]
@@ -244,6 +249,7 @@ def simulate_cmd(
     steps: Annotated[int, typer.Option("--steps", help="Global training steps.")],
     workers: Annotated[str, typer.Option("--workers", help="GPU mix, e.g. k80:8 or v100:1,p100:1,k80:2.")],
     ps: Annotated[int, typer.Option("--ps", help="Parameter servers (0: single-server training).")] = 1,
+    input_shape: _InputShape = None,
     transient: Annotated[bool, typer.Option("--transient/--on-demand", help="Worker pricing.")] = False,
     ps_transient: _PsTransient = False,
     region: Annotated[str | None, typer.Option(
@@ -284,7 +290,7 @@ def simulate_cmd(
             raise UserInputError("give --trace FILE or --revocations, not both")
         revocations = f"trace={trace}"
     lifetime, source, revocation_plan = _revocation_source(revocations, lifetime, seed)
-    models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error),
+    models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape),
                               ps_transient)
     region = region or models.prices.default_region([g.gpu for g in parse_workers(workers, transient, "")])
     groups = parse_workers(workers, transient, region)

@@ -222,16 +222,23 @@ def _table(kind: str, input_path: Path, output_path: Path | None, remote: bool =
         typer.echo(f"wrote {len(out)} rows to {output_path}")
 
 
-def _model(name: str | None) -> str:
-    """``--model``, given; a model CM-DARE did not measure gets a note on stderr: its prediction extrapolates."""
+def _model(name: str | None, input_shape: str | None = None):
+    """``--model``'s features (at ``--input-shape`` for your own model); a model CM-DARE did not measure gets a
+    note on stderr: its prediction extrapolates."""
     from cmdare.predict.workloads import workload_features
+    from cmdare.workloads.commands import parse_shape
 
-    w = workload_features(_need(name, "--model"))
+    w = workload_features(_need(name, "--model"), parse_shape(input_shape) if input_shape else None)
     if not w.measured:
-        typer.echo(f"note: {w.name} was not measured by CM-DARE; predicted from its profile ({w.model_flops / 1e9:.2f} "
-                   f"GFLOPs per sample trained, {w.num_params:,} parameters): this extrapolates from the public "
-                   "data", err=True)
-    return w.name
+        at = f" at input {input_shape}" if input_shape else ""
+        typer.echo(f"note: {w.name} was not measured by CM-DARE; predicted from its profile{at} "
+                   f"({w.model_flops / 1e9:.4g} GFLOPs per sample trained, {w.num_params:,} parameters): this "
+                   "extrapolates from the public data", err=True)
+    return w
+
+
+_INPUT_SHAPE = typer.Option(None, "--input-shape", help="Your own model (an import path): one sample's shape, e.g. "
+                            "32 for a vector of 32 (default: 3,32,32, CIFAR's images).")
 
 
 def _need(value, flag: str):
@@ -249,6 +256,7 @@ def step_time_cmd(
     ),
     gpu: str = typer.Option(None, "--gpu", help="GPU type (k80, p100, v100, t4, l4, a100, h100) or its TFLOPS."),
     latency_ms: float = typer.Option(0.3, "--latency-ms", min=0.0, help="Worker-PS network latency."),
+    input_shape: str = _INPUT_SHAPE,
     input_path: Path = _INPUT,
     output_path: Path = _OUTPUT,
     level: float = _INTERVAL,
@@ -261,7 +269,7 @@ def step_time_cmd(
     g = _need(gpu, "--gpu")
     with contextlib.suppress(ValueError):
         g = float(g)
-    t = predict_step_time_s(_model(model), g, latency_ms)
+    t = predict_step_time_s(_model(model, input_shape), g, latency_ms)
     if level is None:
         typer.echo(f"{t:.4f} s/step")
         return
@@ -279,6 +287,7 @@ def cluster_speed_cmd(
     placement: str = typer.Option(
         "round-robin", "--placement", help="Tensor placement on the PS: round-robin, greedy, mxnet, byteps, psld."
     ),
+    input_shape: str = _INPUT_SHAPE,
     input_path: Path = _INPUT,
     output_path: Path = _OUTPUT,
     level: float = _INTERVAL,
@@ -288,7 +297,8 @@ def cluster_speed_cmd(
         return _table("cluster-speed", input_path, output_path)
     from cmdare.predict import predict_cluster_steps_per_s
 
-    speed = predict_cluster_steps_per_s(_model(model), _need(workers, "--workers"), ps, placement=placement)
+    speed = predict_cluster_steps_per_s(_model(model, input_shape), _need(workers, "--workers"), ps,
+                                        placement=placement)
     if level is None:
         typer.echo(f"{speed:.3f} steps/s")
         return

@@ -28,6 +28,7 @@ __all__ = [
     "own_speed_rows",
     "refinement_note",
     "step_scale",
+    "run_features",
     "zoo_workload_features",
 ]
 
@@ -59,11 +60,12 @@ def own_speed_rows(store) -> pd.DataFrame:
         gpu = next((str(s.gpu_type) for s in workers if isinstance(s.gpu_type, str)), str(cfg.get("gpu") or "k80"))
         n = int(cfg.get("workers") or len(rates)) if str(cfg.get("workers", "")).isdigit() else len(rates)
         rows.append({
-            "run_id": run.run_id, "model": str(cfg["model"]), "gpu": gpu.lower(), "workers": n,
+            "run_id": run.run_id, "model": str(cfg["model"]), "dataset": str(cfg.get("dataset") or ""),
+            "gpu": gpu.lower(), "workers": n,
             "ps": int(cfg.get("ps") or 1), "placement": str(cfg.get("placement") or "round-robin"),
             "speed": float(sum(sorted(rates, reverse=True)[:n])),
         })
-    return pd.DataFrame(rows, columns=["run_id", "model", "gpu", "workers", "ps", "placement", "speed"])
+    return pd.DataFrame(rows, columns=["run_id", "model", "dataset", "gpu", "workers", "ps", "placement", "speed"])
 
 
 def zoo_workload_features(model: str):
@@ -74,6 +76,26 @@ def zoo_workload_features(model: str):
     p = profile_model(model)
     return WorkloadFeatures(model, model, float(p.flops_per_sample_train), p.num_params, p.num_tensors,
                             p.checkpoint_bytes / 1e6, source="cmdare zoo profiler")
+
+
+def run_features(model: str, dataset: str = ""):
+    """Features of a recorded run's network: a zoo model's profile at CIFAR's shape; your own model, trained on
+    your own data (both import paths), profiled on one sample of that data (its code must import here).
+
+    Raises:
+        UserInputError: your code does not import here (the message names the path and the node).
+    """
+    from cmdare.tasks import is_builtin_dataset
+    from cmdare.workloads.import_path import is_import_path
+
+    if not (is_import_path(model) and is_import_path(dataset)) or is_builtin_dataset(dataset):
+        return zoo_workload_features(model)
+    from cmdare.predict.workloads import module_features
+    from cmdare.tasks import build_task
+
+    task = build_task(model, dataset)
+    x, _ = next(task.stream(0, 1, 1, 0))
+    return module_features(model, task.build(), tuple(x.shape[1:]))
 
 
 def _fit_scales(prior, rows: pd.DataFrame, ridge: float) -> np.ndarray:
@@ -103,10 +125,11 @@ def fit_speed_refinement(rows: pd.DataFrame, speed_with_scales, ridge: float = R
     out: dict = {"ridge": ridge, "gpus": {}}
     if rows.empty:
         return out
-    feats = {m: zoo_workload_features(m) for m in rows["model"].unique()}
+    pairs = rows[["model", "dataset"]].drop_duplicates().itertuples(index=False)
+    feats = {(m, d): run_features(m, d) for m, d in pairs}
 
     def prior(r, step: float = 1.0, demand: float = 1.0) -> float:
-        return speed_with_scales(feats[r.model], {r.gpu: int(r.workers)}, int(r.ps), _known(r.placement),
+        return speed_with_scales(feats[r.model, r.dataset], {r.gpu: int(r.workers)}, int(r.ps), _known(r.placement),
                                  step_scales={r.gpu: step}, demand_scale=demand)
 
     for gpu in sorted(rows["gpu"].unique()):

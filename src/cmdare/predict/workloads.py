@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from cmdare.errors import UnknownNameError
 from cmdare.workloads.families import MEASURED_AS
@@ -151,15 +152,21 @@ def list_published_workloads() -> list[str]:
     return list(_WORKLOADS)
 
 
-def workload_features(name: str | WorkloadFeatures) -> WorkloadFeatures:
+def workload_features(name: str | WorkloadFeatures, input_shape: tuple[int, ...] | None = None) -> WorkloadFeatures:
     """The features of the network ``name`` names: measured (:func:`published_workload`) where CM-DARE
-    measured it, else from cmdare's profiler (:func:`profiled_features`, ``measured`` False).
+    measured it, else from cmdare's profiler (:func:`profiled_features`, ``measured`` False). ``input_shape``:
+    one sample's shape, for your own model (default CIFAR's 3x32x32, where CM-DARE measured).
 
     Raises:
         UnknownNameError: neither a model (``cmdare workloads``) nor a published name.
     """
     if isinstance(name, WorkloadFeatures):
         return name
+    if input_shape is not None and tuple(input_shape) != CIFAR_SHAPE:
+        from cmdare.workloads.registry import check_model_name
+
+        check_model_name(name)
+        return profiled_features(name, tuple(input_shape))
     try:
         return published_workload(name)
     except UnknownNameError:
@@ -173,13 +180,28 @@ def workload_features(name: str | WorkloadFeatures) -> WorkloadFeatures:
     return profiled_features(name)
 
 
+CIFAR_SHAPE = (3, 32, 32)
+
+
 @lru_cache(maxsize=64)
-def profiled_features(name: str) -> WorkloadFeatures:
-    """Features of model ``name`` from cmdare's profiler at CIFAR's 3x32x32: training FLOPs per sample (T2T's
-    convention), parameters, tensors, and a checkpoint of parameters and momentum (float32), as the
-    measured networks' checkpoints hold."""
+def profiled_features(name: str, input_shape: tuple[int, ...] = CIFAR_SHAPE) -> WorkloadFeatures:
+    """Features of model ``name`` from cmdare's profiler at ``input_shape`` (CIFAR's 3x32x32 by default):
+    training FLOPs per sample (T2T's convention), parameters, tensors, and a checkpoint of parameters and
+    momentum (float32), as the measured networks' checkpoints hold."""
     from cmdare.workloads.profile import profile_model
 
-    p = profile_model(name)
+    return _features(name, profile_model(name, input_shape))
+
+
+def module_features(name: str, module: Any, input_shape: tuple[int, ...]) -> WorkloadFeatures:
+    """Features of a built ``module`` (your model, as a run builds it) at one sample's ``input_shape``."""
+    from cmdare.workloads.profile import profile_model
+
+    return _features(name, profile_model(module, input_shape))
+
+
+def _features(name: str, p: Any) -> WorkloadFeatures:
+    checkpoint_mb = 2 * 4 * p.num_params / 1e6  # parameters and momentum, float32; to 10 kB as published, a tiny
+    checkpoint_mb = round(checkpoint_mb, 2) if checkpoint_mb >= 0.01 else checkpoint_mb  # model's kept exact
     return WorkloadFeatures(name, name, float(p.flops_per_sample_train), p.num_params, p.num_tensors,
-                            round(2 * 4 * p.num_params / 1e6, 2), p.max_tensor_mb, EXTRAPOLATED, measured=False)
+                            checkpoint_mb, p.max_tensor_mb, EXTRAPOLATED, measured=False)

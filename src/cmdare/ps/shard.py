@@ -31,6 +31,7 @@ from cmdare.ps.channel import ChannelAddress, ChannelServer, channels_enabled
 from cmdare.ps.optimizer import OptimizerConfig
 from cmdare.ps.shard_sessions import AsyncSession, StagedGradient, SyncSession, scatter_ranges
 from cmdare.ps.shard_state import BlockData, ShardState, ShardStats
+from cmdare.ps.tcp_channel import TcpChannelAddress, TcpChannelServer, tcp_channels_enabled
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class _ShardActorBase:
 
     state: ShardState
     _channel: ChannelServer | None = None
+    _tcp: TcpChannelServer | None = None
 
     def _init_base(self) -> None:
         self._lock = threading.Lock()
@@ -90,7 +92,7 @@ class _ShardActorBase:
 
     def _params_out(self) -> np.ndarray:
         """The parameters to return through Ray: the buffer itself, or a copy once channels serve pushes."""
-        return self.state.params if self._channel is None else self.state.params.copy()
+        return self.state.params if self._channel is None and self._tcp is None else self.state.params.copy()
 
     def load(self, data: BlockData) -> int:
         with self._whole_steps():
@@ -151,6 +153,16 @@ class _ShardActorBase:
         if self._channel is None and channels_enabled():
             self._channel = ChannelServer(self._session)
         return _node_id(), self._channel.address if self._channel is not None else None
+
+    def tcp_channel(self) -> TcpChannelAddress | None:
+        """This shard's channel for workers on other nodes: the same protocol over TCP, listening on this node's
+        Ray address (never a wildcard), with a secret of its own that Ray carries to the worker that asks; None
+        where it is off (``CMDARE_TCP=0``)."""
+        if self._tcp is None and tcp_channels_enabled():
+            import ray
+
+            self._tcp = TcpChannelServer(self._session, ray.util.get_node_ip_address())
+        return self._tcp.address if self._tcp is not None else None
 
     def _session(self, grad: np.ndarray, out: np.ndarray):
         raise NotImplementedError
@@ -336,6 +348,10 @@ class SyncShardActor(_ShardActorBase):
     async def channel(self) -> tuple[str, ChannelAddress | None]:  # type: ignore[override]
         self._loop = asyncio.get_running_loop()
         return _ShardActorBase.channel(self)
+
+    async def tcp_channel(self) -> TcpChannelAddress | None:  # type: ignore[override]
+        self._loop = asyncio.get_running_loop()
+        return _ShardActorBase.tcp_channel(self)
 
     # control-plane methods must not block the event loop's pending rounds
     async def load(self, data: BlockData) -> int:  # type: ignore[override]

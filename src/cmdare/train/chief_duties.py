@@ -51,6 +51,7 @@ class ChiefDuties:
         self.uploads, self.meta, self.infos, self.emitter, self.shards = uploads, meta, infos, emitter, shards
         self.last_accuracy: float | None = None
         self.last_loss: float | None = None
+        self.last_metrics: dict[str, float] = {}
         self.failed_uploads = 0
         self.snapshots: dict[int, Snapshot] = {}
         self.refs: dict[Any, tuple[C.StartDuty, float]] = {}  # duty call -> (its command, when it started)
@@ -108,9 +109,10 @@ class ChiefDuties:
             return [E.DutyDone(wall=wall, kind=cmd.kind, worker_id=cmd.worker_id, step=cmd.step, ok=False)]
         run_id = self.emitter.run_id
         if cmd.kind == "eval":
-            acc, loss, step = res
-            self.last_accuracy, self.last_loss = acc, loss
-            self.emitter.emit("on_eval", EvalReport(run_id, time.time(), step, cmd.worker_id, acc, loss))
+            result, step = res
+            self.last_accuracy, self.last_loss, self.last_metrics = result.accuracy, result.loss, result.metrics
+            self.emitter.emit("on_eval", EvalReport(run_id, time.time(), step, cmd.worker_id, result.accuracy,
+                                                    result.loss, dict(result.metrics)))
         else:
             ckpt = Checkpoint(snap.step, snap.params, snap.momentum, res, dict(self.meta, chief=cmd.worker_id))
             upload = Upload(snap.step, cmd.worker_id, len(self.infos), snap.stall_s, time.time() - started, started)

@@ -35,8 +35,14 @@ def default_revocations(revocations: str | None, address: str | None) -> str:
 
 def train_command(
     ctx: typer.Context,
-    model: str = typer.Option("resnet15", help="Workload name (see `cmdare workloads`)."),
-    dataset: str = typer.Option("digits", help="digits | synthetic | cifar10"),
+    model: str = typer.Option("resnet15", help="Workload name (see `cmdare workloads`), or your model factory's "
+                              "import path, e.g. mypkg.models:build_net."),
+    dataset: str = typer.Option("digits", help="digits | synthetic | cifar10, or your dataset's import path "
+                                "(a map-style Dataset, a DataLoader or a factory of one; e.g. mypkg.data:make_sets)."),
+    loss: str = typer.Option(None, help="Your loss function's import path, e.g. torch.nn.functional:mse_loss "
+                             "(default: cross-entropy)."),
+    metric: str = typer.Option(None, help="Your metric's import path: metric(output, target) -> a number or a dict "
+                               "of numbers, the batch mean (default: accuracy on a built-in dataset)."),
     data_dir: Path = typer.Option(None, "--data-dir", help="Directory of the CIFAR-10 python batches."),
     workers: str = typer.Option("2", help="Workers: a number (that many of --gpu) or a GPU mix, e.g. "
                                 "k80:2,v100:1 (each worker on a server of its type and price)."),
@@ -138,7 +144,8 @@ def train_command(
             gpus = float(gpus)
         except ValueError:
             raise UserInputError(f"--gpus-per-worker must be 'auto' or a number, got {gpus_per_worker!r}") from None
-    spec = TrainSpec(model=model, dataset=dataset, data_dir=str(data_dir) if data_dir else None, workers=num_workers,
+    spec = TrainSpec(model=model, dataset=dataset, loss=loss, metric=metric,
+                     data_dir=str(data_dir) if data_dir else None, workers=num_workers,
                      worker_gpus=worker_gpus,
                      ps=ps, steps=steps, batch_size=batch_size, sync=sync, placement=placement,
                      optimizer=OptimizerConfig(lr=lr, momentum=momentum, weight_decay=weight_decay),
@@ -193,9 +200,8 @@ def train_command(
     trainer = Trainer(spec, callbacks, address=address, any_cluster=any_cluster, run_id=run_id,
                       resume=resume is not None, resume_step=from_step)
     summary = trainer.run()
-    acc = f"{summary.final_accuracy:.3f}" if summary.final_accuracy is not None else "-"
     console.print(f"[bold]run {summary.run_id}[/] {summary.status}: step {summary.global_step} in "
-                  f"{summary.wall_s:.1f} s, test accuracy {acc}")
+                  f"{summary.wall_s:.1f} s, {test_line(summary)}")
     console.print(speed_line(summary), highlight=False)
     emulated = " (emulated servers, catalog prices)" if summary.details.get("emulated") else ""
     clock = "emulated cloud" if summary.details.get("clock") == "emulated" else "cluster"
@@ -213,6 +219,16 @@ def train_command(
     if summary.details.get("failed_checkpoints"):
         console.print(f"[bold yellow]warning:[/] {summary.details['failed_checkpoints']} checkpoint upload(s) "
                       "failed (see the checkpoint_failed events); the previous checkpoints stayed valid")
+
+
+def test_line(summary: RunSummary) -> str:
+    """``test accuracy 0.953`` (a built-in dataset), or the test loss and metrics of your own task."""
+    if summary.final_accuracy is not None:
+        return f"test accuracy {summary.final_accuracy:.3f}"
+    if summary.final_loss is None or summary.final_loss != summary.final_loss:
+        return "no test data"
+    metrics = "".join(f", {k} {v:.4g}" for k, v in summary.details.get("test_metrics", {}).items())
+    return f"test loss {summary.final_loss:.4g}{metrics}"
 
 
 def speed_line(summary: RunSummary) -> str:

@@ -51,17 +51,12 @@ def checkpoint_state_dict(ckpt: Checkpoint, spec: TrainSpec) -> dict[str, Any]:
     """
     import torch
 
-    from cmdare.datasets import load_dataset
-    from cmdare.workloads import build_model
-
-    data = load_dataset(spec.dataset, spec.data_dir, image_size=spec.image_size, channels=spec.channels,
-                        seed=spec.seed)
-    model = build_model(spec.model, num_classes=data.num_classes, in_channels=data.input_shape[0])
+    model = spec.task().build()
     params = list(model.parameters())
     count = sum(p.numel() for p in params)
     if ckpt.params.size != count:
         raise CheckpointError(f"the checkpoint of step {ckpt.step} holds {ckpt.params.size:,} parameters; "
-                              f"{spec.model} has {count:,}")
+                              f"{spec.model_name} has {count:,}")
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(torch.from_numpy(np.ascontiguousarray(ckpt.params, np.float32)), params)
         own = dict(model.named_buffers())
@@ -101,8 +96,10 @@ def write_safetensors(tensors: dict[str, Any], path: Path, metadata: dict[str, s
 
 
 def export_run(storage: Storage, output: str | os.PathLike[str], fmt: str = "torch",
-               step: int | None = None) -> Exported:
+               step: int | None = None, spec: TrainSpec | None = None) -> Exported:
     """Write the model of the run stored at ``storage`` (its checkpoint of ``step``, default the newest).
+    ``spec``: the run's spec (default: the one the checkpoint records; give it for a run of Python objects
+    that no other process can import).
 
     Raises:
         UserInputError: an unknown format, or an output that is a directory.
@@ -115,10 +112,12 @@ def export_run(storage: Storage, output: str | os.PathLike[str], fmt: str = "tor
         raise UserInputError(f"--output {out} is a directory: give a file name")
     store = CheckpointStore(storage)
     ckpt = store.load(store.resume_point(step))
-    spec_dict = (ckpt.meta or {}).get("spec")
-    if not isinstance(spec_dict, dict):
-        raise CheckpointError(f"the checkpoint of step {ckpt.step} in {storage.uri} does not name its run's model")
-    spec = TrainSpec.from_dict(spec_dict)
+    if spec is None:
+        spec_dict = (ckpt.meta or {}).get("spec")
+        if not isinstance(spec_dict, dict):
+            raise CheckpointError(f"the checkpoint of step {ckpt.step} in {storage.uri} does not name its run's "
+                                  "model")
+        spec = TrainSpec.from_dict(spec_dict)
     state = checkpoint_state_dict(ckpt, spec)
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "torch":
@@ -126,6 +125,6 @@ def export_run(storage: Storage, output: str | os.PathLike[str], fmt: str = "tor
 
         torch.save(state, out)
     else:
-        write_safetensors(state, out, {"model": spec.model, "step": str(ckpt.step), "format": "pt"})
+        write_safetensors(state, out, {"model": spec.model_name, "step": str(ckpt.step), "format": "pt"})
     count = sum(int(t.numel()) for k, t in state.items() if t.is_floating_point())
-    return Exported(out, ckpt.step, spec.model, len(state), count)
+    return Exported(out, ckpt.step, spec.model_name, len(state), count)

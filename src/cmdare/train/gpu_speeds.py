@@ -54,7 +54,7 @@ def compute_stretch(model: str, gpus: Iterable[str]) -> dict[str, float]:
 def emulated_step_stretch(spec: TrainSpec, emitter: RunEmitter) -> dict[str, float]:
     """The stretch of each GPU type of ``spec``'s mix, reported as an ``emulated_gpu_speeds`` event (so the
     store says the types' speeds were emulated, and by which factors)."""
-    stretch = compute_stretch(spec.model, spec.slot_gpus())
+    stretch = compute_stretch(spec.model_name, spec.slot_gpus())
     emitter.event("emulated_gpu_speeds", details={"step_stretch": stretch, "source": "step-time model"})
     return stretch
 

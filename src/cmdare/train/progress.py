@@ -41,7 +41,8 @@ class ProgressCallback(TrainCallback):
                              speed=report.cluster_steps_per_s, loss=report.loss)
 
     def on_eval(self, report: EvalReport) -> None:
-        self.progress.update(self.task, acc=f"{report.accuracy:.3f}")
+        shown = f"{report.accuracy:.3f}" if report.accuracy is not None else f"test loss {report.loss:.4g}"
+        self.progress.update(self.task, acc=shown)
 
     def on_event(self, report: EventReport) -> None:
         if report.kind == "cluster_joined":

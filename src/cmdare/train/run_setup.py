@@ -4,6 +4,7 @@ policy kernels and, in local emulation, the emulated clock."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from cmdare.control import (
     EmulatedClock,
@@ -15,10 +16,14 @@ from cmdare.control import (
     RunConfig,
     RunController,
 )
+from cmdare.errors import CmdareError
 from cmdare.train.gpu_speeds import catalog_offers, step_time_s
 from cmdare.train.spec import TrainSpec
 
-__all__ = ["DEFAULT_STEP_S", "PARK_MARGIN_S", "EmulatedStepTimes", "build_controller", "run_config"]
+if TYPE_CHECKING:
+    from cmdare.predict.workloads import WorkloadFeatures
+
+__all__ = ["DEFAULT_STEP_S", "PARK_MARGIN_S", "EmulatedStepTimes", "build_controller", "run_config", "run_workload"]
 
 PARK_MARGIN_S = 5.0  # on a real cluster the last shard parks at least this long before its deadline
 DEFAULT_STEP_S = 0.1  # emulated seconds per step of a GPU type the step-time model cannot rank
@@ -31,7 +36,7 @@ class EmulatedStepTimes(Mapping[str, float]):
     """Emulated cloud seconds per worker step, by GPU type: ``step=`` of ``--revocations`` for every type, else
     the step-time model's prediction for the run's model (asked once per type, when a type first appears)."""
 
-    def __init__(self, model: str, fixed_s: float | None, types: tuple[str, ...]):
+    def __init__(self, model: str | WorkloadFeatures, fixed_s: float | None, types: tuple[str, ...]):
         self.model, self.fixed_s = model, fixed_s
         self._known: dict[str, float] = {}
         for t in types:
@@ -53,6 +58,23 @@ class EmulatedStepTimes(Mapping[str, float]):
         return len(self._known)
 
 
+def run_workload(spec: TrainSpec) -> str | WorkloadFeatures:
+    """What the step-time model predicts the run's steps for: the model's name on a built-in dataset (the zoo's
+    networks at their measured or profiled features); your own model profiled on one sample of your data."""
+    from cmdare.tasks import is_builtin_dataset
+
+    if is_builtin_dataset(spec.dataset):
+        return spec.model_name
+    from cmdare.predict.workloads import module_features
+
+    task = spec.task()
+    x, _ = next(task.stream(0, 1, 1, spec.seed))
+    try:
+        return module_features(spec.model_name, task.build(), tuple(x.shape[1:]))
+    except CmdareError:  # the profiler cannot follow this network: the default step time
+        return spec.model_name
+
+
 def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool, checkpoints: str = "") -> RunConfig:
     """The controller's view of ``spec``: a real cluster's (wall clock, replacements join when up) or an
     emulated run's (cloud time from training, replacements join when their emulated start-up ends)."""
@@ -65,7 +87,8 @@ def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool, c
         replacement_timeout_s=spec.replacement_timeout_s if real else None, start_timeout_s=START_TIMEOUT_S,
         probe_after_s=max(PROBE_AFTER_S, 40 * spec.chunk_s), stuck_after_s=STUCK_AFTER_S,
         max_rollbacks=spec.max_rollbacks(), rollback_lr_scale=spec.rollback_lr_scale,
-        step_s=EmulatedStepTimes(spec.model, plan.step_s, tuple(spec.slot_gpus())), run_id=run_id,
+        step_s=EmulatedStepTimes(run_workload(spec) if plan.step_s is None else spec.model_name, plan.step_s,
+                                 tuple(spec.slot_gpus())), run_id=run_id,
         checkpoints=checkpoints)
 
 
@@ -74,7 +97,7 @@ def build_controller(spec: TrainSpec, plan: RevocationPlan, source: RevocationSo
     """The run's controller: the membership kernel (replacement, LR and chief policies; the revocation source),
     the PS-server kernel (the cloud's notice lead; the same source when it hits PS servers) and, in local
     emulation, the emulated clock."""
-    priced = spec.model if spec.replace in ("cheapest", "cost-efficient") else None  # speeds cost a model fit
+    priced = spec.model_name if spec.replace in ("cheapest", "cost-efficient") else None  # speeds cost a model fit
     kernel = MembershipKernel(spec.workers, replacement=spec.replace, lr_policy=spec.lr_policy, revocations=source,
                               offers=lambda lost: catalog_offers(lost, priced))
     ps_source = source if spec.ps_transient and plan.hits("ps") else NoRevocations()

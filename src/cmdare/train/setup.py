@@ -66,20 +66,16 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
     """
     import torch
 
-    from cmdare.datasets import BatchStream, load_dataset
-    from cmdare.workloads import build_model
-
-    data = load_dataset(spec.dataset, spec.data_dir, image_size=spec.image_size, channels=spec.channels,
-                        seed=spec.seed)
-    BatchStream(data, 0, spec.workers, spec.batch_size, spec.seed)  # a batch too big for a slot fails here, not in Ray
+    task = spec.task()
+    task.check(spec.batch_size, spec.workers, spec.seed)  # a batch too big for a slot, or a failing loss, fails here
     torch.manual_seed(spec.seed)
-    model = build_model(spec.model, num_classes=data.num_classes, in_channels=data.input_shape[0])
+    model = task.build()
     infos = param_infos((n, p.shape) for n, p in model.named_parameters())
     placement = get_placement(spec.placement).place(infos, spec.ps)
     empty = [k for k in range(spec.ps) if not placement.blocks_on(k)]
     if empty:  # a shard that holds nothing is a server billed for nothing
-        raise UserInputError(f"--ps {spec.ps}: {spec.model} has {len(placement.blocks)} parameter blocks and placement "
-                             f"{spec.placement} leaves {len(empty)} shard(s) empty; use fewer shards")
+        raise UserInputError(f"--ps {spec.ps}: {spec.model_name} has {len(placement.blocks)} parameter blocks and "
+                             f"placement {spec.placement} leaves {len(empty)} shard(s) empty; use fewer shards")
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
     momentum = np.zeros_like(params)
     buffers: dict[str, np.ndarray] = {}
@@ -95,7 +91,7 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
             where, ckpt = storage.url(name), _load_or_say_the_previous(store, name, resume_step)
         if ckpt.params.size != params.size:
             raise CheckpointError(f"checkpoint {where} holds {ckpt.params.size} parameters; model "
-                                  f"{spec.model} has {params.size}")
+                                  f"{spec.model_name} has {params.size}")
         params, momentum, buffers, step = ckpt.params, ckpt.momentum, ckpt.buffers, ckpt.step
         if step >= spec.steps:
             raise UserInputError(f"run {run_id} is already at step {step} >= --steps {spec.steps}")

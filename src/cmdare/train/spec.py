@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from cmdare.errors import UnknownNameError, UserInputError
 from cmdare.ps.optimizer_config import OptimizerConfig
 from cmdare.storage.location import mask_credentials
+
+if TYPE_CHECKING:
+    from cmdare.tasks import Task
 
 DEFAULT_ROLLBACKS = 3  # --on-diverge rollback
 MAX_ROLLBACKS = 100
@@ -41,10 +45,17 @@ class TrainSpec:
     """A training run's configuration. Defaults are the README's main job.
 
     ``steps`` is the target global step (pushes applied, as in CM-DARE's asynchronous mode).
+
+    ``model``, ``dataset``, ``loss`` and ``metric`` may be your own code (:mod:`cmdare.tasks`): a model factory,
+    a map-style dataset, a ``DataLoader`` or a factory of them, a loss function and a metric function, as
+    objects (Ray takes them to the workers) or as import paths (``mypkg.models:build_net``, imported on each
+    worker).
     """
 
-    model: str = "resnet15"
-    dataset: str = "digits"
+    model: str | Callable[..., Any] = "resnet15"
+    dataset: str | Any = "digits"
+    loss: str | Callable[..., Any] | None = None  # default: cross-entropy
+    metric: str | Callable[..., Any] | None = None  # default: accuracy on a built-in dataset, none on yours
     data_dir: str | None = None
     workers: int = 2
     ps: int = 1
@@ -113,11 +124,21 @@ class TrainSpec:
 
     def __post_init__(self) -> None:
         from cmdare.datasets import list_datasets
+        from cmdare.tasks import check_part
+        from cmdare.workloads.import_path import is_import_path
         from cmdare.workloads.registry import check_model_name
 
-        check_model_name(self.model)
-        if self.dataset not in list_datasets():
+        if isinstance(self.model, str) and not self.model.startswith("<"):
+            check_model_name(self.model)
+        else:
+            check_part(self.model, "--model")
+        if isinstance(self.dataset, str) and self.dataset not in list_datasets() and not is_import_path(self.dataset):
+            if self.dataset.startswith("<"):
+                check_part(self.dataset, "--dataset")
             raise UnknownNameError("dataset", str(self.dataset), list_datasets())
+        for option, part in (("--loss", self.loss), ("--metric", self.metric)):
+            if part is not None:
+                check_part(part, option)
         for name, value in vars(self).items():
             if isinstance(value, float) and math.isnan(value):
                 raise UserInputError(f"--{name.replace('_', '-')} must be a number, got nan")
@@ -155,6 +176,24 @@ class TrainSpec:
         self.max_rollbacks()  # validates
         if not 0 < self.rollback_lr_scale <= 1:
             raise UserInputError(f"--rollback-lr-scale must be in (0, 1], got {self.rollback_lr_scale}")
+
+    @property
+    def model_name(self) -> str:
+        """The model as the run records it: a zoo name, an import path or ``<python NAME>``."""
+        from cmdare.tasks import part_name
+
+        return part_name(self.model)
+
+    def task(self) -> Task:
+        """The run's :class:`~cmdare.tasks.Task`: the model, this process's view of the data, the loss, the metric.
+
+        Raises:
+            UserInputError: a part that does not import, a factory that raises, an empty dataset.
+        """
+        from cmdare.tasks import build_task
+
+        return build_task(self.model, self.dataset, loss=self.loss, metric=self.metric, data_dir=self.data_dir,
+                          image_size=self.image_size, channels=self.channels, seed=self.seed)
 
     def _gpu_counts(self) -> dict[str, int]:
         from cmdare.cloud.gpu_counts import parse_gpu_counts
@@ -211,7 +250,12 @@ class TrainSpec:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able configuration (stored with the run and in checkpoints; a password in ``storage`` is
         masked: it is stored nowhere)."""
-        data = asdict(self)
+        from cmdare.tasks import part_name
+
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["optimizer"] = asdict(self.optimizer)
+        for name in ("model", "dataset", "loss", "metric"):
+            data[name] = None if data[name] is None else part_name(data[name])
         if data.get("storage"):
             data["storage"] = mask_credentials(data["storage"])
         return data

@@ -294,6 +294,8 @@ class Trainer:
                                     cloud_now=self.controller.now if self.controller is not None else None)
         summary.details["clock"] = "emulated" if self.emulated_time else "wall"
         summary.details["resumed_from_step"] = self._first_step
+        if duties is not None and duties.last_metrics:
+            summary.details["test_metrics"] = dict(duties.last_metrics)
         return summary
 
 

@@ -24,8 +24,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch.nn.functional as F
-
 from cmdare.cloud.local import Server, ServerProvider
 from cmdare.cloud.servers import ServerSpec
 from cmdare.train.detached import DetachedCalls
@@ -61,12 +59,11 @@ class StandbyWorker(Worker):
 
     def __init__(self, spec: TrainSpec, threads: int | None = None):  # the member's part runs in adopt()
         self._build(spec, threads)
-        n = min(spec.batch_size, len(self.data.train_x))
-        model = self.model
-        F.cross_entropy(model(self.data.train_x[:n].to(self.device)), self.data.train_y[:n].to(self.device)).backward()
-        model.zero_grad(set_to_none=True)
+        x, y = next(self.task.stream(0, 1, spec.batch_size, spec.seed))
+        self.task.loss_of(self.model(x.to(self.device)), y.to(self.device)).backward()
+        self.model.zero_grad(set_to_none=True)
         self.step, self.watchers = -1, []
-        self.channels, self.pieces = {}, None  # as a worker's before its first layout (leave() closes them)
+        self.channels, self.same_node, self.pieces = {}, set(), None  # as before a first layout (leave() closes them)
         self.node_id, self.started_at = _ray_node_id(), time.time()
 
     def adopt(self, *args: Any) -> dict[str, Any]:

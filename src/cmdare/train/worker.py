@@ -15,12 +15,20 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from cmdare.ps.channel import ChannelClient, ChannelClosed, SharedHostMemory, channels_enabled, receive_all
+from cmdare.ps.channel import (
+    ChannelAddress,
+    ChannelClient,
+    ChannelClosed,
+    SharedHostMemory,
+    channels_enabled,
+    receive_all,
+)
 from cmdare.ps.layout import FlatLayout, model_flat_from_shard_arrays
 from cmdare.ps.placement import Placement
 from cmdare.ps.shard_state import complement
+from cmdare.ps.tcp_channel import TcpChannelClient, tcp_channels_enabled
+from cmdare.tasks import Evaluation
 from cmdare.train.checkpoint import Checkpoint
 from cmdare.train.overlap import GradientPieces, pieced_shard
 from cmdare.train.spec import TrainSpec
@@ -58,6 +66,8 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
+TCP_CONNECT_S = 10.0  # a shard's TCP channel not connected and authenticated in time is reached through Ray
+
 #: With several shards, per-shard waits are timed (a ``ray.wait`` per reply, ~0.7 ms a step for two
 #: shards) on every 4th step and scaled to all pushes; with one shard every step is timed for free.
 WAIT_SAMPLE_EVERY = 4
@@ -91,33 +101,27 @@ class Worker:
         self._join(worker_id, slot, num_slots, shards, placement, start_step, notice, stretch)
 
     def _build(self, spec: TrainSpec, threads: int | None) -> None:
-        """What any worker of the run needs: its device, the data and the model (a warm spare's part)."""
-        from cmdare.datasets import load_dataset
-        from cmdare.workloads import build_model
-
+        """What any worker of the run needs: its device, the task's data and the model (a warm spare's part)."""
         if threads:
             torch.set_num_threads(threads)
         self.spec = spec
         self.device = pick_device()
         torch.manual_seed(spec.seed)
-        self.data = load_dataset(spec.dataset, spec.data_dir, image_size=spec.image_size,
-                                 channels=spec.channels, seed=spec.seed)
-        self.model = build_model(spec.model, num_classes=self.data.num_classes,
-                                 in_channels=self.data.input_shape[0]).to(self.device)
+        self.task = spec.task()
+        self.model = self.task.build().to(self.device)
 
     def _join(self, worker_id: int, slot: int, num_slots: int, shards: Sequence[Any], placement: Placement,
               start_step: int, notice: tuple[str, str] | None, stretch: float) -> None:
         """Become member ``worker_id`` of data slot ``slot``: its batch stream, the shards, the notice watchers."""
-        from cmdare.datasets import BatchStream
-
         spec = self.spec
         self.worker_id, self.slot, self.num_slots = worker_id, slot, num_slots
         # Resume where the data stream was: in synchronous mode every worker consumed one batch per global
         # step; asynchronously the workers share the steps, about step / num_slots batches each.
-        self.stream = BatchStream(self.data, slot, num_slots, spec.batch_size, spec.seed,
-                                  start_batch=start_step if spec.sync else start_step // num_slots)
+        self.stream = self.task.stream(slot, num_slots, spec.batch_size, spec.seed,
+                                       start_batch=start_step if spec.sync else start_step // num_slots)
         self.node_id = _ray_node_id()  # None outside Ray (a plain object in tests)
-        self.channels: dict[int, ChannelClient] = {}  # shard index -> same-node channel
+        self.channels: dict[int, ChannelClient | TcpChannelClient] = {}  # shard index -> its channel
+        self.same_node: set[int] = set()  # the shards of self.channels on this worker's node
         self.pieces: GradientPieces | None = None  # gradient pieces announced during backward
         self.ray_pieces: list[Any] = []  # refs of the pieces sent through Ray this step
         self._bind(placement, shards)
@@ -138,9 +142,9 @@ class Worker:
         return self.pull()
 
     def _bind(self, placement: Placement, shards: Sequence[Any]) -> None:
-        """Lay the model out for ``placement`` and open a channel to every shard on this worker's node
-        (its host buffers then live in shared memory); other shards are reached through Ray."""
-        import ray
+        """Lay the model out for ``placement`` and open a channel to every shard: on this worker's node the
+        shared-memory one (its host buffers then live in shared memory), on another node the TCP one; a shard
+        whose channel cannot be opened is reached through Ray, with the reason logged."""
 
         self.shards = list(shards)
         self._close_channels()
@@ -152,24 +156,57 @@ class Worker:
         self.layout = FlatLayout(params, placement, self.device,
                                  host=(memory.params, memory.grads) if memory is not None else None)
         live = self._live_shards()
-        replies: list = []
+        nodes = self._shard_nodes(live) if self.node_id else {}
         if memory is not None:
-            try:
-                replies = ray.get([self.shards[k].channel.remote() for k in live])
-            except ray.exceptions.RayError:  # a shard is gone (it is being replaced): every push goes through Ray
-                replies = [(None, None)] * len(live)
-            for k, (node, address) in zip(live, replies, strict=True):
-                if address is not None and node == self.node_id:
-                    a, b = self.layout.shard_ranges[k]
-                    try:
-                        self.channels[k] = ChannelClient(address, memory, a, b - a)
-                    except OSError as err:  # e.g. another network namespace: reached through Ray
-                        log.warning("shard %d's channel refused or unreachable (%s): pushes go through Ray", k, err)
+            self._open_same_node(memory, nodes)
             memory.close()  # the shards hold their own descriptors; the buffers stay mapped
+        if tcp_channels_enabled():
+            self._open_tcp([k for k, (node, _) in nodes.items() if node is not None and node != self.node_id])
         spans = self.layout.param_spans()
-        pieced = [k for k in live if pieced_shard(self.spec, k in self.channels, self.layout.shard_ranges[k])]
+        pieced = [k for k in live if pieced_shard(self.spec, k in self.same_node, self.layout.shard_ranges[k])]
         if pieced and spans is not None:
             self.pieces = GradientPieces(params, spans, self.layout.shard_ranges, pieced, self._announce_piece)
+
+    def _shard_nodes(self, live: list[int]) -> dict[int, tuple[str | None, ChannelAddress | None]]:
+        """Each live shard's Ray node and same-node channel address (None, None for a shard that is gone)."""
+        import ray
+
+        try:
+            replies = ray.get([self.shards[k].channel.remote() for k in live])
+        except ray.exceptions.RayError:  # a shard is gone (it is being replaced): every push goes through Ray
+            replies = [(None, None)] * len(live)
+        return dict(zip(live, replies, strict=True))
+
+    def _open_same_node(self, memory: SharedHostMemory,
+                        nodes: dict[int, tuple[str | None, ChannelAddress | None]]) -> None:
+        for k, (node, address) in nodes.items():
+            if address is not None and node == self.node_id:
+                a, b = self.layout.shard_ranges[k]
+                try:
+                    self.channels[k] = ChannelClient(address, memory, a, b - a)
+                    self.same_node.add(k)
+                except OSError as err:  # e.g. another network namespace: reached through Ray
+                    log.warning("shard %d's channel refused or unreachable (%s): pushes go through Ray", k, err)
+
+    def _open_tcp(self, remote: list[int]) -> None:
+        """TCP channels to the shards on other nodes (their gradient and parameters stream between this
+        worker's host buffers and the shard's memory; Ray carried only the address and the secret)."""
+        import ray
+
+        try:
+            addresses = ray.get([self.shards[k].tcp_channel.remote() for k in remote])
+        except ray.exceptions.RayError:
+            return
+        for k, address in zip(remote, addresses, strict=True):
+            if address is None:
+                continue
+            a, b = self.layout.shard_ranges[k]
+            try:
+                self.channels[k] = TcpChannelClient(address, self.layout.host_params_np[a:b],
+                                                    self.layout.host_grads_np[a:b], timeout=TCP_CONNECT_S)
+            except OSError as err:  # no route, a firewall, a refused handshake: Ray still reaches it
+                log.warning("shard %d's TCP channel at %s:%d refused or unreachable (%s): pushes go through Ray",
+                            k, address.host, address.port, err)
 
     def _announce_piece(self, shard: int, lo: int, hi: int) -> None:
         """From backward: elements ``[lo, hi)`` of ``shard``'s range are final (brought to host memory
@@ -197,7 +234,7 @@ class Worker:
     def _close_channels(self) -> None:
         for channel in self.channels.values():
             channel.close()
-        self.channels = {}
+        self.channels, self.same_node = {}, set()
 
     def _channel_lost(self, err: ChannelClosed) -> None:
         """A channel closed under a push: raise Ray's error for the shard that died (the coordinator maps
@@ -222,9 +259,12 @@ class Worker:
         return self.step
 
     def data_paths(self) -> dict[str, list[int]]:
-        """Which shards (placement indices) this worker reaches by a same-node channel and which by Ray."""
+        """Which shards (placement indices) this worker reaches by the same-node channel, by the TCP channel (on
+        another node) and through Ray."""
         live = self._live_shards()
-        return {"channel": [k for k in live if k in self.channels], "ray": [k for k in live if k not in self.channels]}
+        return {"channel": [k for k in live if k in self.same_node],
+                "tcp": [k for k in live if k in self.channels and k not in self.same_node],
+                "ray": [k for k in live if k not in self.channels]}
 
     def _live_shards(self) -> list[int]:
         return [k for k, (a, b) in enumerate(self.layout.shard_ranges) if b > a]
@@ -263,7 +303,7 @@ class Worker:
             x, y = next(self.stream)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             self.layout.zero_grads()
-            loss = F.cross_entropy(self.model(x), y)
+            loss = self.task.loss_of(self.model(x), y)
             if self.pieces is not None:
                 self.ray_pieces = []
                 self.pieces.arm()
@@ -313,10 +353,10 @@ class Worker:
     # -- chief duties ----------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, params: np.ndarray | None = None, step: int | None = None,
-                 max_samples: int | None = None) -> tuple[float, float, int]:
-        """Test accuracy and loss of ``params`` (the flat parameters of ``step``, in model order; default: the
-        parameters this worker holds); returns (accuracy, loss, step). Given parameters replace the held
-        ones, as a pull would (they are at least as new)."""
+                 max_samples: int | None = None) -> tuple[Evaluation, int]:
+        """The test loss and metrics (accuracy on a built-in dataset) of ``params`` (the flat parameters of
+        ``step``, in model order; default: the parameters this worker holds), and the step. Given parameters
+        replace the held ones, as a pull would (they are at least as new)."""
         if params is not None:
             flat, at = torch.from_numpy(np.asarray(params, np.float32)), 0
             for p in self.model.parameters():  # in place: the layout's views of the parameters stay
@@ -324,17 +364,9 @@ class Worker:
                 at += p.numel()
             self.step = max(self.step, int(step)) if step is not None else self.step
         self.model.eval()
-        x, y = self.data.test_x, self.data.test_y
-        if max_samples:
-            x, y = x[:max_samples], y[:max_samples]
-        correct, loss_sum = 0, 0.0
-        for i in range(0, len(x), 512):
-            xb, yb = x[i:i + 512].to(self.device), y[i:i + 512].to(self.device)
-            out = self.model(xb)
-            loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
-            correct += int((out.argmax(1) == yb).sum())
+        result = self.task.evaluate(self.model, self.device, max_samples)
         self.model.train()
-        return correct / max(len(x), 1), loss_sum / max(len(x), 1), self.step
+        return result, self.step
 
     def buffers(self) -> dict[str, np.ndarray]:
         """Non-trainable state (batch-norm running statistics) of this worker's model."""

@@ -12,19 +12,22 @@ from cmdare.errors import UserInputError
 _FORMATS = ("table", "json")
 
 
-def _parse_shape(text: str) -> tuple[int, int, int]:
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``--input-shape``: ``3,32,32`` or ``3x32x32`` (an image's C,H,W), or any sample's shape (``32``) for
+    your own model (the profiler checks it against the model)."""
     parts = [p.strip() for p in text.replace("x", ",").split(",") if p.strip()]
     try:
         shape = tuple(int(p) for p in parts)
     except ValueError:
-        raise UserInputError(f"--input-shape must look like 3,32,32, got {text!r}") from None
-    if len(shape) != 3:
-        raise UserInputError(f"--input-shape must have 3 values C,H,W, got {text!r}")
-    return shape  # type: ignore[return-value]
+        raise UserInputError(f"--input-shape must look like 3,32,32 (or 32 for a vector), got {text!r}") from None
+    if not shape:
+        raise UserInputError(f"--input-shape must give at least one size, got {text!r}")
+    return shape
 
 
 def workloads(
-    input_shape: Annotated[str, typer.Option("--input-shape", help="C,H,W of one sample.")] = "3,32,32",
+    input_shape: Annotated[str, typer.Option("--input-shape", help="C,H,W of one image; for your own model "
+                                             "(an import path) any sample's shape, e.g. 32.")] = "3,32,32",
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
     models: Annotated[list[str] | None, typer.Option("--model", "-m", help="Only these models (repeatable).")] = None,
     num_classes: Annotated[int, typer.Option("--num-classes", help="Classifier outputs.")] = 10,
@@ -36,7 +39,7 @@ def workloads(
 
     if fmt not in _FORMATS:
         raise UserInputError(f"--format must be one of {', '.join(_FORMATS)}, got {fmt!r}")
-    shape = _parse_shape(input_shape)
+    shape = parse_shape(input_shape)
     from rich.console import Console
     from rich.progress import track
 

@@ -41,7 +41,7 @@ class WorkloadProfile:
     """Static figures of one model at one input shape (per sample, float32)."""
 
     name: str
-    input_shape: tuple[int, int, int]
+    input_shape: tuple[int, ...]  # (C, H, W) for the zoo; any shape of one sample for your own model
     num_classes: int
     flops_per_sample_forward: int
     flops_per_sample_train: int
@@ -85,14 +85,20 @@ class _ByteCounter(io.RawIOBase):
         return n
 
 
-def _check_shape(input_shape: Any) -> tuple[int, int, int]:
+def _check_shape(input_shape: Any, image: bool = True) -> tuple[int, ...]:
+    """``input_shape`` as integers: ``(C, H, W)`` with H, W >= 8 for an image model (the zoo), any shape of
+    positive sizes for your own model (``image`` False)."""
     try:
         shape = tuple(int(v) for v in input_shape)
     except (TypeError, ValueError):
-        raise UserInputError(f"input shape must be C,H,W integers, got {input_shape!r}") from None
+        raise UserInputError(f"input shape must be integers such as C,H,W, got {input_shape!r}") from None
+    if not image:
+        if not shape or min(shape) < 1:
+            raise UserInputError(f"input shape must be one or more positive sizes, got {input_shape!r}")
+        return shape
     if len(shape) != 3 or shape[0] < 1 or min(shape[1:]) < 8:
         raise UserInputError(f"input shape must be C,H,W with C >= 1 and H, W >= 8, got {input_shape!r}")
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 def count_flops_forward(model: nn.Module, input_shape: tuple[int, int, int]) -> int:
@@ -207,8 +213,10 @@ def profile_model(
         UnknownNameError: unknown model name.
         UserInputError: a malformed ``input_shape`` (needs C, H, W with H, W >= 8).
     """
-    shape = _check_shape(input_shape)
+    from cmdare.workloads.import_path import is_import_path
+
     if not isinstance(name_or_module, str):
+        shape = _check_shape(input_shape, image=False)
         return _profile_module(type(name_or_module).__name__, name_or_module, shape, num_classes)
     from cmdare.workloads.families import builtin_model_names
     from cmdare.workloads.registry import check_model_name
@@ -216,8 +224,7 @@ def profile_model(
 
     name, classes = name_or_module, int(num_classes)
     check_model_name(name)
-    from cmdare.workloads.import_path import is_import_path
-
+    shape = _check_shape(input_shape, image=not is_import_path(name))
     if is_import_path(name):
         return _path_profile(name, shape, classes)  # the user's code may change: kept for this process only
     spec = MODELS.get(name)
@@ -230,7 +237,13 @@ def profile_model(
 def _path_profile(path: str, shape: tuple[int, int, int], num_classes: int) -> WorkloadProfile:
     from cmdare.workloads.registry import build_model
 
-    return _profile_module(path, build_model(path, num_classes, shape[0]), shape, num_classes)
+    model = build_model(path, num_classes, shape[0])
+    try:
+        return _profile_module(path, model, shape, num_classes)
+    except Exception as err:  # noqa: BLE001 - the user's network does not take this input: one line
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise UserInputError(f"--model {path}: cannot profile it on input of shape {','.join(map(str, shape))} "
+                             f"({type(err).__name__}: {first}); give the shape of one sample, --input-shape") from None
 
 
 @functools.lru_cache(maxsize=256)
