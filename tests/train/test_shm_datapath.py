@@ -128,18 +128,20 @@ def test_async_run_through_channels_equals_the_run_through_ray(nodes):
     np.testing.assert_array_equal(fast, plain)
 
 
-def test_a_shard_that_dies_under_a_channel_is_a_shard_loss(nodes):
+@pytest.mark.parametrize("path", ["channel", "tcp"])
+def test_a_shard_that_dies_under_a_channel_is_a_shard_loss(nodes, path):
+    """On the same node (the shared-memory channel) or another (the TCP channel), as through Ray."""
     import ray
 
-    head, _ = nodes
+    head, other = nodes
     spec = _spec(sync=False, ps=1, workers=1)
     infos, params, momentum, _, _ = initial_state(spec, "t", None, None, False)
     placement = get_placement(spec.placement).place(infos, 1)
-    shard = ray.remote(AsyncShardActor).options(num_cpus=0, **_on(head)).remote(0, OPT)
+    shard = ray.remote(AsyncShardActor).options(num_cpus=0, **_on(head if path == "channel" else other)).remote(0, OPT)
     ray.get(shard.load.remote(BlockData(tuple(placement.blocks_on(0)), params, momentum, 0)))
     worker = ray.remote(Worker).options(num_cpus=0, **_on(head)).remote(0, 0, 1, spec, [shard], placement, 1, 0,
                                                                          None, 1.0)
-    assert ray.get(worker.data_paths.remote()) == {"channel": [0], "tcp": [], "ray": []}
+    assert ray.get(worker.data_paths.remote()) == {"channel": [], "tcp": [], "ray": [], path: [0]}
     assert ray.get(worker.run_steps.remote(3, 60.0)).steps == 3
     ray.kill(shard)
     with pytest.raises(ray.exceptions.RayActorError) as err:
