@@ -73,7 +73,7 @@ def test_a_tcp_channel_that_cannot_open_leaves_the_shard_to_ray_and_says_why(nod
     spec = _spec(sync=False, ps=1, workers=1)
     infos, *_ = initial_state(spec, "t", None, None, False)
     shard = ray.remote(UnreachableShard).options(num_cpus=0).remote()
-    with caplog.at_level("WARNING", logger="cmdare.train.worker"):
+    with caplog.at_level("WARNING", logger="cmdare.train"):
         worker = Worker(0, 0, 1, spec, [shard], get_placement(spec.placement).place(infos, 1), 1, 0, None, 1.0)
     assert worker.data_paths() == {"channel": [], "tcp": [], "ray": [0]}
     assert any("shard 0's TCP channel at 127.0.0.1:" in m and "refused or unreachable" in m

@@ -16,21 +16,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from cmdare.ps.channel import (
-    ChannelAddress,
-    ChannelClient,
-    ChannelClosed,
-    SharedHostMemory,
-    channels_enabled,
-    receive_all,
-)
+from cmdare.ps.channel import ChannelClient, ChannelClosed, SharedHostMemory, channels_enabled, receive_all
 from cmdare.ps.layout import FlatLayout, model_flat_from_shard_arrays
 from cmdare.ps.placement import Placement
 from cmdare.ps.shard_state import complement
-from cmdare.ps.tcp_channel import TcpChannelClient, tcp_channels_enabled
+from cmdare.ps.tcp_channel import TcpChannelClient
 from cmdare.tasks import Evaluation
 from cmdare.train.checkpoint import Checkpoint
 from cmdare.train.overlap import GradientPieces, pieced_shard
+from cmdare.train.shard_channels import open_channels
 from cmdare.train.spec import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -65,8 +59,6 @@ def pick_device() -> torch.device:
         return torch.device("cuda", 0)
     return torch.device("cpu")
 
-
-TCP_CONNECT_S = 10.0  # a shard's TCP channel not connected and authenticated in time is reached through Ray
 
 #: With several shards, per-shard waits are timed (a ``ray.wait`` per reply, ~0.7 ms a step for two
 #: shards) on every 4th step and scaled to all pushes; with one shard every step is timed for free.
@@ -156,57 +148,11 @@ class Worker:
         self.layout = FlatLayout(params, placement, self.device,
                                  host=(memory.params, memory.grads) if memory is not None else None)
         live = self._live_shards()
-        nodes = self._shard_nodes(live) if self.node_id else {}
-        if memory is not None:
-            self._open_same_node(memory, nodes)
-            memory.close()  # the shards hold their own descriptors; the buffers stay mapped
-        if tcp_channels_enabled():
-            self._open_tcp([k for k, (node, _) in nodes.items() if node is not None and node != self.node_id])
+        self.channels, self.same_node = open_channels(self.shards, live, self.layout, self.node_id, memory)
         spans = self.layout.param_spans()
         pieced = [k for k in live if pieced_shard(self.spec, k in self.same_node, self.layout.shard_ranges[k])]
         if pieced and spans is not None:
             self.pieces = GradientPieces(params, spans, self.layout.shard_ranges, pieced, self._announce_piece)
-
-    def _shard_nodes(self, live: list[int]) -> dict[int, tuple[str | None, ChannelAddress | None]]:
-        """Each live shard's Ray node and same-node channel address (None, None for a shard that is gone)."""
-        import ray
-
-        try:
-            replies = ray.get([self.shards[k].channel.remote() for k in live])
-        except ray.exceptions.RayError:  # a shard is gone (it is being replaced): every push goes through Ray
-            replies = [(None, None)] * len(live)
-        return dict(zip(live, replies, strict=True))
-
-    def _open_same_node(self, memory: SharedHostMemory,
-                        nodes: dict[int, tuple[str | None, ChannelAddress | None]]) -> None:
-        for k, (node, address) in nodes.items():
-            if address is not None and node == self.node_id:
-                a, b = self.layout.shard_ranges[k]
-                try:
-                    self.channels[k] = ChannelClient(address, memory, a, b - a)
-                    self.same_node.add(k)
-                except OSError as err:  # e.g. another network namespace: reached through Ray
-                    log.warning("shard %d's channel refused or unreachable (%s): pushes go through Ray", k, err)
-
-    def _open_tcp(self, remote: list[int]) -> None:
-        """TCP channels to the shards on other nodes (their gradient and parameters stream between this
-        worker's host buffers and the shard's memory; Ray carried only the address and the secret)."""
-        import ray
-
-        try:
-            addresses = ray.get([self.shards[k].tcp_channel.remote() for k in remote])
-        except ray.exceptions.RayError:
-            return
-        for k, address in zip(remote, addresses, strict=True):
-            if address is None:
-                continue
-            a, b = self.layout.shard_ranges[k]
-            try:
-                self.channels[k] = TcpChannelClient(address, self.layout.host_params_np[a:b],
-                                                    self.layout.host_grads_np[a:b], timeout=TCP_CONNECT_S)
-            except OSError as err:  # no route, a firewall, a refused handshake: Ray still reaches it
-                log.warning("shard %d's TCP channel at %s:%d refused or unreachable (%s): pushes go through Ray",
-                            k, address.host, address.port, err)
 
     def _announce_piece(self, shard: int, lo: int, hi: int) -> None:
         """From backward: elements ``[lo, hi)`` of ``shard``'s range are final (brought to host memory
