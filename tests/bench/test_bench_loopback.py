@@ -31,6 +31,7 @@ BENCHES: dict[str, list[str]] = {
     "mitigation": [],
     "overlap": [],
     "ps_datapath": ["--mb", "0.1"],  # starts its 2 gloo processes before Ray
+    "ps_scaling": ["--workers", "1"],  # no gloo processes before Ray
     "psld": [],
     "revocation": [],  # a multi-node ray.cluster_utils.Cluster
     "scaling": [],

@@ -268,22 +268,27 @@ def test_recv_into_exact_fills_from_bursts_and_reports_a_peer_that_closes_midway
     payload = np.arange(300_000, dtype=np.float32)
     raw = memoryview(payload).cast("B")
 
-    def bursts(upto: int) -> None:
+    def bursts(upto: int, then_close: bool) -> None:
         for lo in range(0, upto, 100_003):
             a.sendall(raw[lo:min(lo + 100_003, upto)])
             time.sleep(0.002)
+        if then_close:
+            a.shutdown(socket.SHUT_WR)
 
     try:
         got = np.zeros_like(payload)
-        writer = threading.Thread(target=bursts, args=(len(raw),))
-        writer.start()
-        tcp_channel.recv_into_exact(b, got)
-        writer.join()
-        assert np.array_equal(got, payload)
-        bursts(len(raw) // 2)
-        a.close()
-        with pytest.raises(ChannelClosed):
-            tcp_channel.recv_into_exact(b, got)
+        for upto, closes in ((len(raw), False), (len(raw) // 2, True)):
+            writer = threading.Thread(target=bursts, args=(upto, closes))
+            writer.start()
+            try:
+                if closes:
+                    with pytest.raises(ChannelClosed):
+                        tcp_channel.recv_into_exact(b, got)
+                else:
+                    tcp_channel.recv_into_exact(b, got)
+                    assert np.array_equal(got, payload)
+            finally:
+                writer.join(10)
     finally:
         a.close()
         b.close()
