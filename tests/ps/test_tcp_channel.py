@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import select
 import socket
 import threading
 import time
@@ -32,8 +33,9 @@ def _start(n: int) -> np.ndarray:
 class _Sgd:
     """A toy shard: one session per channel, each over its own parameters (``params -= lr * grad``)."""
 
-    def __init__(self):
+    def __init__(self, stream: bool = True):
         self.sessions: list[_SgdSession] = []
+        self.stream = stream  # a piece's parameters are final at once (an asynchronous shard's session)
         self.closed = 0
         self.fail_next: Exception | None = None  # the next push raises it
         self.lock = threading.Lock()
@@ -68,6 +70,7 @@ class _SgdSession:
     def piece(self, offset, count, pulled_step, sender):
         self._apply(offset, offset + count)
         self.done.append((offset, offset + count))
+        return (offset, offset + count) if self.owner.stream else None
 
     def push(self, pulled_step, sent_at, sender, sent):
         failure, self.owner.fail_next = self.owner.fail_next, None
@@ -150,10 +153,11 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 
 # -- exactness ------------------------------------------------------------------------------------------------------
 
-def test_tcp_gives_bit_identical_parameters_to_the_session_driven_directly_and_to_the_unix_carrier():
+@pytest.mark.parametrize("stream", [True, False], ids=["pieces-streamed-back", "all-with-the-reply"])
+def test_tcp_gives_bit_identical_parameters_to_the_session_driven_directly_and_to_the_unix_carrier(stream):
     n, grads = 1000, _gradients(1000, 6)
     direct = _direct(n, grads)
-    state = _Sgd()
+    state = _Sgd(stream)
     server = TcpChannelServer(state.connect, HOST)
     params, grads_buf = np.zeros(n, np.float32), np.zeros(n, np.float32)
     client = TcpChannelClient(server.address, params, grads_buf)
@@ -241,11 +245,12 @@ def test_a_failing_push_raises_in_the_worker_and_the_channel_stays_usable():
         server.close()
 
 
-def test_a_10_mb_model_with_and_without_pieces_arrives_whole_and_bit_identical():
+@pytest.mark.parametrize("stream", [True, False], ids=["pieces-streamed-back", "all-with-the-reply"])
+def test_a_10_mb_model_with_and_without_pieces_arrives_whole_and_bit_identical(stream):
     """Buffers far larger than a socket's (one MSG_WAITALL receive each) arrive whole, in either direction."""
     n, steps = 2_500_000, 3
     grads = _gradients(n, steps)
-    state = _Sgd()
+    state = _Sgd(stream)
     server = TcpChannelServer(state.connect, HOST)
     params, buf = np.zeros(n, np.float32), np.zeros(n, np.float32)
     client = TcpChannelClient(server.address, params, buf)
@@ -258,6 +263,27 @@ def test_a_10_mb_model_with_and_without_pieces_arrives_whole_and_bit_identical()
             client.send(t, None, 0, sum(c for _, c in pieces))
             assert client.receive() == (t + 1, True)
             assert np.array_equal(params, want)
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_pieces_parameters_come_back_before_the_push_is_sent():
+    """The shard streams a piece's updated parameters back at once: the worker can read them while it is still
+    sending the rest of its gradient."""
+    n = 1000
+    state = _Sgd()
+    server = TcpChannelServer(state.connect, HOST)
+    params, grads = np.zeros(n, np.float32), np.ones(n, np.float32)
+    client = TcpChannelClient(server.address, params, grads)
+    try:
+        client.send_piece(200, 300, 0, 0)
+        ready, _, _ = select.select([client.sock], [], [], 10)
+        assert ready, "no parameters came back for the piece before the push"
+        assert np.all(params == 0)  # they wait in the socket until receive()
+        client.send(0, None, 0, sent=300)
+        assert client.receive() == (1, True)
+        assert np.array_equal(params, _start(n) - LR * grads)
     finally:
         client.close()
         server.close()

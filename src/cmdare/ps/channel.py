@@ -68,8 +68,9 @@ class Session(Protocol):
         """One push and pull: (global step after it, whether it was applied); ``sent`` of the gradient's
         elements came as pieces before."""
 
-    def piece(self, offset: int, count: int, pulled_step: int | None, sender: int | None) -> None:
-        """Elements ``[offset, offset + count)`` of the next push's gradient are final."""
+    def piece(self, offset: int, count: int, pulled_step: int | None, sender: int | None) -> tuple[int, int] | None:
+        """Elements ``[offset, offset + count)`` of the next push's gradient are final. Returns the range whose
+        updated parameters are now in ``out`` (an asynchronous shard applies a piece at once), or None."""
 
     def close(self) -> None:
         """The channel closed (the worker went away, possibly between a push's pieces)."""

@@ -55,16 +55,20 @@ class AsyncSession:
         self.actor, self.grad, self.out = actor, grad, out
         self.open: OpenPush | None = None
 
-    def piece(self, offset: int, count: int, pulled_step: int | None, sender: int | None) -> None:
+    def piece(self, offset: int, count: int, pulled_step: int | None, sender: int | None) -> tuple[int, int] | None:
         a, state = self.actor, self.actor.state
         with a._lock:  # the link carries one transfer at a time
             state.piece(4 * count)
             if self.open is None and a._gate == 0 and self.grad.size == state.params.size:
                 self.open = state.open_push(self.grad, pulled_step)
-            if self.open is not None:
-                updated = state.apply_piece(self.open, self.grad, self.out, offset, offset + count)
-                state.transfer(4 * updated)  # the piece's parameters go back now
-                self.open.returned += 4 * updated
+            if self.open is None:
+                return None
+            updated = state.apply_piece(self.open, self.grad, self.out, offset, offset + count)
+            if not updated:
+                return None
+            state.transfer(4 * updated)  # the piece's parameters go back now
+            self.open.returned += 4 * updated
+            return self.open.applied[-1]
 
     def push(self, pulled_step: int | None, sent_at: float | None, sender: int | None,
              sent: int) -> tuple[int, bool]:
@@ -102,7 +106,7 @@ class SyncSession:
         return step, applied
 
     def piece(self, offset: int, count: int, pulled_step: int | None, sender: int | None) -> None:
-        assert self.actor._loop is not None
+        assert self.actor._loop is not None  # a synchronous round updates nothing before every worker pushed
         asyncio.run_coroutine_threadsafe(self.actor._announced(4 * count), self.actor._loop).result()
 
     def close(self) -> None:

@@ -6,9 +6,14 @@ the values it names, sent from and received into numpy buffers (``sendmsg`` / ``
 
 Handshake: the shard's 32-byte challenge; the worker's ``_HELLO`` (0, 0, element count) and
 HMAC-SHA256(secret, challenge + hello); the shard allocates the connection's own ``grad`` and ``out``, makes
-its :class:`~cmdare.ps.channel.Session` and acks (APPLIED, step 0). A PIECE request is followed by its
-``count`` gradient elements; a PUSH (``count``: elements already sent as pieces) by the elements its pieces
-left, ascending; its reply by all the parameters (applied or not), or FAILED by a message of ``step`` bytes.
+its :class:`~cmdare.ps.channel.Session` and acks. A PIECE request is followed by its ``count`` gradient
+elements; a PUSH (``count``: elements already sent as pieces) by the elements its pieces left, ascending.
+
+The shard answers with ``_DOWN`` frames (status, step, offset, count). Since the worker's memory is not
+shared, a piece the session updates at once has its parameters streamed back at once: a PARAMS frame
+followed by those ``count`` elements at ``offset``, sent by the connection's writer thread while the reader
+takes the next piece. The push's reply (APPLIED or NOT_APPLIED, the global step) is followed by the
+parameters no PARAMS frame of this push brought, ascending; FAILED by a message of ``step`` bytes.
 
 The shard binds its node's address only and serves only peers that prove the secret, which reaches workers
 through Ray (:class:`TcpChannelAddress` never shows it). A peer that breaks the protocol (a frame outside its
@@ -19,7 +24,6 @@ the cluster network is trusted not to rewrite packets.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import hmac
 import ipaddress
@@ -27,9 +31,9 @@ import logging
 import math
 import os
 import socket
+import struct
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,7 +48,6 @@ from cmdare.ps.channel import (
     _NOT_APPLIED,
     _PIECE,
     _PUSH,
-    _REPLY,
     _REQUEST,
     ChannelClosed,
     ChannelRefused,
@@ -53,6 +56,7 @@ from cmdare.ps.channel import (
     _mac,
 )
 from cmdare.ps.shard_state import complement
+from cmdare.ps.stream_io import FrameWriter, recv_into_exact, send_all, slot, tune
 
 __all__ = ["TcpChannelAddress", "TcpChannelClient", "TcpChannelServer", "recv_into_exact", "tcp_channels_enabled"]
 
@@ -62,17 +66,15 @@ def tcp_channels_enabled() -> bool:
     leaving every push and pull to another node to Ray's calls and object store."""
     return os.environ.get("CMDARE_TCP", "1").strip().lower() not in ("0", "false", "no", "off")
 
+
 log = logging.getLogger(__name__)
 
 _MAX_COUNT = 2**31  # elements a hello may ask for (8 GiB of float32 per buffer)
 _MAX_MESSAGE = 1 << 16  # bytes of a FAILED reply's message
-# SO_SNDBUF / SO_RCVBUF, or None: Linux's autotuning, which grows each buffer to what the path needs (up to
-# net.ipv4.tcp_{w,r}mem's maximum). Measured on loopback, 2 cores, 10 MB each way: fixed 4 MiB buffers 1.2x
-# slower than autotuning; fixed 256 KiB-1 MiB 0-15% faster there (the bytes in flight stay in cache), but such a
-# buffer caps a real link at its size per round trip (1 MiB at 0.5 ms: 2 GB/s), so autotuning it is.
-_BUFFER_BYTES: int | None = None
-_WAITALL = getattr(socket, "MSG_WAITALL", 0)  # one recv, one wake-up, for a whole gradient or reply
-_IOV_MAX = 512  # buffers per sendmsg
+# the shard's frames: status, global step (FAILED: the message's length), offset and count (PARAMS: the
+# parameters that follow; else 0, 0)
+_DOWN = struct.Struct("<Bqqq")
+_PARAMS = 3  # a status of _DOWN beside channel.py's APPLIED, NOT_APPLIED and FAILED
 
 
 @dataclass(frozen=True)
@@ -86,55 +88,6 @@ class TcpChannelAddress:
 
 class _Dropped(Exception):
     """A peer broke the protocol: its connection is closed."""
-
-
-def _tune(sock: socket.socket) -> None:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a request's or reply's tail goes at once
-    if _BUFFER_BYTES:
-        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-            sock.setsockopt(socket.SOL_SOCKET, option, _BUFFER_BYTES)
-
-
-def recv_into_exact(sock: socket.socket, view, deadline: float | None = None) -> None:
-    """Fill the buffer ``view`` from ``sock`` (before ``deadline``, a ``time.monotonic()`` time, when given:
-    else :class:`TimeoutError`); :class:`ChannelClosed` when the peer closes first.
-
-    On a blocking socket one ``MSG_WAITALL`` receive fills the whole buffer (the kernel copies as the data
-    comes, with the GIL released throughout): a few system calls per 10 MB instead of one per arrival."""
-    view = memoryview(view).cast("B")
-    pos = 0
-    while pos < len(view):
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the peer did not send in time")
-            sock.settimeout(left)
-        n = sock.recv_into(view[pos:], 0, _WAITALL if deadline is None else 0)
-        if n == 0:
-            raise ChannelClosed("the channel's peer closed it")
-        pos += n
-
-
-def _send_all(sock: socket.socket, buffers: Sequence) -> None:
-    """Send every buffer, in order, with as few system calls as the socket allows."""
-    views = [v for v in (memoryview(b).cast("B") for b in buffers) if len(v)]
-    while views:
-        n = sock.sendmsg(views[:_IOV_MAX])
-        while n:
-            if n >= len(views[0]):
-                n -= len(views.pop(0))
-            else:
-                views[0], n = views[0][n:], 0
-
-
-def _slot(ranges: list[tuple[int, int]], lo: int, hi: int, n: int) -> int | None:
-    """Where ``[lo, hi)`` goes in the sorted disjoint ``ranges`` (None: outside ``[0, n)``, empty, or overlapping)."""
-    if lo < 0 or hi <= lo or hi > n:
-        return None
-    i = bisect.bisect_left(ranges, (lo, hi))
-    if (i > 0 and ranges[i - 1][1] > lo) or (i < len(ranges) and ranges[i][0] < hi):
-        return None
-    return i
 
 
 def _resolve(host: str) -> tuple[int, str]:
@@ -161,7 +114,7 @@ class TcpChannelServer:
         self._closed = False
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         try:
-            _tune(self._listener)  # accepted connections inherit the buffer sizes (and so the TCP window)
+            tune(self._listener)  # accepted connections inherit the buffer sizes (and so the TCP window)
             self._listener.bind((bind_at, 0))
             self._listener.listen(64)
         except BaseException:
@@ -188,14 +141,20 @@ class TcpChannelServer:
         session: Session | None = None
         try:
             with conn:
-                _tune(conn)
+                tune(conn)
                 count = self._handshake(conn, peer)
                 if count is None:
                     return
                 grad, out = np.zeros(count, np.float32), np.zeros(count, np.float32)
                 session = self._connect(grad, out)
-                conn.sendall(_REPLY.pack(_APPLIED, 0))
-                self._serve(conn, session, grad, out)
+                conn.sendall(_DOWN.pack(_APPLIED, 0, 0, 0))
+                writer = FrameWriter(conn)
+                try:
+                    self._serve(conn, session, grad, out, writer)
+                finally:
+                    with contextlib.suppress(OSError):  # a writer blocked on a peer that stopped reading
+                        conn.shutdown(socket.SHUT_RDWR)
+                    writer.stop()
         except _Dropped as err:
             with self._lock:
                 self.dropped += 1
@@ -238,10 +197,11 @@ class TcpChannelServer:
         return None
 
     @staticmethod
-    def _serve(conn: socket.socket, session: Session, grad: np.ndarray, out: np.ndarray) -> None:
+    def _serve(conn: socket.socket, session: Session, grad: np.ndarray, out: np.ndarray, writer: FrameWriter) -> None:
         n = grad.size
         header = bytearray(_REQUEST.size)
         ranges: list[tuple[int, int]] = []  # this push's pieces so far, sorted
+        returned: list[tuple[int, int]] = []  # the parameters already streamed back in this push, sorted
         sent = 0
         failed: Exception | None = None  # a piece that failed is reported with the push
         while True:
@@ -249,7 +209,7 @@ class TcpChannelServer:
             kind, pulled, sent_at, sender, count, offset = _REQUEST.unpack(header)
             pulled_step, who = None if pulled < 0 else pulled, None if sender < 0 else sender
             if kind == _PIECE:
-                i = _slot(ranges, offset, offset + count, n)
+                i = slot(ranges, offset, offset + count, n)
                 if i is None:
                     raise _Dropped(f"a piece of {count} elements at {offset}: outside [0, {n}) or overlapping "
                                    f"{len(ranges)} earlier pieces")
@@ -258,9 +218,14 @@ class TcpChannelServer:
                 sent += count
                 if failed is None:
                     try:
-                        session.piece(offset, count, pulled_step, who)
+                        final = session.piece(offset, count, pulled_step, who)
                     except Exception as err:  # noqa: BLE001 - the worker raises it with the push
                         failed = err
+                    else:
+                        if final is not None and (j := slot(returned, *final, n)) is not None:
+                            returned.insert(j, final)
+                            lo, hi = final
+                            writer.send([_DOWN.pack(_PARAMS, 0, lo, hi - lo), out[lo:hi]])
                 continue
             if kind != _PUSH:
                 raise _Dropped(f"a request of unknown kind {kind}")
@@ -268,7 +233,7 @@ class TcpChannelServer:
                 raise _Dropped(f"a push counting {count} elements sent as pieces, not {sent}")
             for lo, hi in complement(ranges, n):
                 recv_into_exact(conn, grad[lo:hi])
-            ranges, sent = [], 0
+            streamed, ranges, returned, sent = returned, [], [], 0
             try:
                 if failed is not None:
                     raise failed
@@ -276,9 +241,11 @@ class TcpChannelServer:
             except Exception as err:  # noqa: BLE001 - the worker raises it
                 failed = None
                 message = f"{type(err).__name__}: {err}".encode()[:_MAX_MESSAGE]
-                conn.sendall(_REPLY.pack(_FAILED, len(message)) + message)
+                writer.send([_DOWN.pack(_FAILED, len(message), 0, 0), message])
                 continue
-            _send_all(conn, [_REPLY.pack(_APPLIED if applied else _NOT_APPLIED, step), out])
+            # the worker sends its next push only after this reply: ``out`` stays as queued until it is sent
+            rest = [out[lo:hi] for lo, hi in complement(streamed, n)]
+            writer.send([_DOWN.pack(_APPLIED if applied else _NOT_APPLIED, step, 0, 0), *rest])
 
     def close(self) -> None:
         """Stop accepting and close every channel (their sessions are closed by their threads)."""
@@ -311,7 +278,7 @@ class TcpChannelClient:
         family, _, _, _, sockaddr = socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)[0]
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            _tune(self.sock)
+            tune(self.sock)
             self.sock.settimeout(_HANDSHAKE_S if timeout is None else timeout)
             self.sock.connect(sockaddr)
             try:
@@ -338,7 +305,7 @@ class TcpChannelClient:
 
     def send_piece(self, offset: int, count: int, pulled_step: int | None, sender: int | None) -> None:
         """Send elements ``[offset, offset + count)`` of ``grads``, final (no reply; the push answers)."""
-        i = _slot(self._pieces, offset, offset + count, self.count)
+        i = slot(self._pieces, offset, offset + count, self.count)
         if i is None:
             raise ValueError(f"a piece of {count} elements at {offset}: outside [0, {self.count}) or overlapping")
         self._request(_PIECE, pulled_step, None, sender, count, offset, [self.grads[offset:offset + count]])
@@ -351,36 +318,55 @@ class TcpChannelClient:
                                math.nan if sent_at is None else sent_at, -1 if sender is None else sender,
                                count, offset)
         try:
-            _send_all(self.sock, [header, *values])
+            send_all(self.sock, [header, *values])
         except OSError as err:
             raise ChannelClosed(f"the shard's channel is gone: {err}") from err
 
     def receive(self) -> tuple[int, bool]:
         """Wait for the reply: (global step after the push, whether it was applied); the parameters land in
-        ``params``."""
-        reply = self._reply()
+        ``params`` (those of pieces the shard applied at once come first, the rest with the reply)."""
+        returned: list[tuple[int, int]] = []
         try:
-            recv_into_exact(self.sock, self.params)
+            while True:
+                status, step, offset, count = self._frame()
+                if status != _PARAMS:
+                    break
+                i = slot(returned, offset, offset + count, self.count)
+                if i is None:
+                    raise ChannelClosed(f"parameters of {count} elements at {offset}: outside [0, {self.count}) "
+                                        f"or overlapping")
+                recv_into_exact(self.sock, self.params[offset:offset + count])
+                returned.insert(i, (offset, offset + count))
+            for lo, hi in complement(returned, self.count):
+                recv_into_exact(self.sock, self.params[lo:hi])
         except OSError as err:
             raise ChannelClosed(f"the shard's channel is gone: {err}") from err
-        return reply
+        return step, status == _APPLIED
 
     def _reply(self) -> tuple[int, bool]:
-        header = bytearray(_REPLY.size)
+        """The handshake's ack."""
         try:
-            recv_into_exact(self.sock, header)
-            status, step = _REPLY.unpack(header)
-            if status == _FAILED:
-                if not 0 <= step <= _MAX_MESSAGE:
-                    raise ChannelClosed(f"a failure message of {step} bytes")
-                message = bytearray(step)
-                recv_into_exact(self.sock, message)
-                raise RuntimeError(f"the shard failed a push: {message.decode('utf-8', 'replace')}")
+            status, step, _, _ = self._frame()
         except OSError as err:
             raise ChannelClosed(f"the shard's channel is gone: {err}") from err
-        if status not in (_APPLIED, _NOT_APPLIED):
-            raise ChannelClosed(f"a reply of unknown status {status}")
+        if status == _PARAMS:
+            raise ChannelClosed("parameters before the handshake's ack")
         return step, status == _APPLIED
+
+    def _frame(self) -> tuple[int, int, int, int]:
+        """The shard's next frame header (a FAILED one is raised with its message)."""
+        header = bytearray(_DOWN.size)
+        recv_into_exact(self.sock, header)
+        status, step, offset, count = _DOWN.unpack(header)
+        if status == _FAILED:
+            if not 0 <= step <= _MAX_MESSAGE:
+                raise ChannelClosed(f"a failure message of {step} bytes")
+            message = bytearray(step)
+            recv_into_exact(self.sock, message)
+            raise RuntimeError(f"the shard failed a push: {message.decode('utf-8', 'replace')}")
+        if status not in (_APPLIED, _NOT_APPLIED, _PARAMS):
+            raise ChannelClosed(f"a reply of unknown status {status}")
+        return status, step, offset, count
 
     def close(self) -> None:
         self.sock.close()
