@@ -278,3 +278,43 @@ def test_another_user_is_refused_even_with_the_secret():
         assert state.params.tobytes() == before.tobytes() and state.calls == []
     finally:
         server.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+def test_a_worker_hands_its_memory_to_no_listener_of_another_user():
+    """Another user took the name of a shard's socket (free once the shard is gone): the worker refuses it on
+    SO_PEERCRED before the handshake, so no memory descriptor leaves."""
+    name = f"cmdare-shard-test-{os.getpid()}-{time.monotonic_ns()}"
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the impostor
+        code = 3
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind("\0" + name)
+            listener.listen(1)
+            os.write(ready_w, b"k")
+            conn, _ = listener.accept()
+            conn.settimeout(10)
+            try:
+                conn.sendall(os.urandom(32))
+                _, fds, _, _ = socket.recv_fds(conn, 1024, 4)
+            except OSError:  # the worker closed at once
+                fds = []
+            code = 1 if fds else 0
+        except BaseException:  # noqa: BLE001
+            code = 2
+        os._exit(code)
+    memory = SharedHostMemory(8)
+    try:
+        assert os.read(ready_r, 1) == b"k"
+        with pytest.raises(ChannelRefused, match="runs as uid 65534"):
+            ChannelClient(ChannelAddress(name, os.urandom(32)), memory, 0, 8)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0  # the impostor got no descriptor
+    finally:
+        memory.close()
+        os.close(ready_r)
+        os.close(ready_w)

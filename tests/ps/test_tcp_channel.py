@@ -358,7 +358,7 @@ def test_peers_without_the_secret_are_refused_logged_and_change_nothing(monkeypa
             silent.close()
             noisy = socket.create_connection((HOST, address.port), timeout=10)
             assert len(noisy.recv(64)) == 32
-            noisy.sendall(os.urandom(channel_module._HELLO.size + channel_module._MAC_BYTES))
+            noisy.sendall(os.urandom(channel_module._HELLO.size + 2 * channel_module._MAC_BYTES))
             assert _closed_by_peer(noisy)
             noisy.close()
             params, grads = np.full(6, 7.0, np.float32), np.full(6, np.nan, np.float32)
@@ -385,13 +385,50 @@ def test_proven_but_malformed_hellos_are_refused():
             sock = socket.create_connection((HOST, server.address.port), timeout=10)
             challenge = sock.recv(32)
             hello = channel_module._HELLO.pack(0, 0, count)
-            sock.sendall(hello + channel_module._mac(server.address.secret, challenge, hello))
+            sock.sendall(hello + channel_module._mac(server.address.secret, challenge, hello) + os.urandom(32))
             assert _closed_by_peer(sock)
             sock.close()
         assert server.refused == 3 and state.sessions == []
         _honest_step(server)
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("answer", [b"", b"\0" * 32, None], ids=["no-proof", "a-wrong-proof", "the-ack-alone"])
+def test_a_worker_sends_nothing_to_a_peer_that_does_not_prove_the_shards_secret(answer):
+    """Something else on the port of a shard that went away (it acks, but cannot prove the secret): the worker
+    refuses it before its first push, so no gradient leaves and no parameter comes in."""
+    secret = os.urandom(32)
+    listener = socket.create_server((HOST, 0))
+    got: list[bytes] = []
+
+    def impostor() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(os.urandom(32))
+            got.append(conn.recv(1 << 16))
+            conn.sendall(tcp_channel._DOWN.pack(channel_module._APPLIED, 0, 0, 0) + (answer or b""))
+            if answer is None:
+                conn.sendall(tcp_channel._DOWN.pack(tcp_channel._PARAMS, 0, 0, 4) + np.ones(4, np.float32).tobytes())
+            time.sleep(0.2 if answer else 0)
+            try:
+                got.append(conn.recv(1 << 16))
+            except ConnectionResetError:  # closed with the impostor's bytes unread
+                got.append(b"")
+
+    thread = threading.Thread(target=impostor, daemon=True)
+    thread.start()
+    params = np.zeros(4, np.float32)
+    try:
+        with pytest.raises(ChannelRefused, match="not the shard|in time"):
+            TcpChannelClient(TcpChannelAddress(HOST, listener.getsockname()[1], secret), params,
+                             np.ones(4, np.float32), timeout=1)
+        thread.join(10)
+    finally:
+        listener.close()
+    assert len(got[0]) == channel_module._HELLO.size + 2 * channel_module._MAC_BYTES  # hello, proof, nonce
+    assert got[1] == b""  # then the worker closed: no request, no gradient
+    assert np.all(params == 0)
 
 
 def _request(kind: int, count: int, offset: int = 0) -> bytes:

@@ -18,7 +18,8 @@ the other side sees at once. Its name is visible to every local user (``/proc/ne
 authenticated before the shard maps anything: the peer must run as the shard's user (``SO_PEERCRED``) and
 prove the channel's secret (an HMAC-SHA256 of a fresh challenge and its hello). The secret is made by the
 shard and reaches workers only through Ray (:class:`ChannelAddress`; it never appears in a repr, a log or
-a command line). A refused peer is logged and changes nothing.
+a command line). A refused peer is logged and changes nothing. The name is free to take once the shard is
+gone, so a worker hands its memory only to a listener of its own user.
 """
 
 from __future__ import annotations
@@ -149,6 +150,9 @@ class ChannelClient:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.sock.connect("\0" + address.name)
+            pid, uid = _peer(self.sock)
+            if uid != os.geteuid():  # another user took the name of a shard that is gone
+                raise ChannelRefused(f"the channel's listener (pid {pid}) runs as uid {uid}, not as this run's user")
             challenge = _recv_exact(self.sock, _NONCE_BYTES)
             hello = _HELLO.pack(memory.numel + start, start, count)
             socket.send_fds(self.sock, [hello + _mac(address.secret, challenge, hello)], [memory.fd])

@@ -4,9 +4,11 @@ One protocol, two carriers: :mod:`cmdare.ps.channel` carries it within a node (a
 and parameters stay in shared memory); this module carries the same frames between nodes, each followed by
 the values it names, sent from and received into numpy buffers (``sendmsg`` / ``recv_into``, no copy).
 
-Handshake: the shard's 32-byte challenge; the worker's ``_HELLO`` (0, 0, element count) and
-HMAC-SHA256(secret, challenge + hello); the shard allocates the connection's own ``grad`` and ``out``, makes
-its :class:`~cmdare.ps.channel.Session` and acks. A PIECE request is followed by its ``count`` gradient
+Handshake, both ways: the shard's 32-byte challenge; the worker's ``_HELLO`` (0, 0, element count),
+HMAC-SHA256(secret, challenge + hello) and a 32-byte nonce of its own; the shard allocates the connection's
+own ``grad`` and ``out``, makes its :class:`~cmdare.ps.channel.Session` and acks with its proof,
+HMAC-SHA256(secret, "shard" + challenge + nonce), without which the worker sends nothing (whatever holds the
+port of a shard that went away is not the shard). A PIECE request is followed by its ``count`` gradient
 elements; a PUSH (``count``: elements already sent as pieces) by the elements its pieces left, ascending.
 
 The shard answers with ``_DOWN`` frames (status, step, offset, count). Since the worker's memory is not
@@ -18,8 +20,8 @@ parameters no PARAMS frame of this push brought, ascending; FAILED by a message 
 The shard binds its node's address only and serves only peers that prove the secret, which reaches workers
 through Ray (:class:`TcpChannelAddress` never shows it). A peer that breaks the protocol (a frame outside its
 range, overlapping pieces, a miscounted push, a truncated frame) loses its own connection; nothing is
-allocated from a length a peer claims. The handshake authenticates the worker, not the bytes that follow:
-the cluster network is trusted not to rewrite packets.
+allocated from a length a peer claims. The handshake authenticates both ends, not the bytes that follow: the
+cluster network is trusted not to rewrite packets.
 """
 
 from __future__ import annotations
@@ -75,6 +77,11 @@ _MAX_MESSAGE = 1 << 16  # bytes of a FAILED reply's message
 # parameters that follow; else 0, 0)
 _DOWN = struct.Struct("<Bqqq")
 _PARAMS = 3  # a status of _DOWN beside channel.py's APPLIED, NOT_APPLIED and FAILED
+
+
+def _shard_proof(secret: bytes, challenge: bytes, nonce: bytes) -> bytes:
+    """The shard's answer to a worker's ``nonce``: the worker sends nothing more to a peer that cannot give it."""
+    return _mac(secret, b"shard" + challenge, nonce)
 
 
 @dataclass(frozen=True)
@@ -142,12 +149,13 @@ class TcpChannelServer:
         try:
             with conn:
                 tune(conn)
-                count = self._handshake(conn, peer)
-                if count is None:
+                proven = self._handshake(conn, peer)
+                if proven is None:
                     return
+                count, proof = proven
                 grad, out = np.zeros(count, np.float32), np.zeros(count, np.float32)
                 session = self._connect(grad, out)
-                conn.sendall(_DOWN.pack(_APPLIED, 0, 0, 0))
+                conn.sendall(_DOWN.pack(_APPLIED, 0, 0, 0) + proof)
                 writer = FrameWriter(conn)
                 try:
                     self._serve(conn, session, grad, out, writer)
@@ -169,10 +177,11 @@ class TcpChannelServer:
             if session is not None:
                 session.close()
 
-    def _handshake(self, conn: socket.socket, peer: str) -> int | None:
-        """The element count of a peer that proved the secret with a sound hello (None: refused)."""
+    def _handshake(self, conn: socket.socket, peer: str) -> tuple[int, bytes] | None:
+        """The element count of a peer that proved the secret with a sound hello, and the shard's own proof
+        for it (None: refused)."""
         challenge = os.urandom(_NONCE_BYTES)
-        message = bytearray(_HELLO.size + _MAC_BYTES)
+        message = bytearray(_HELLO.size + _MAC_BYTES + _NONCE_BYTES)
         try:
             conn.settimeout(_HANDSHAKE_S)
             conn.sendall(challenge)
@@ -182,14 +191,14 @@ class TcpChannelServer:
         except OSError:
             why = "it closed before its hello"
         else:
-            hello = bytes(message[:_HELLO.size])
-            if not hmac.compare_digest(bytes(message[_HELLO.size:]), _mac(self.address.secret, challenge, hello)):
+            hello, mac = bytes(message[:_HELLO.size]), bytes(message[_HELLO.size:_HELLO.size + _MAC_BYTES])
+            if not hmac.compare_digest(mac, _mac(self.address.secret, challenge, hello)):
                 why = "it did not prove the channel's secret"
             else:
                 count = _HELLO.unpack(hello)[2]
                 if 1 <= count <= _MAX_COUNT:
                     conn.settimeout(None)
-                    return count
+                    return count, _shard_proof(self.address.secret, challenge, bytes(message[-_NONCE_BYTES:]))
                 why = f"a hello of {count} elements (1 to {_MAX_COUNT})"
         with self._lock:
             self.refused += 1
@@ -282,13 +291,21 @@ class TcpChannelClient:
             self.sock.settimeout(_HANDSHAKE_S if timeout is None else timeout)
             self.sock.connect(sockaddr)
             try:
-                challenge = bytearray(_NONCE_BYTES)
+                challenge, nonce = bytearray(_NONCE_BYTES), os.urandom(_NONCE_BYTES)
                 recv_into_exact(self.sock, challenge)
                 hello = _HELLO.pack(0, 0, self.count)
-                self.sock.sendall(hello + _mac(address.secret, bytes(challenge), hello))
+                self.sock.sendall(hello + _mac(address.secret, bytes(challenge), hello) + nonce)
                 self._reply()  # the shard's ack
+                proof = bytearray(_MAC_BYTES)
+                recv_into_exact(self.sock, proof)
             except ConnectionError as err:  # ChannelClosed, or reset by a shard that refused
                 raise ChannelRefused(f"the shard closed the channel during its handshake ({err})") from err
+            except TimeoutError as err:
+                raise ChannelRefused(f"the peer at {address.host}:{address.port} did not complete the handshake "
+                                     f"in time") from err
+            if not hmac.compare_digest(bytes(proof), _shard_proof(address.secret, bytes(challenge), nonce)):
+                raise ChannelRefused(f"the peer at {address.host}:{address.port} did not prove the shard's secret: "
+                                     f"not the shard (it may have gone, and something else took its port)")
             self.sock.settimeout(None)
         except BaseException:
             self.sock.close()
