@@ -20,14 +20,15 @@ loopback speed. Variants, interleaved round by round (order rotated) after a war
 nothing (a TCP channel server on the head whose push returns at once: the carrier's floor on this
 machine); ``raw_one_way`` is 10 MB sent one way on a plain socket between the nodes and a 1-byte answer
 (``loopback_gb_per_s``); ``cross_node_in_pieces`` is ``cross_node`` with the gradient sent as ``--pieces``
-pieces before the push (the shard applies each on arrival, as it does a backward's pieces: the update
-overlaps the transfer of the next piece, the parameters still come back with the reply); ``shard_update``
+pieces before the push, as a worker sends a large shard's gradient during backward (the shard applies each
+on arrival and streams its parameters straight back while the next piece comes; also at the top level as
+``cross_node_pieces_ms`` with its ratio to gloo); ``shard_update``
 the shard's momentum update per push (from its own ``stats``, the pieces' pushes included); ``rpc`` an empty
 Ray call from the worker node to the shard; ``copyto`` one 10 MB ``np.copyto``.
 
 Targets (issue): ratio_cross_node_vs_gloo <= 0.8, ratio_cross_node_vs_ray_path <= 0.5, at 10 MB steady state.
 
-Usage: .venv/bin/python bench/cross_node.py [--mb 10] [--rounds 10] [--iters 20] [--warmup 40] [--pieces 8]
+Usage: .venv/bin/python bench/cross_node.py [--mb 10] [--rounds 10] [--iters 20] [--warmup 40] [--pieces 4]
 Prints one JSON object as its last line (``skipped`` with the reason where network namespaces are not allowed).
 """
 
@@ -50,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from cmdare.train.cluster import ensure_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.overlap import PIECES_PER_SHARD
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("cross_node", "ray_path", "gloo")
@@ -271,6 +273,8 @@ def inner(args: argparse.Namespace) -> dict:
         "gloo_ms": round(med["gloo"], 3),
         "ratio_cross_node_vs_gloo": round(med["cross_node"] / med["gloo"], 3),
         "ratio_cross_node_vs_ray_path": round(med["cross_node"] / med["ray_path"], 3),
+        "cross_node_pieces_ms": round(med["part_pieces"], 3) if args.pieces > 0 else None,
+        "ratio_cross_node_pieces_vs_gloo": round(med["part_pieces"] / med["gloo"], 3) if args.pieces > 0 else None,
         "target_vs_gloo": TARGET_VS_GLOO,
         "target_vs_ray_path": TARGET_VS_RAY_PATH,
         "parts_ms": {"carrier": round(med["part_carrier"], 3), "raw_one_way": round(med["part_raw_one_way"], 3),
@@ -301,8 +305,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20, help="calls per variant per round")
     ap.add_argument("--warmup", type=int, default=40, help="calls per variant before measuring")
     ap.add_argument("--blocks", type=int, default=1, help="blocks the shard holds the model in")
-    ap.add_argument("--pieces", type=int, default=8,
-                    help="pieces of the gradient in parts_ms.cross_node_in_pieces (0: leave that part out)")
+    ap.add_argument("--pieces", type=int, default=PIECES_PER_SHARD,
+                    help="pieces of the gradient in cross_node_pieces_ms (0: leave it out); default: a worker's")
     ap.add_argument("--address", help=argparse.SUPPRESS)  # set when run as the driver inside the namespace
     args = ap.parse_args()
     if args.address:

@@ -27,7 +27,7 @@ raylet and the driver share them), and the main thread's wall time in ``_chunk_b
 of which ``controller`` (``RunController.handle``) and ``submit`` (``_feed``: the next ``run_steps.remote``).
 Each size runs ``--coord-rounds`` times, interleaved; medians. A stub learns only its worker id and the step
 budget (the run's spec carries its model and data, which would import torch in every stub) and returns a
-``StubChunk``: ChunkResult's fields, pickled by reference as ChunkResult is.
+a real ``ChunkResult`` (``cmdare.train.chunk_result``, which imports no torch).
 
 Targets: none (a characterisation for docs/benchmarks.md).
 
@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from cmdare.train.chunk_result import ChunkResult
 from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 # -- gloo among k of 8 processes ------------------------------------------------------------------------------
@@ -191,23 +192,6 @@ class FlatWorker:
 # -- (b) the coordinator's stub workers ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class StubChunk:
-    """The fields of :class:`cmdare.train.worker.ChunkResult` (that module imports torch: the stubs stay light)."""
-
-    worker_id: int
-    steps: int
-    duration_s: float
-    loss: float
-    compute_s: float
-    comm_s: float
-    global_step: int
-    staleness: tuple[int, ...]
-    done: bool
-    notice: dict[str, Any] | None = None
-    shard_wait_s: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True)
 class StubEval:
     loss: float
     metrics: dict[str, float]
@@ -232,7 +216,7 @@ class StubWorker:
 
         return ray.get_runtime_context().get_node_id(), time.time()
 
-    def run_steps(self, max_steps: int, max_s: float, step_s: float = 0.0, stop_at: int | None = None) -> StubChunk:
+    def run_steps(self, max_steps: int, max_s: float, step_s: float = 0.0, stop_at: int | None = None) -> ChunkResult:
         t0 = time.perf_counter()
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
@@ -244,7 +228,7 @@ class StubWorker:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
         self.step = g + steps
         done = g + steps >= self.max_step and steps < max_steps
-        return StubChunk(self.worker_id, steps, time.perf_counter() - t0, 1.0, 0.0, 0.0, self.step, (0,) * steps,
+        return ChunkResult(self.worker_id, steps, time.perf_counter() - t0, 1.0, 0.0, 0.0, self.step, (0,) * steps,
                          done, None, (0.0,))
 
     def pull(self) -> int:

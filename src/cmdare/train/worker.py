@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,28 +22,12 @@ from cmdare.ps.shard_state import complement
 from cmdare.ps.tcp_channel import TcpChannelClient
 from cmdare.tasks import Evaluation
 from cmdare.train.checkpoint import Checkpoint
+from cmdare.train.chunk_result import ChunkResult
 from cmdare.train.overlap import GradientPieces, pieced_shard
 from cmdare.train.shard_channels import open_channels
 from cmdare.train.spec import TrainSpec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ChunkResult:
-    """What a worker reports after a chunk of steps."""
-
-    worker_id: int
-    steps: int
-    duration_s: float
-    loss: float
-    compute_s: float
-    comm_s: float
-    global_step: int
-    staleness: tuple[int, ...]
-    done: bool  # the shards refused a push: the target step is reached
-    notice: dict[str, Any] | None = None  # a preemption notice arrived: the worker stopped to leave
-    shard_wait_s: tuple[float, ...] = ()  # per shard (placement index): send-to-reply time, summed over pushes
 
 
 def pick_device() -> torch.device:
