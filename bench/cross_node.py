@@ -16,15 +16,16 @@ loopback speed. Variants, interleaved round by round (order rotated) after a war
 * ``gloo``: ``torch.distributed.all_reduce`` of the same 10 MB between 2 processes, gloo over TCP on
   127.0.0.1 in the namespace (``ps_datapath.Gloo``: time on rank 0).
 
-``parts_ms`` says what limits ``cross_node``: ``carrier`` is the same exchange with a session that does
-nothing (a TCP channel server on the head whose push returns at once: the carrier's floor on this
-machine); ``raw_one_way`` is 10 MB sent one way on a plain socket between the nodes and a 1-byte answer
-(``loopback_gb_per_s``); ``cross_node_in_pieces`` is ``cross_node`` with the gradient sent as ``--pieces``
-pieces before the push, as a worker sends a large shard's gradient during backward (the shard applies each
-on arrival and streams its parameters straight back while the next piece comes; also at the top level as
-``cross_node_pieces_ms`` with its ratio to gloo); ``shard_update``
-the shard's momentum update per push (from its own ``stats``, the pieces' pushes included); ``rpc`` an empty
-Ray call from the worker node to the shard; ``copyto`` one 10 MB ``np.copyto``.
+``parts_ms`` says what limits ``cross_node``: ``carrier`` is the same exchange with a session that does nothing (a
+TCP channel server on the head whose push returns at once: the carrier's floor on this machine); ``raw_one_way`` is
+10 MB sent one way on a plain socket between the nodes and a 1-byte answer (``loopback_gb_per_s``);
+``raw_round_trip`` the same 10 MB sent there and back on a plain socket: the floor of any push and pull on this
+machine, with ``ratio_raw_round_trip_vs_gloo``; ``cross_node_in_pieces`` is ``cross_node`` with the gradient sent
+as ``--pieces`` pieces before the push, as a worker sends a large shard's gradient during backward (the shard
+applies each on arrival and streams its parameters straight back while the next piece comes; also at the top level
+as ``cross_node_pieces_ms`` with its ratio to gloo); ``shard_update`` the shard's momentum update per push (from
+its own ``stats``, the pieces' pushes included); ``rpc`` an empty Ray call from the worker node to the shard;
+``copyto`` one 10 MB ``np.copyto``.
 
 Targets (issue): ratio_cross_node_vs_gloo <= 0.8, ratio_cross_node_vs_ray_path <= 0.5, at 10 MB steady state.
 
@@ -55,7 +56,7 @@ from cmdare.train.overlap import PIECES_PER_SHARD
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("cross_node", "ray_path", "gloo")
-PARTS = ("part_carrier", "part_raw_one_way", "part_pieces", "part_rpc", "part_copyto")
+PARTS = ("part_carrier", "part_raw_one_way", "part_raw_round_trip", "part_pieces", "part_rpc", "part_copyto")
 TARGET_VS_GLOO, TARGET_VS_RAY_PATH = 0.8, 0.5
 
 
@@ -79,7 +80,8 @@ class _NoUpdate:
 
 class Floor:
     """On the shard's node: a TCP channel server with :class:`_NoUpdate` sessions, and a plain socket that
-    takes ``numel`` float32 and answers 1 byte (the loopback's one-way speed)."""
+    takes ``numel`` float32 and answers 1 byte (the loopback's one-way speed), or answers ``numel`` float32 (a
+    round trip of the exchange's bytes with no protocol and no update: the floor of any push and pull)."""
 
     def __init__(self, numel: int):
         import ray
@@ -98,15 +100,23 @@ class Floor:
         return self.server.address, self.raw.getsockname()
 
     def _raw(self) -> None:
-        from cmdare.ps.tcp_channel import recv_into_exact
+        while True:
+            try:
+                conn, _ = self.raw.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._raw_peer, args=(conn,), daemon=True).start()
 
-        conn, _ = self.raw.accept()
+    def _raw_peer(self, conn: socket.socket) -> None:
+        from cmdare.ps.stream_io import recv_into_exact, send_all
+
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buf = np.empty(self.numel, np.float32)
         with contextlib.suppress(OSError):
+            echo = conn.recv(1) == b"e"  # this connection's mode: echo the values, or answer 1 byte
             while True:
                 recv_into_exact(conn, buf)
-                conn.sendall(b"k")
+                send_all(conn, [buf] if echo else [b"k"])
 
 
 class Probe:
@@ -129,9 +139,11 @@ class Probe:
 
         self.tcp = TcpChannelClient(shard_address, self.params, self.grad, timeout=10.0)
         self.carrier = TcpChannelClient(carrier_address, self.spare, self.grad, timeout=10.0)
-        self.raw = socket.create_connection(tuple(raw_address), timeout=10.0)
-        self.raw.settimeout(None)
-        self.raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.raw, self.echo = (socket.create_connection(tuple(raw_address), timeout=10.0) for _ in range(2))
+        for sock, mode in ((self.raw, b"1"), (self.echo, b"e")):
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(mode)
 
     @staticmethod
     def _timed(fn, n: int) -> list[float]:
@@ -186,6 +198,17 @@ class Probe:
 
         return self._timed(one, n)
 
+    def raw_round_trip(self, n: int) -> list[float]:
+        from cmdare.ps.stream_io import recv_into_exact
+
+        view = memoryview(self.grad).cast("B")
+
+        def one() -> None:
+            self.echo.sendall(view)
+            recv_into_exact(self.echo, self.spare)
+
+        return self._timed(one, n)
+
     def rpc(self, shard, n: int) -> list[float]:
         import ray
 
@@ -236,6 +259,7 @@ def inner(args: argparse.Namespace) -> dict:
                  "gloo": gloo.run,
                  "part_carrier": lambda n: ray.get(probe.carrier_only.remote(n)),
                  "part_raw_one_way": lambda n: ray.get(probe.raw_one_way.remote(n)),
+                 "part_raw_round_trip": lambda n: ray.get(probe.raw_round_trip.remote(n)),
                  "part_pieces": lambda n: ray.get(probe.cross_node_pieces.remote(n, args.pieces)),
                  "part_rpc": lambda n: ray.get(probe.rpc.remote(shard_tcp, n)),
                  "part_copyto": lambda n: ray.get(probe.copyto.remote(n))}
@@ -278,10 +302,13 @@ def inner(args: argparse.Namespace) -> dict:
         "target_vs_gloo": TARGET_VS_GLOO,
         "target_vs_ray_path": TARGET_VS_RAY_PATH,
         "parts_ms": {"carrier": round(med["part_carrier"], 3), "raw_one_way": round(med["part_raw_one_way"], 3),
+                     "raw_round_trip": round(med["part_raw_round_trip"], 3),
                      "cross_node_in_pieces": round(med["part_pieces"], 3) if args.pieces > 0 else None,
                      "shard_update": round(update_ms["tcp"], 3), "shard_update_ray_path": round(update_ms["ray"], 3),
                      "rpc": round(med["part_rpc"], 3), "copyto": round(med["part_copyto"], 3)},
         "loopback_gb_per_s": round(args.mb / 1e3 / (med["part_raw_one_way"] / 1e3), 2),
+        # the exchange's bytes there and back on a plain socket, against gloo: no push + pull can go below it
+        "ratio_raw_round_trip_vs_gloo": round(med["part_raw_round_trip"] / med["gloo"], 3),
         # what cross_node costs beyond the carrier's floor (the shard's update, its lock, its session)
         "cross_node_minus_carrier_ms": round(med["cross_node"] - med["part_carrier"], 3),
         "round_median_spread_ms": {v: [round(min(m) * 1e3, 3), round(max(m) * 1e3, 3)]
