@@ -2,16 +2,19 @@
 
 It carries out the controller's commands in a deterministic discrete-event world on its own virtual wall
 clock: every worker that trains pushes one step per ``step_wall_s``, in turn (asynchronous) or together
-(synchronous rounds); shards refuse pushes past the fence; a server's process is up ``up_wall_s`` after it
-was asked for; duties, uploads and shard actions take ``action_wall_s``. A run of hundreds of steps takes
-milliseconds. Tests script the world through hooks (``on_step``: call a function at a global step) and read
-what happened from ``commands`` and ``log``.
+(synchronous rounds: a worker that pushed waits at the shards' barrier until the round completes, and only
+then can it stop); shards refuse pushes past the fence; a server's process is up ``up_wall_s`` after it was
+asked for; duties, uploads and shard actions take ``action_wall_s``. A run of hundreds of steps takes
+milliseconds. Tests script the world through hooks (``on_step``: call a function at a global step;
+``on_duty``: as the duty of a step ends, before it is reported) and read what happened from ``commands`` and
+``log``.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +31,7 @@ class FakeWorker:
     up: bool = False
     alive: bool = True
     training: bool = False
+    halting: bool = False  # told to stop while waiting at a synchronous round's barrier: stops when it completes
     doomed: str | None = None  # its constructor raises this
 
 
@@ -41,6 +45,7 @@ class FakeDriver:
     action_wall_s: float = 0.05
     startup_s: float = 0.0  # emulated cloud seconds of every server's start-up
     ps_startup_s: float | None = None
+    ps_up_wall_s: float | None = None  # a replacement PS's process start, if not up_wall_s (inf: never by itself)
     fail_start: dict[int, str] = field(default_factory=dict)  # worker id -> constructor error
     stuck: bool = False  # the world stops answering (a dead Ray node)
     failing_uploads: set[int] = field(default_factory=set)  # steps whose checkpoint upload fails (a full disk)
@@ -53,6 +58,7 @@ class FakeDriver:
     commands: list[Any] = field(default_factory=list)
     log: list[tuple[float, int, Any]] = field(default_factory=list)  # (wall, step, command)
     on_step: dict[int, Callable[[FakeDriver], None]] = field(default_factory=dict)
+    on_duty: dict[int, Callable[[FakeDriver], None]] = field(default_factory=dict)  # duty step -> hook
     stored: list[int] = field(default_factory=list)
     ended: C.EndRun | None = None
     num_shards: int = 1
@@ -157,14 +163,17 @@ class FakeDriver:
         if n >= self.chunk_steps or self.step >= self.fence:
             self._since_report[w.worker_id] = 0
             self.feed(E.ChunkDone(wall=self.wall, worker_id=w.worker_id, global_step=self.step, steps=n))
-        if self.step >= self.fence and w.training:
+        if (self.step >= self.fence or w.halting) and w.training:
             self._stop(w)
         if hook is not None:
             hook(self)
 
     def _stop(self, w: FakeWorker) -> None:
+        if w.training and self.controller.config.sync and w.worker_id in self.round:
+            w.halting = True  # its push waits at the shards' barrier: it stops once the round completes
+            return
         if w.training:
-            w.training = False
+            w.training = w.halting = False
             n = self._since_report.pop(w.worker_id, 0)
             if n:
                 self.feed(E.ChunkDone(wall=self.wall, worker_id=w.worker_id, global_step=self.step, steps=n))
@@ -193,7 +202,7 @@ class FakeDriver:
     def _do_Train(self, c: C.Train) -> None:
         w = self.workers[c.worker_id]
         assert w.up and w.alive, f"Train for worker {c.worker_id}, which is not up"
-        w.training = True
+        w.training, w.halting = True, False
 
     def _do_HoldAll(self, c: C.HoldAll) -> None:
         for w in self.workers.values():
@@ -251,6 +260,9 @@ class FakeDriver:
         step = c.step  # the driver took the shards' state of the duty's step when it first ran
 
         def done() -> None:
+            hook = self.on_duty.pop(c.step, None)
+            if hook is not None:
+                hook(self)
             ok = self.workers[c.worker_id].alive
             self.feed(E.DutyDone(wall=self.wall, kind=c.kind, worker_id=c.worker_id, step=c.step, ok=ok))
             if ok and c.kind == "checkpoint" and step in self.failing_uploads:
@@ -264,7 +276,9 @@ class FakeDriver:
     def _do_StartPs(self, c: C.StartPs) -> None:
         startup = self.startup_s if self.ps_startup_s is None else self.ps_startup_s
         self.feed(E.ServerStarting(wall=self.wall, key=c.key, startup_s=startup))
-        self.later(self.up_wall_s, E.PsUp(wall=self.wall + self.up_wall_s, key=c.key))
+        up = self.up_wall_s if self.ps_up_wall_s is None else self.ps_up_wall_s
+        if math.isfinite(up):
+            self.later(up, E.PsUp(wall=self.wall + up, key=c.key))
 
     def _action(self, name: str, **kw: Any) -> None:
         self.later(self.action_wall_s, E.ActionDone(wall=self.wall + self.action_wall_s, action=name,

@@ -207,6 +207,26 @@ def test_without_notice_the_shards_roll_back_to_the_latest_checkpoint():
     assert duty_steps(d, "checkpoint") == [40, 80, 120, 160, 200, 240, 280, 300]
 
 
+def test_a_replacement_ps_up_during_the_chiefs_duty_does_not_strand_a_synchronous_round():
+    """The CLI hang (1 run in 3 to 6): at a barrier the chief took its checkpoint and worker 1 alone was told to
+    train; it pushed and waited at the shards' barrier for the chief. The replacement PS came up meanwhile: a
+    FillPs hold, which waits for every worker to stop, so the chief was never told to train and worker 1 never
+    stopped. A synchronous round starts with all its workers: nobody trains while a member is busy."""
+    d = make(steps=200, sync=True, ps=2, ps_transient=True, checkpoint_every=50,
+             revocations="trace=30@ps,notice=10,hit=ps", driver_kw={"ps_up_wall_s": float("inf")})
+    # the replacement requested at the notice (step 30) comes up as the chief's checkpoint of step 50 ends
+    d.on_duty[50] = lambda d: d.feed(E.PsUp(wall=d.wall, key=d.of(C.StartPs)[-1].key))
+    d.run(max_wall=100)
+    finished(d)
+    assert [s for s, c in d.at(C.FillPs)] == [50] and d.steps_lost == 0
+    # the workers of a synchronous round are told to train together, never one alone
+    told: dict[float, set[int]] = {}
+    for wall, _step, c in d.log:
+        if isinstance(c, C.Train):
+            told.setdefault(wall, set()).add(c.worker_id)
+    assert told and all(ids == {0, 1} for ids in told.values())
+
+
 def test_placement_changes_wait_for_quiesced_shards():
     d = make(steps=200)
     d.on_step[50] = lambda d: d.feed(E.PlacementRequested(wall=d.wall, decisions=("move",)))

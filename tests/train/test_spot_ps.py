@@ -110,7 +110,6 @@ def test_without_notice_the_shards_roll_back_and_the_lost_steps_are_reported(loc
     assert all(e.details["steps_lost"] < 20 for e in restored)
 
 
-@pytest.mark.cluster  # make test-cluster: a long CLI run with PS notices
 def _run_or_dump_stacks(cmd: list[str], env: dict, timeout_s: float) -> subprocess.CompletedProcess:
     """Run ``cmd``; past ``timeout_s``, fail with its output and every driver thread's stack (``kill -USR1``)."""
     import signal
@@ -129,6 +128,7 @@ def _run_or_dump_stacks(cmd: list[str], env: dict, timeout_s: float) -> subproce
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+@pytest.mark.cluster  # make test-cluster: a long CLI run with PS notices
 def test_cli_summary_reports_evacuations_and_no_lost_steps(tmp_path):
     env = dict(os.environ, CMDARE_HOME=str(tmp_path))
     cmd = [str(Path(sys.executable).parent / "cmdare"), "train", "--model", "resnet8", "--sync", "--workers", "2",

@@ -311,7 +311,12 @@ class RunController(RunEnding, RunEventHandlers):
 
     def _feed(self) -> None:
         """Every idle member trains on, if the fence is ahead. Training starts once the whole first wave is up (its
-        start-up is no part of the run: every first-wave worker trains from the first step)."""
+        start-up is no part of the run: every first-wave worker trains from the first step).
+
+        A synchronous round starts with all its workers: none is told to train while another member of the round
+        is busy (the chief's duty) or still finishing its chunk. A member told to train alone pushes and waits at
+        the shards' barrier for the others; a hold that comes meanwhile (a replacement PS up, a shard to park)
+        waits for every worker to stop, so the others would never be told to train and it would never stop."""
         if self.step >= self.fence:
             return
         if not self.started and any(not r.up for r in self.workers.active.values() if r.replaces is None):
@@ -319,6 +324,8 @@ class RunController(RunEnding, RunEventHandlers):
         self.started = True
         trainable = self.workers.trainable()
         if not trainable:
+            return
+        if self.config.sync and (self.workers.training() or len(trainable) < self.workers.counted()):
             return
         if not self.workers.training():  # training (re)starts: the silence and progress deadlines too
             self.liveness.restart(self.wall)
