@@ -144,11 +144,16 @@ def _honest_step(server: TcpChannelServer, n: int = 8) -> None:
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the peer closes ``sock`` (within 10 s), after whatever it sent before (a piece's parameters)."""
     sock.settimeout(10)
     try:
-        return sock.recv(1) == b""
+        while sock.recv(1 << 16):
+            pass
+        return True
     except ConnectionResetError:
         return True
+    except TimeoutError:
+        return False
 
 
 # -- exactness ------------------------------------------------------------------------------------------------------
