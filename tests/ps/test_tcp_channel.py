@@ -363,7 +363,7 @@ def test_peers_without_the_secret_are_refused_logged_and_change_nothing(monkeypa
             silent.close()
             noisy = socket.create_connection((HOST, address.port), timeout=10)
             assert len(noisy.recv(64)) == 32
-            noisy.sendall(os.urandom(channel_module._HELLO.size + 2 * channel_module._MAC_BYTES))
+            noisy.sendall(os.urandom(tcp_channel._HELLO_BYTES))
             assert _closed_by_peer(noisy)
             noisy.close()
             params, grads = np.full(6, 7.0, np.float32), np.full(6, np.nan, np.float32)
@@ -390,7 +390,8 @@ def test_proven_but_malformed_hellos_are_refused():
             sock = socket.create_connection((HOST, server.address.port), timeout=10)
             challenge = sock.recv(32)
             hello = channel_module._HELLO.pack(0, 0, count)
-            sock.sendall(hello + channel_module._mac(server.address.secret, challenge, hello) + os.urandom(32))
+            proven = hello + channel_module._mac(server.address.secret, challenge, hello) + os.urandom(32)
+            sock.sendall(proven.ljust(tcp_channel._HELLO_BYTES, b"\0"))
             assert _closed_by_peer(sock)
             sock.close()
         assert server.refused == 3 and state.sessions == []
@@ -431,13 +432,13 @@ def test_a_worker_sends_nothing_to_a_peer_that_does_not_prove_the_shards_secret(
         thread.join(10)
     finally:
         listener.close()
-    assert len(got[0]) == channel_module._HELLO.size + 2 * channel_module._MAC_BYTES  # hello, proof, nonce
+    assert len(got[0]) == tcp_channel._HELLO_BYTES  # hello, proof, nonce
     assert got[1] == b""  # then the worker closed: no request, no gradient
     assert np.all(params == 0)
 
 
 def _request(kind: int, count: int, offset: int = 0) -> bytes:
-    return channel_module._REQUEST.pack(kind, 0, math.nan, 0, count, offset)
+    return tcp_channel._UP.pack(kind, 0, math.nan, 0, count, offset)
 
 
 def test_a_truncated_frame_closes_only_that_connection():
@@ -475,8 +476,8 @@ def test_frames_claiming_more_than_their_range_close_the_connection_without_allo
     piece, push = channel_module._PIECE, channel_module._PUSH
     frames = [_request(piece, 2_500_000_000),  # a 10 GB piece
               _request(push, 2_500_000_000),  # a push counting 10 GB of pieces it never sent
-              _request(piece, 2, 0) + b"\0" * 8 + _request(push, 3),  # a push miscounting its pieces
-              _request(piece, 2, 0) + b"\0" * 8 + _request(piece, 2, 1),  # overlapping pieces
+              _request(piece, 2, 0) + b"\0" * 64 + _request(push, 3),  # a push miscounting its pieces (8 bytes, padded)
+              _request(piece, 2, 0) + b"\0" * 64 + _request(piece, 2, 1),  # overlapping pieces
               _request(piece, 2, -1), _request(piece, 0, 1), _request(piece, 1, 4),  # outside [0, 4)
               _request(7, 2_500_000_000)]  # an unknown kind
     tracemalloc.start()

@@ -4,12 +4,15 @@ One protocol, two carriers: :mod:`cmdare.ps.channel` carries it within a node (a
 and parameters stay in shared memory); this module carries the same frames between nodes, each followed by
 the values it names, sent from and received into numpy buffers (``sendmsg`` / ``recv_into``, no copy).
 
-Handshake, both ways: the shard's 32-byte challenge; the worker's ``_HELLO`` (0, 0, element count),
-HMAC-SHA256(secret, challenge + hello) and a 32-byte nonce of its own; the shard allocates the connection's
-own ``grad`` and ``out``, makes its :class:`~cmdare.ps.channel.Session` and acks with its proof,
-HMAC-SHA256(secret, "shard" + challenge + nonce), without which the worker sends nothing (whatever holds the
-port of a shard that went away is not the shard). A PIECE request is followed by its ``count`` gradient
-elements; a PUSH (``count``: elements already sent as pieces) by the elements its pieces left, ascending.
+Every header and payload starts on a multiple of 64 bytes of its stream (:data:`~cmdare.ps.stream_io.ALIGN`:
+headers are padded to 64 bytes, payloads end with zeros up to the next multiple): the kernel copies aligned bytes
+much faster. Handshake, both ways: the shard's 32-byte challenge; the worker's ``_HELLO`` (0, 0, element count),
+HMAC-SHA256(secret, challenge + hello) and a 32-byte nonce of its own (128 bytes, padded); the shard allocates the
+connection's own ``grad`` and ``out``, makes its :class:`~cmdare.ps.channel.Session` and acks with its proof,
+HMAC-SHA256(secret, "shard" + challenge + nonce), without which the worker sends nothing (whatever holds the port
+of a shard that went away is not the shard). A PIECE request is followed by its ``count`` gradient elements; a PUSH
+(``count``: elements already sent as pieces) by the ranges its pieces left, ascending (each padded). Requests are
+channel.py's ``_REQUEST`` fields in a 64-byte ``_UP`` header.
 
 The shard answers with ``_DOWN`` frames (status, step, offset, count). Since the worker's memory is not
 shared, a piece the session updates at once has its parameters streamed back at once: a PARAMS frame
@@ -50,7 +53,6 @@ from cmdare.ps.channel import (
     _NOT_APPLIED,
     _PIECE,
     _PUSH,
-    _REQUEST,
     ChannelClosed,
     ChannelRefused,
     Connect,
@@ -58,7 +60,7 @@ from cmdare.ps.channel import (
     _mac,
 )
 from cmdare.ps.shard_state import complement
-from cmdare.ps.stream_io import FrameWriter, recv_into_exact, send_all, slot, tune
+from cmdare.ps.stream_io import ALIGN, FrameWriter, padded, recv_into_exact, recv_padded, send_all, slot, tune
 
 __all__ = ["TcpChannelAddress", "TcpChannelClient", "TcpChannelServer", "recv_into_exact", "tcp_channels_enabled"]
 
@@ -75,7 +77,10 @@ _MAX_COUNT = 2**31  # elements a hello may ask for (8 GiB of float32 per buffer)
 _MAX_MESSAGE = 1 << 16  # bytes of a FAILED reply's message
 # the shard's frames: status, global step (FAILED: the message's length), offset and count (PARAMS: the
 # parameters that follow; else 0, 0)
-_DOWN = struct.Struct("<Bqqq")
+_DOWN = struct.Struct(f"<Bqqq{ALIGN - 25}x")
+# the worker's requests: channel.py's request (kind, pulled step, sent_at, sender, count, offset), padded
+_UP = struct.Struct(f"<Bqdqqq{ALIGN - 41}x")
+_HELLO_BYTES = 2 * ALIGN  # the hello, its proof and the worker's nonce, padded
 _PARAMS = 3  # a status of _DOWN beside channel.py's APPLIED, NOT_APPLIED and FAILED
 
 
@@ -181,7 +186,7 @@ class TcpChannelServer:
         """The element count of a peer that proved the secret with a sound hello, and the shard's own proof
         for it (None: refused)."""
         challenge = os.urandom(_NONCE_BYTES)
-        message = bytearray(_HELLO.size + _MAC_BYTES + _NONCE_BYTES)
+        message = bytearray(_HELLO_BYTES)
         try:
             conn.settimeout(_HANDSHAKE_S)
             conn.sendall(challenge)
@@ -198,7 +203,8 @@ class TcpChannelServer:
                 count = _HELLO.unpack(hello)[2]
                 if 1 <= count <= _MAX_COUNT:
                     conn.settimeout(None)
-                    return count, _shard_proof(self.address.secret, challenge, bytes(message[-_NONCE_BYTES:]))
+                    nonce = bytes(message[_HELLO.size + _MAC_BYTES:_HELLO.size + _MAC_BYTES + _NONCE_BYTES])
+                    return count, _shard_proof(self.address.secret, challenge, nonce)
                 why = f"a hello of {count} elements (1 to {_MAX_COUNT})"
         with self._lock:
             self.refused += 1
@@ -208,21 +214,21 @@ class TcpChannelServer:
     @staticmethod
     def _serve(conn: socket.socket, session: Session, grad: np.ndarray, out: np.ndarray, writer: FrameWriter) -> None:
         n = grad.size
-        header = bytearray(_REQUEST.size)
+        header = bytearray(_UP.size)
         ranges: list[tuple[int, int]] = []  # this push's pieces so far, sorted
         returned: list[tuple[int, int]] = []  # the parameters already streamed back in this push, sorted
         sent = 0
         failed: Exception | None = None  # a piece that failed is reported with the push
         while True:
             recv_into_exact(conn, header)
-            kind, pulled, sent_at, sender, count, offset = _REQUEST.unpack(header)
+            kind, pulled, sent_at, sender, count, offset = _UP.unpack(header)
             pulled_step, who = None if pulled < 0 else pulled, None if sender < 0 else sender
             if kind == _PIECE:
                 i = slot(ranges, offset, offset + count, n)
                 if i is None:
                     raise _Dropped(f"a piece of {count} elements at {offset}: outside [0, {n}) or overlapping "
                                    f"{len(ranges)} earlier pieces")
-                recv_into_exact(conn, grad[offset:offset + count])
+                recv_padded(conn, grad[offset:offset + count])
                 ranges.insert(i, (offset, offset + count))
                 sent += count
                 if failed is None:
@@ -234,14 +240,14 @@ class TcpChannelServer:
                         if final is not None and (j := slot(returned, *final, n)) is not None:
                             returned.insert(j, final)
                             lo, hi = final
-                            writer.send([_DOWN.pack(_PARAMS, 0, lo, hi - lo), out[lo:hi]])
+                            writer.send([_DOWN.pack(_PARAMS, 0, lo, hi - lo), *padded([out[lo:hi]])])
                 continue
             if kind != _PUSH:
                 raise _Dropped(f"a request of unknown kind {kind}")
             if count != sent:
                 raise _Dropped(f"a push counting {count} elements sent as pieces, not {sent}")
             for lo, hi in complement(ranges, n):
-                recv_into_exact(conn, grad[lo:hi])
+                recv_padded(conn, grad[lo:hi])
             streamed, ranges, returned, sent = returned, [], [], 0
             try:
                 if failed is not None:
@@ -250,11 +256,11 @@ class TcpChannelServer:
             except Exception as err:  # noqa: BLE001 - the worker raises it
                 failed = None
                 message = f"{type(err).__name__}: {err}".encode()[:_MAX_MESSAGE]
-                writer.send([_DOWN.pack(_FAILED, len(message), 0, 0), message])
+                writer.send_now([_DOWN.pack(_FAILED, len(message), 0, 0), *padded([message])])
                 continue
-            # the worker sends its next push only after this reply: ``out`` stays as queued until it is sent
+            # the worker has sent its whole push and reads: the reply goes from this thread, after the pieces'
             rest = [out[lo:hi] for lo, hi in complement(streamed, n)]
-            writer.send([_DOWN.pack(_APPLIED if applied else _NOT_APPLIED, step, 0, 0), *rest])
+            writer.send_now([_DOWN.pack(_APPLIED if applied else _NOT_APPLIED, step, 0, 0), *padded(rest)])
 
     def close(self) -> None:
         """Stop accepting and close every channel (their sessions are closed by their threads)."""
@@ -294,7 +300,8 @@ class TcpChannelClient:
                 challenge, nonce = bytearray(_NONCE_BYTES), os.urandom(_NONCE_BYTES)
                 recv_into_exact(self.sock, challenge)
                 hello = _HELLO.pack(0, 0, self.count)
-                self.sock.sendall(hello + _mac(address.secret, bytes(challenge), hello) + nonce)
+                message = hello + _mac(address.secret, bytes(challenge), hello) + nonce
+                self.sock.sendall(message.ljust(_HELLO_BYTES, b"\0"))
                 self._reply()  # the shard's ack
                 proof = bytearray(_MAC_BYTES)
                 recv_into_exact(self.sock, proof)
@@ -331,11 +338,11 @@ class TcpChannelClient:
 
     def _request(self, kind: int, pulled_step: int | None, sent_at: float | None, sender: int | None,
                  count: int, offset: int, values: list[np.ndarray]) -> None:
-        header = _REQUEST.pack(kind, -1 if pulled_step is None else pulled_step,
+        header = _UP.pack(kind, -1 if pulled_step is None else pulled_step,
                                math.nan if sent_at is None else sent_at, -1 if sender is None else sender,
                                count, offset)
         try:
-            send_all(self.sock, [header, *values])
+            send_all(self.sock, [header, *padded(values)])
         except OSError as err:
             raise ChannelClosed(f"the shard's channel is gone: {err}") from err
 
@@ -352,10 +359,10 @@ class TcpChannelClient:
                 if i is None:
                     raise ChannelClosed(f"parameters of {count} elements at {offset}: outside [0, {self.count}) "
                                         f"or overlapping")
-                recv_into_exact(self.sock, self.params[offset:offset + count])
+                recv_padded(self.sock, self.params[offset:offset + count])
                 returned.insert(i, (offset, offset + count))
             for lo, hi in complement(returned, self.count):
-                recv_into_exact(self.sock, self.params[lo:hi])
+                recv_padded(self.sock, self.params[lo:hi])
         except OSError as err:
             raise ChannelClosed(f"the shard's channel is gone: {err}") from err
         return step, status == _APPLIED
@@ -379,7 +386,7 @@ class TcpChannelClient:
             if not 0 <= step <= _MAX_MESSAGE:
                 raise ChannelClosed(f"a failure message of {step} bytes")
             message = bytearray(step)
-            recv_into_exact(self.sock, message)
+            recv_padded(self.sock, message)
             raise RuntimeError(f"the shard failed a push: {message.decode('utf-8', 'replace')}")
         if status not in (_APPLIED, _NOT_APPLIED, _PARAMS):
             raise ChannelClosed(f"a reply of unknown status {status}")
