@@ -251,6 +251,25 @@ def test_a_peer_that_never_says_hello_is_dropped(monkeypatch):
         server.close()
 
 
+def _as_nobody(fn) -> int:
+    """Fork a child that becomes ``nobody`` and exits with ``fn()``'s code (2 if it raised); returns its pid."""
+    pid = os.fork()
+    if pid == 0:
+        code = 2
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            code = fn()
+        except BaseException:  # noqa: BLE001 - reported as exit code 2
+            pass
+        os._exit(code)
+    return pid
+
+
+def _exit_code(pid: int) -> int:
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
 def test_another_user_is_refused_even_with_the_secret():
     """As ``nobody`` against a root-owned shard (the probe of issue 29), even holding the secret: refused by
@@ -258,22 +277,16 @@ def test_another_user_is_refused_even_with_the_secret():
     state = _Adder(8)
     server = ChannelServer(state.connect)
     before = state.params.copy()
+
+    def attack() -> int:
+        try:
+            _poison(server.address, 8)
+        except ChannelRefused:
+            return 0
+        return 1  # served: the attack worked
+
     try:
-        pid = os.fork()
-        if pid == 0:  # the attacker
-            code = 3
-            try:
-                os.setgid(65534)
-                os.setuid(65534)
-                _poison(server.address, 8)
-                code = 1  # served: the attack worked
-            except ChannelRefused:
-                code = 0
-            except BaseException:  # noqa: BLE001
-                code = 2
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        assert _exit_code(_as_nobody(attack)) == 0
         assert server.refused == 1
         assert state.params.tobytes() == before.tobytes() and state.calls == []
     finally:
@@ -286,34 +299,28 @@ def test_a_worker_hands_its_memory_to_no_listener_of_another_user():
     SO_PEERCRED before the handshake, so no memory descriptor leaves."""
     name = f"cmdare-shard-test-{os.getpid()}-{time.monotonic_ns()}"
     ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the impostor
-        code = 3
+
+    def impostor() -> int:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind("\0" + name)
+        listener.listen(1)
+        os.write(ready_w, b"k")
+        conn, _ = listener.accept()
+        conn.settimeout(10)
         try:
-            os.setgid(65534)
-            os.setuid(65534)
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind("\0" + name)
-            listener.listen(1)
-            os.write(ready_w, b"k")
-            conn, _ = listener.accept()
-            conn.settimeout(10)
-            try:
-                conn.sendall(os.urandom(32))
-                _, fds, _, _ = socket.recv_fds(conn, 1024, 4)
-            except OSError:  # the worker closed at once
-                fds = []
-            code = 1 if fds else 0
-        except BaseException:  # noqa: BLE001
-            code = 2
-        os._exit(code)
+            conn.sendall(os.urandom(32))
+            _, fds, _, _ = socket.recv_fds(conn, 1024, 4)
+        except OSError:  # the worker closed at once
+            fds = []
+        return 1 if fds else 0
+
+    pid = _as_nobody(impostor)
     memory = SharedHostMemory(8)
     try:
         assert os.read(ready_r, 1) == b"k"
         with pytest.raises(ChannelRefused, match="runs as uid 65534"):
             ChannelClient(ChannelAddress(name, os.urandom(32)), memory, 0, 8)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0  # the impostor got no descriptor
+        assert _exit_code(pid) == 0  # the impostor got no descriptor
     finally:
         memory.close()
         os.close(ready_r)
