@@ -4,6 +4,8 @@ node being removed."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from cmdare.cloud.local import LocalClusterProvider, LocalProcessProvider
@@ -51,7 +53,9 @@ class _RevokeChiefAfterFirstCheckpoint(TrainCallback):
 
 def test_a_run_whose_chief_node_was_removed_resumes_from_storage(cluster, tmp_path):
     storage = tmp_path / "storage"
-    spec = TrainSpec(model="resnet8", workers=1, steps=40, checkpoint_every=10, eval_every=0, batch_size=16,
+    # the chief's node goes at the first checkpoint (step 10); the run cannot reach its last step before Ray
+    # reports the node dead (40 steps could, once the data path got fast), and the resume finishes a short run
+    spec = TrainSpec(model="resnet8", workers=1, steps=100_000, checkpoint_every=10, eval_every=0, batch_size=16,
                      chunk_steps=5, storage=str(storage), transient=True, revocations="none", replace="none",
                      startup="0", seed=2)
     revoke = _RevokeChiefAfterFirstCheckpoint()
@@ -61,6 +65,8 @@ def test_a_run_whose_chief_node_was_removed_resumes_from_storage(cluster, tmp_pa
     with pytest.raises(TransientError, match="every worker was lost"):
         trainer.run()
     assert revoke.step is not None and not revoke.node_disk.exists()  # the chief's node and its disk are gone
-    assert CheckpointStore(trainer.storage).load().step >= revoke.step  # ... the checkpoints are not
-    summary = Trainer(spec, run_id="run-disk", resume=True, provider=LocalProcessProvider()).run()
-    assert summary.status == "finished" and summary.global_step == 40
+    stored = CheckpointStore(trainer.storage).load().step
+    assert stored >= revoke.step  # ... the checkpoints are not
+    rest = dataclasses.replace(spec, steps=stored + 30)
+    summary = Trainer(rest, run_id="run-disk", resume=True, provider=LocalProcessProvider()).run()
+    assert summary.status == "finished" and summary.global_step == stored + 30
