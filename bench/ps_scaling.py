@@ -26,8 +26,8 @@ driver process's CPU time (Ray's own threads too), the wall time between chunks 
 raylet and the driver share them), and the main thread's wall time in ``_chunk_back`` (one chunk's handling),
 of which ``controller`` (``RunController.handle``) and ``submit`` (``_feed``: the next ``run_steps.remote``).
 Each size runs ``--coord-rounds`` times, interleaved; medians. A stub learns only its worker id and the step
-budget (the run's spec carries its model and data, which would import torch in every stub) and returns a
-a real ``ChunkResult`` (``cmdare.train.chunk_result``, which imports no torch).
+budget (the run's spec carries its model and data, which would import torch in every stub) and returns a real
+``ChunkResult`` (``cmdare.train.chunk_result``, which imports no torch).
 
 Targets: none (a characterisation for docs/benchmarks.md).
 
@@ -229,7 +229,7 @@ class StubWorker:
         self.step = g + steps
         done = g + steps >= self.max_step and steps < max_steps
         return ChunkResult(self.worker_id, steps, time.perf_counter() - t0, 1.0, 0.0, 0.0, self.step, (0,) * steps,
-                         done, None, (0.0,))
+                           done, None, (0.0,))
 
     def pull(self) -> int:
         return self.step
@@ -368,8 +368,8 @@ def main() -> None:
     from cmdare.ps.optimizer import OptimizerConfig
     from cmdare.ps.shard import AsyncShardActor, BlockData
 
-    # The actors' classes by reference (``ps_scaling.X``, importable in Ray's workers): a stub's chunk result
-    # then pickles as small as a real ChunkResult does (a class of ``__main__`` would travel by value each time).
+    # The actors' classes by reference (``ps_scaling.X``, importable in Ray's workers), as a real worker's are:
+    # a class of ``__main__`` would travel by value, and its replies (``StubEval``) with it, each time.
     bench_dir = str(Path(__file__).resolve().parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [bench_dir, os.environ.get("PYTHONPATH")]))
     import ps_scaling as me

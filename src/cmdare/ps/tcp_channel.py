@@ -339,8 +339,7 @@ class TcpChannelClient:
     def _request(self, kind: int, pulled_step: int | None, sent_at: float | None, sender: int | None,
                  count: int, offset: int, values: list[np.ndarray]) -> None:
         header = _UP.pack(kind, -1 if pulled_step is None else pulled_step,
-                               math.nan if sent_at is None else sent_at, -1 if sender is None else sender,
-                               count, offset)
+                          math.nan if sent_at is None else sent_at, -1 if sender is None else sender, count, offset)
         try:
             send_all(self.sock, [header, *padded(values)])
         except OSError as err:

@@ -33,6 +33,7 @@ from cmdare.errors import ShardLostError
 from cmdare.events import StepReport
 from cmdare.storage import Storage
 from cmdare.train.chief_duties import ChiefDuties
+from cmdare.train.chunk_result import ChunkResult
 from cmdare.train.cluster_health import LoopWatchdog, cluster_lost, probe_actors
 from cmdare.train.detached import DetachedCalls
 from cmdare.train.emitter import RunEmitter
@@ -43,7 +44,6 @@ from cmdare.train.run_control import HEARTBEAT_S, heartbeat, write_status
 from cmdare.train.run_metrics import RunMetrics
 from cmdare.train.shard_group import ShardGroup
 from cmdare.train.spec import TrainSpec
-from cmdare.train.worker import ChunkResult
 from cmdare.train.worker_executor import WorkerExecutor
 
 __all__ = ["LOOP_TICK_S", "PROBE_TIMEOUT_S", "SHARD_STATS_EVERY_S", "UPLOAD_DRAIN_S", "RayDriver"]
