@@ -60,6 +60,16 @@ class Task:
         """Data slot ``slot``'s batches (a pure function of the arguments: a resume continues the same order)."""
         return BatchStream(self.train, slot, num_slots, batch_size, seed, start_batch=start_batch)
 
+    def recompute_statistics(self, model: torch.nn.Module, device: Any, batch_size: int, seed: int,
+                             samples: int) -> int:
+        """Recompute ``model``'s batch-norm statistics for its parameters from ``samples`` training samples in
+        a fixed order drawn from ``seed`` (:mod:`cmdare.tasks.statistics`); returns the layers recomputed."""
+        from cmdare.tasks.statistics import CALIBRATION_SEED, calibration_batches, recompute_batch_norm
+
+        count = calibration_batches(_length(self.train), batch_size, samples)
+        batches = BatchStream(self.train, 0, 1, batch_size, seed + CALIBRATION_SEED)
+        return recompute_batch_norm(model, batches, count, device, seed)
+
     def loss_of(self, output: Any, target: Any) -> torch.Tensor:
         """The batch's loss, refused unless it is a scalar tensor.
 

@@ -2,11 +2,12 @@
 
 The controller starts a duty at a barrier (every worker stopped at the duty's step). The first duty of a
 step takes the shards' state right then, before anyone trains on (one snapshot call per shard, awaited): a
-checkpoint is those parameters and momentum with the chief's batch-norm statistics, an evaluation runs the
-chief's model on those parameters. A duty cut short by the chief's loss is run again by the next chief on
-the same snapshot, so it still holds the step the schedule named. The snapshot is stored in the run's
-storage in the background (:class:`~cmdare.train.checkpoint_uploads.CheckpointUploads`) and the
-checkpoint reported once durable (:meth:`ChiefDuties.collect`).
+checkpoint is those parameters and momentum with batch-norm statistics the chief recomputes for them, an
+evaluation runs the chief's model on those parameters and statistics (:mod:`cmdare.tasks.statistics`). A duty
+cut short by the chief's loss is run again by the next chief on the same snapshot, so it still holds the step
+the schedule named. The snapshot is stored in the run's storage in the background
+(:class:`~cmdare.train.checkpoint_uploads.CheckpointUploads`) and the checkpoint reported once durable
+(:meth:`ChiefDuties.collect`).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class ChiefDuties:
         if chief is None:
             return [E.DutyDone(wall=wall, kind=cmd.kind, worker_id=cmd.worker_id, step=cmd.step, ok=False)]
         snap.running += 1
-        ref = chief.actor.buffers.remote() if cmd.kind == "checkpoint" else \
+        ref = chief.actor.statistics.remote(snap.params, snap.step) if cmd.kind == "checkpoint" else \
             chief.actor.evaluate.remote(snap.params, snap.step)
         self.refs[ref] = (cmd, time.time())
         return []

@@ -122,6 +122,10 @@ def train_command(
                                    "scales the learning rate by --rollback-lr-scale and trains on."),
     rollback_lr_scale: float = typer.Option(0.5, "--rollback-lr-scale",
                                             help="Learning-rate multiplier of each rollback (1: unchanged)."),
+    bn_samples: int = typer.Option(512, "--bn-samples",
+                                   help="Batch-norm statistics of what the run evaluates, checkpoints and exports: "
+                                   "recomputed for that step's parameters from this many training samples; 0 keeps "
+                                   "the chief's own running statistics."),
     record: bool = typer.Option(True, "--record/--no-record", help="Record measurements in the store."),
     tensorboard: str = typer.Option(None, help="TensorBoard directory (default: the data directory's "
                                     "tensorboard/RUN); 'none' to skip."),
@@ -158,7 +162,7 @@ def train_command(
                      startup=startup, replacement_timeout_s=replacement_timeout, warm_spares=warm_spares,
                      lr_policy=lr_policy, elastic_ps=elastic_ps, balance_every=balance_every, straggler=straggler,
                      auto_mitigate=auto_mitigate, ps_bandwidth=ps_bandwidth, overlap=overlap,
-                     on_diverge=on_diverge, rollback_lr_scale=rollback_lr_scale,
+                     on_diverge=on_diverge, rollback_lr_scale=rollback_lr_scale, bn_samples=bn_samples,
                      storage=storage)
     if resume:
         from cmdare.storage import run_storage

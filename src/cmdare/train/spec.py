@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from cmdare.errors import UnknownNameError, UserInputError
 from cmdare.ps.optimizer_config import OptimizerConfig
 from cmdare.storage.location import mask_credentials
+from cmdare.tasks.statistics import CALIBRATION_SAMPLES
 
 if TYPE_CHECKING:
     from cmdare.tasks import Task
@@ -121,6 +122,9 @@ class TrainSpec:
     # back to the newest stored checkpoint, multiplies the learning rate by rollback_lr_scale and trains on.
     on_diverge: str = "stop"
     rollback_lr_scale: float = 0.5
+    # Batch-norm statistics of what the run evaluates, checkpoints and exports: recomputed by the chief for the
+    # parameters of that step from this many training samples (cmdare.tasks.statistics); 0 keeps the chief's own.
+    bn_samples: int = CALIBRATION_SAMPLES
 
     def __post_init__(self) -> None:
         from cmdare.datasets import list_datasets
@@ -145,7 +149,7 @@ class TrainSpec:
         for name in ("workers", "ps", "steps", "batch_size", "chunk_steps", "chunks_ahead"):
             if getattr(self, name) < 1:
                 raise UserInputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        for name in ("checkpoint_every", "eval_every", "seed"):
+        for name in ("checkpoint_every", "eval_every", "seed", "bn_samples"):
             if getattr(self, name) < 0:
                 raise UserInputError(f"--{name.replace('_', '-')} must not be negative")
         if self.gpus_per_worker != "auto" and (isinstance(self.gpus_per_worker, str | bool)

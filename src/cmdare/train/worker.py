@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,12 +17,11 @@ import numpy as np
 import torch
 
 from cmdare.ps.channel import ChannelClient, ChannelClosed, SharedHostMemory, channels_enabled, receive_all
-from cmdare.ps.layout import FlatLayout, model_flat_from_shard_arrays
+from cmdare.ps.layout import FlatLayout
 from cmdare.ps.placement import Placement
 from cmdare.ps.shard_state import complement
 from cmdare.ps.tcp_channel import TcpChannelClient
 from cmdare.tasks import Evaluation
-from cmdare.train.checkpoint import Checkpoint
 from cmdare.train.chunk_result import ChunkResult
 from cmdare.train.overlap import GradientPieces, pieced_shard
 from cmdare.train.shard_channels import open_channels
@@ -101,6 +101,7 @@ class Worker:
         self.ray_pieces: list[Any] = []  # refs of the pieces sent through Ray this step
         self._bind(placement, shards)
         self.step = -1  # global step of the parameters held; -1 before the first pull
+        self._calibrated: tuple[int | None, int] | None = None  # the parameters the statistics were recomputed for
         # emulating a slower GPU type on this machine: every step takes `stretch` times as long (>= 1)
         self.stretch = max(1.0, float(stretch))
         self.started_at = time.time()  # the process is up and the model built (a server's start-up ends)
@@ -212,6 +213,7 @@ class Worker:
         if self.step < 0:
             self.pull()
         self.model.train()
+        self._calibrated = None  # training moves the statistics on
         live = self._live_shards()
         local = {k: self.channels[k] for k in live if k in self.channels}
         remote = [k for k in live if k not in local]
@@ -285,17 +287,39 @@ class Worker:
                  max_samples: int | None = None) -> tuple[Evaluation, int]:
         """The test loss and metrics (accuracy on a built-in dataset) of ``params`` (the flat parameters of
         ``step``, in model order; default: the parameters this worker holds), and the step. Given parameters
-        replace the held ones, as a pull would (they are at least as new)."""
+        replace the held ones, as a pull would (they are at least as new), and the batch-norm statistics are
+        recomputed for them (:meth:`statistics`)."""
         if params is not None:
-            flat, at = torch.from_numpy(np.asarray(params, np.float32)), 0
-            for p in self.model.parameters():  # in place: the layout's views of the parameters stay
-                p.copy_(flat[at:at + p.numel()].view_as(p))
-                at += p.numel()
-            self.step = max(self.step, int(step)) if step is not None else self.step
+            self._calibrate(params, step)
         self.model.eval()
         result = self.task.evaluate(self.model, self.device, max_samples)
         self.model.train()
         return result, self.step
+
+    def statistics(self, params: np.ndarray, step: int) -> dict[str, np.ndarray]:
+        """The buffers of the model with ``params`` (the flat parameters of ``step``), batch-norm statistics
+        recomputed for them from the run's calibration batches (:mod:`cmdare.tasks.statistics`): what a
+        checkpoint of that step holds, whichever worker is chief and however long it has trained."""
+        self._calibrate(params, step)
+        return self.buffers()
+
+    def _calibrate(self, params: np.ndarray, step: int | None) -> None:
+        """Hold ``params`` (as a pull would) and recompute the batch-norm statistics for them, once per set of
+        parameters (an evaluation and a checkpoint of one step share it); ``bn_samples`` 0: keep this worker's."""
+        flat = np.ascontiguousarray(params, np.float32)
+        key = (step, zlib.adler32(memoryview(flat).cast("B")))
+        if key == self._calibrated:
+            return
+        values, at = torch.from_numpy(flat), 0
+        with torch.no_grad():
+            for p in self.model.parameters():  # in place: the layout's views of the parameters stay
+                p.copy_(values[at:at + p.numel()].view_as(p))
+                at += p.numel()
+        self.step = max(self.step, int(step)) if step is not None else self.step
+        if self.spec.bn_samples > 0:
+            self.task.recompute_statistics(self.model, self.device, self.spec.batch_size, self.spec.seed,
+                                           self.spec.bn_samples)
+        self._calibrated = key
 
     def buffers(self) -> dict[str, np.ndarray]:
         """Non-trainable state (batch-norm running statistics) of this worker's model."""
@@ -303,6 +327,7 @@ class Worker:
 
     def load_buffers(self, buffers: dict[str, np.ndarray] | None) -> None:
         """Take these batch-norm statistics (None: a fresh model's)."""
+        self._calibrated = None
         if buffers is None:
             for module in self.model.modules():
                 if hasattr(module, "reset_running_stats"):
@@ -313,21 +338,6 @@ class Worker:
             for k, v in buffers.items():
                 if k in own:
                     own[k].copy_(torch.from_numpy(np.asarray(v)))
-
-    def snapshot_checkpoint(self, infos: Sequence[Any], meta: dict[str, Any]) -> tuple[Checkpoint, float]:
-        """Snapshot every shard into a checkpoint (model order); returns it and the seconds it took (this
-        worker's stall). The coordinator stores it: nothing is written to this server's disk, which a
-        revocation takes with it."""
-        import ray
-
-        t0 = time.perf_counter()
-        snaps = ray.get([s.snapshot.remote() for s in self.shards])
-        blocks = [list(s.blocks) for s in snaps]
-        params = model_flat_from_shard_arrays(blocks, [s.params for s in snaps], infos)
-        momentum = model_flat_from_shard_arrays(blocks, [s.momentum for s in snaps], infos)
-        step = min(s.step for s in snaps if s.blocks)
-        ckpt = Checkpoint(step, params, momentum, self.buffers(), dict(meta, chief=self.worker_id))
-        return ckpt, time.perf_counter() - t0
 
     def ping(self) -> int:
         return self.step
