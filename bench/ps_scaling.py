@@ -243,6 +243,9 @@ class StubWorker:
     def buffers(self) -> dict[str, Any]:
         return {}
 
+    def statistics(self, params: Any, step: int) -> dict[str, Any]:
+        return {}
+
     def evaluate(self, params: Any = None, step: int | None = None, max_samples: int | None = None):
         return StubEval(1.0, {"accuracy": 0.0}), self.step
 
