@@ -1,6 +1,7 @@
-"""`cmdare models fit --from-store` on runs recorded by `cmdare train` (local CPU runs): the refined
-speed model predicts held-out runs of this machine better than the public-data prior, and
-`cmdare plan` says it used the refined models."""
+"""`cmdare models fit --from-store` on runs recorded by `cmdare train` (local CPU runs): being emulated, they
+teach no speed model (issue 42); relabelled as runs of a real cluster of this machine's CPUs, the refined speed
+model predicts held-out runs of this machine better than the public-data prior, and `cmdare plan` says it used the
+refined models."""
 
 from __future__ import annotations
 
@@ -25,14 +26,37 @@ def _clear_caches() -> None:
 
 
 @pytest.fixture(scope="module")
-def recorded_home(local_ray, tmp_path_factory):
-    """Three short `cmdare train` runs (resnet8 on digits, 1-3 workers, no revocations) in one store."""
+def local_home(local_ray, tmp_path_factory):
+    """Three short `cmdare train` runs (resnet8 on digits, 1-3 workers, no revocations) in one store: local,
+    so emulated (their workers stand in for K80 servers)."""
     home = tmp_path_factory.mktemp("own-runs")
     for workers in (1, 2, 3):
         code, out, err = _cli(home, "train", "--model", "resnet8", "--dataset", "digits", "--workers", str(workers),
                               "--steps", "150", "--revocations", "none", "--eval-every", "0",
                               "--checkpoint-every", "0", "--seed", str(workers))
         assert code == 0, err + out
+    yield home
+    _clear_caches()
+
+
+@pytest.fixture(scope="module")
+def recorded_home(local_home, tmp_path_factory):
+    """The same runs relabelled as runs joined to a real cluster (of this machine's CPUs, standing for K80s) with
+    no injected revocations: what the refinement learns from."""
+    import shutil
+
+    from sqlalchemy import text
+
+    from cmdare.measure.store.repository import open_store
+
+    home = tmp_path_factory.mktemp("cluster-runs")
+    for path in local_home.glob("cmdare.db*"):  # the database and its WAL, if any
+        shutil.copy(path, home / path.name)
+    store = open_store(f"sqlite:///{home / 'cmdare.db'}")
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE runs SET emulated = :no"), {"no": False})
+        conn.execute(text("UPDATE servers SET emulated = :no"), {"no": False})
+    store.close()
     yield home
     _clear_caches()
 
@@ -47,6 +71,16 @@ def _own_rows(home, monkeypatch):
         return own_speed_rows(store)
     finally:
         store.close()
+
+
+@pytest.mark.cluster  # make test-cluster: real runs recorded, then refit
+def test_local_runs_are_emulated_and_teach_no_speed_model(local_home, monkeypatch):
+    _clear_caches()
+    code, out, err = _cli(local_home, "models", "fit", "--from-store")
+    assert code == 0, err
+    assert "and 0 runs from the store; skipped 3 runs" in out and "(run-" in out and "): emulated" in out, out
+    assert "speed k80" not in out
+    assert _own_rows(local_home, monkeypatch).empty
 
 
 @pytest.mark.cluster  # make test-cluster: real runs recorded, then refit

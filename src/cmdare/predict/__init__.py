@@ -170,7 +170,9 @@ def fit_from_store(db_url: str | None = None) -> dict:
     """Refit the checkpoint and startup models on the public data plus cmdare's own measurements
     in the store (see :mod:`cmdare.predict.store_data`), fit the speed corrections of
     :mod:`cmdare.predict.refine` on the store's runs, and cache them; returns the own rows used
-    (``checkpoints``, ``servers``, ``runs``) and ``speed``: the refinement with its held-out errors.
+    (``checkpoints``, ``servers``, ``runs``), ``speed``: the refinement with its held-out errors, and
+    ``skipped``: what was left out and why (``runs``: ``{reason: [run ids]}``, ``servers``: ``{reason: n}``).
+    Emulated runs and servers are never used; a run whose model does not load here is skipped, not fatal.
 
     Raises:
         StoreError: if the store cannot be opened.
@@ -185,16 +187,20 @@ def fit_from_store(db_url: str | None = None) -> dict:
     from cmdare.predict.evaluate import task_data
     from cmdare.predict.features import CHECKPOINT_COLUMNS
     from cmdare.predict.persist import save_model
-    from cmdare.predict.refine import fit_speed_refinement, own_speed_rows, save_refinement
+    from cmdare.predict.refine import fit_speed_refinement, save_refinement, speed_runs, usable_runs
     from cmdare.predict.startup import StartupModel
-    from cmdare.predict.store_data import own_checkpoint_rows, own_startup_rows
+    from cmdare.predict.store_data import own_checkpoint_rows, startup_rows
 
     store = open_store(db_url)
     try:
-        ckpt, servers, runs = own_checkpoint_rows(store), own_startup_rows(store), own_speed_rows(store)
+        ckpt = own_checkpoint_rows(store)
+        servers, servers_skipped = startup_rows(store)
+        runs, runs_skipped = speed_runs(store)
     finally:
         store.close()
-    used: dict = {"checkpoints": len(ckpt), "servers": len(servers), "runs": len(runs)}
+    runs, features, unloadable = usable_runs(runs)
+    used: dict = {"checkpoints": len(ckpt), "servers": len(servers), "runs": len(runs),
+                  "skipped": {"runs": {**runs_skipped, **unloadable}, "servers": servers_skipped}}
     digest = hashlib.sha256(
         pd.util.hash_pandas_object(ckpt).values.tobytes() + pd.util.hash_pandas_object(servers).values.tobytes()
     ).hexdigest()[:12]
@@ -204,7 +210,7 @@ def fit_from_store(db_url: str | None = None) -> dict:
             **_provenance(source, rows),
             "base_fingerprint": _fingerprint(),
             "data_fingerprint": f"{_fingerprint()}+store:{digest}",
-            "store_rows": used,
+            "store_rows": {k: used[k] for k in ("checkpoints", "servers", "runs")},
             "store": str(db_url or "default"),
         }
 
@@ -225,7 +231,7 @@ def fit_from_store(db_url: str | None = None) -> dict:
     )
     checkpoint_model.cache_clear()
     startup_model.cache_clear()
-    used["speed"] = fit_speed_refinement(runs, speed_with_scales)
+    used["speed"] = fit_speed_refinement(runs, speed_with_scales, features=features)
     save_refinement(used["speed"], db_url)
     return used
 

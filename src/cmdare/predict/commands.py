@@ -174,9 +174,8 @@ def fit_cmd(
     P.startup_model()
     if from_store:
         used = P.fit_from_store(db)
-        typer.echo(
-            f"added {used['checkpoints']} checkpoints, {used['servers']} servers and {used['runs']} runs from the store"
-        )
+        for line in _store_use_lines(used):
+            typer.echo(line)
         for gpu, e in used["speed"]["gpus"].items():
             if e["heldout_mape_refined"] is None:
                 typer.echo(f"speed {gpu}: {e['runs']} run, correction fitted (held-out error needs 2 runs)")
@@ -186,6 +185,20 @@ def fit_cmd(
                     f" -> {e['heldout_mape_refined']:.1f}% (refined)"
                 )
     typer.echo(f"fitted models cached in {P._cache_dir()}")
+
+
+def _store_use_lines(used: dict) -> list[str]:
+    """What ``models fit --from-store`` took from the store and what it left out, and why."""
+    runs, servers = used["skipped"]["runs"], used["skipped"]["servers"]
+    n_runs = sum(len(ids) for ids in runs.values())
+    lines = [f"added {used['checkpoints']} checkpoints, {used['servers']} servers and {used['runs']} runs from the "
+             f"store; skipped {n_runs} runs and {sum(servers.values())} servers"]
+    for reason, ids in runs.items():
+        shown = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+        lines.append(f"  skipped {len(ids)} run(s) ({shown}): {reason}")
+    lines += [f"  skipped {n} server(s): {reason}" for reason, n in servers.items()]
+    lines += [f"  speed {gpu}: {why}" for gpu, why in used["speed"].get("failed", {}).items()]
+    return lines
 
 
 def _fit_lifetimes(traces: list[Path], offering: str | None, order: str) -> None:

@@ -1,15 +1,18 @@
 """Refining the speed models with the user's own runs (``cmdare models fit --from-store``).
 
 The public-data models stay the prior. For each GPU type the user trained on (the store's worker
-``gpu_type``; an emulated local run carries the type it stood in for) two factors of the model's
-own structure are fitted: ``exp(u)`` scales the single-worker step time (this machine's GPU or CPU
-is faster or slower) and ``exp(v)`` the PS service time in the closed queueing network (its host and
-network saturate earlier or later). They are fitted on log speed by least squares with a ridge
-pull towards 0 (= the prior), so a single run moves them only part of the way. The prior is
+``gpu_type``) two factors of the model's own structure are fitted: ``exp(u)`` scales the single-worker
+step time (the cluster's GPUs are faster or slower) and ``exp(v)`` the PS service time in the closed
+queueing network (its host and network saturate earlier or later). They are fitted on log speed by
+least squares with a ridge pull towards 0 (= the prior), so a single run moves them only part of the way. The prior is
 :func:`cmdare.predict.speed_with_scales` for the run's workload (profiled from cmdare's zoo),
 workers, PS and placement. The held-out error (leave one run out) is reported before and after; the
 factors are saved beside the cached models and apply to every speed and step-time prediction for
 that GPU type while they exist (``cmdare models fit`` without ``--from-store`` removes them).
+
+Only runs whose speed was measured on the servers they name are used: a run the store marks ``emulated``
+(a local stand-in for cloud servers, or real servers revoked by injection) is skipped, and so is a run
+whose model no longer imports or profiles here; :func:`speed_runs` says which runs were left out and why.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
+from cmdare.errors import CmdareError
+
 __all__ = [
     "RIDGE",
     "demand_scale",
@@ -27,6 +32,8 @@ __all__ = [
     "load_refinement",
     "own_speed_rows",
     "refinement_note",
+    "speed_runs",
+    "usable_runs",
     "step_scale",
     "run_features",
     "zoo_workload_features",
@@ -36,20 +43,30 @@ RIDGE = 0.05  # pull of each log factor towards 0 (the prior), against squared l
 _FILE = "speed_refinement.json"
 
 
-def own_speed_rows(store) -> pd.DataFrame:
-    """Finished cmdare runs of the store with their measured cluster speed (steps/s): the sum over
-    workers of 1 / median step time of each worker (chunks after the first 20%)."""
+#: Why a finished run of the store is not used by the speed refinement (a reason names it to the user).
+SKIP_EMULATED = "emulated (local stand-ins for cloud servers, or injected revocations): not a speed of its servers"
+SKIP_NO_STEPS = "no step measurements"
+SKIP_UNFINISHED = "not finished"
+
+
+def speed_runs(store) -> tuple[pd.DataFrame, dict[str, list[str]]]:
+    """The store's own runs usable for the speed refinement, with their measured cluster speed (steps/s: the
+    sum over workers of 1 / median step time of each worker, chunks after the first 20%), and the runs left
+    out by reason (``{reason: [run ids]}``): emulated, not finished, no step measurements."""
     from cmdare.predict.store_data import PUBLIC_SOURCE_PREFIX
 
     runs = store.frame("runs")
-    runs = runs[~runs["source"].astype(str).str.startswith(PUBLIC_SOURCE_PREFIX) & (runs["status"] == "finished")]
+    runs = runs[~runs["source"].astype(str).str.startswith(PUBLIC_SOURCE_PREFIX)]
     steps = store.frame("step_metrics")
     servers = store.frame("servers")
-    rows = []
+    rows, skipped = [], {}
     for run in runs.itertuples():
         cfg = run.config or {}
         part = steps[(steps["run_id"] == run.run_id) & (steps["steps"] > 0)]
-        if part.empty or not cfg.get("model"):
+        reason = (SKIP_EMULATED if bool(run.emulated) else SKIP_UNFINISHED if run.status != "finished"
+                  else SKIP_NO_STEPS if part.empty or not cfg.get("model") else None)
+        if reason is not None:
+            skipped.setdefault(reason, []).append(str(run.run_id))
             continue
         rates = []
         for _, w in part.groupby("worker_id"):
@@ -65,7 +82,39 @@ def own_speed_rows(store) -> pd.DataFrame:
             "ps": int(cfg.get("ps") or 1), "placement": str(cfg.get("placement") or "round-robin"),
             "speed": float(sum(sorted(rates, reverse=True)[:n])),
         })
-    return pd.DataFrame(rows, columns=["run_id", "model", "dataset", "gpu", "workers", "ps", "placement", "speed"])
+    columns = ["run_id", "model", "dataset", "gpu", "workers", "ps", "placement", "speed"]
+    return pd.DataFrame(rows, columns=columns), skipped
+
+
+def own_speed_rows(store) -> pd.DataFrame:
+    """The rows of :func:`speed_runs` (finished, measured, not emulated runs of the store)."""
+    return speed_runs(store)[0]
+
+
+def usable_runs(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict, dict[str, list[str]]]:
+    """``rows`` whose network can be profiled here, its features by ``(model, dataset)``, and the rest by
+    reason (``{"model does not load here: <why>": [run ids]}``): a past run's package that no longer imports,
+    a zoo model since renamed, a model the profiler cannot trace. Never raises for one run's model."""
+    feats: dict = {}
+    skipped: dict[str, list[str]] = {}
+    keep = []
+    for r in rows.itertuples():
+        key = (r.model, r.dataset)
+        if key not in feats:
+            try:
+                feats[key] = run_features(*key)
+            except (Exception, SystemExit) as err:  # noqa: BLE001 - the user's code may raise anything
+                feats[key] = f"model does not load here: {_first_line(err)}"
+        if isinstance(feats[key], str):
+            skipped.setdefault(feats[key], []).append(str(r.run_id))
+        else:
+            keep.append(r.Index)
+    return rows.loc[keep], {k: v for k, v in feats.items() if not isinstance(v, str)}, skipped
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
 
 
 def zoo_workload_features(model: str):
@@ -115,43 +164,54 @@ def _mape(y, p) -> float:
     return float(np.mean(np.abs(np.asarray(p) - np.asarray(y)) / np.asarray(y)) * 100)
 
 
-def fit_speed_refinement(rows: pd.DataFrame, speed_with_scales, ridge: float = RIDGE) -> dict:
+def fit_speed_refinement(rows: pd.DataFrame, speed_with_scales, ridge: float = RIDGE,
+                         features: dict | None = None) -> dict:
     """Factors per GPU type from :func:`own_speed_rows`, with leave-one-run-out errors of the prior
     and of the refined model (``None`` with fewer than two runs of that GPU type).
 
     Args:
         speed_with_scales: the public-data model, :func:`cmdare.predict.speed_with_scales`.
+        features: the networks' features by ``(model, dataset)`` (:func:`usable_runs`); default profiled here.
     """
     out: dict = {"ridge": ridge, "gpus": {}}
     if rows.empty:
         return out
-    pairs = rows[["model", "dataset"]].drop_duplicates().itertuples(index=False)
-    feats = {(m, d): run_features(m, d) for m, d in pairs}
+    if features is None:
+        pairs = rows[["model", "dataset"]].drop_duplicates().itertuples(index=False)
+        features = {(m, d): run_features(m, d) for m, d in pairs}
 
     def prior(r, step: float = 1.0, demand: float = 1.0) -> float:
-        return speed_with_scales(feats[r.model, r.dataset], {r.gpu: int(r.workers)}, int(r.ps), _known(r.placement),
+        return speed_with_scales(features[r.model, r.dataset], {r.gpu: int(r.workers)}, int(r.ps), _known(r.placement),
                                  step_scales={r.gpu: step}, demand_scale=demand)
 
     for gpu in sorted(rows["gpu"].unique()):
         part = rows[rows["gpu"] == gpu].reset_index(drop=True)
-        before = after = None
-        if len(part) >= 2:
-            y = part["speed"].to_numpy(float)
-            base = [prior(r) for r in part.itertuples()]
-            held = []
-            for i, r in enumerate(part.itertuples()):
-                u, v = _fit_scales(prior, part.drop(index=i), ridge)
-                held.append(prior(r, np.exp(u), np.exp(v)))
-            before, after = _mape(y, base), _mape(y, held)
-        u, v = _fit_scales(prior, part, ridge)
-        out["gpus"][gpu] = {
-            "log_step_scale": float(u),
-            "log_demand_scale": float(v),
-            "runs": int(len(part)),
-            "heldout_mape_prior": before,
-            "heldout_mape_refined": after,
-        }
+        try:
+            out["gpus"][gpu] = _fit_gpu(prior, part, ridge)
+        except (CmdareError, ValueError, FloatingPointError) as err:  # a GPU type unknown here, a prior not finite
+            out.setdefault("failed", {})[gpu] = f"{len(part)} run(s) not fitted: {_first_line(err)}"
     return out
+
+
+def _fit_gpu(prior, part: pd.DataFrame, ridge: float) -> dict:
+    """One GPU type's factors and held-out errors (:func:`fit_speed_refinement`)."""
+    before = after = None
+    if len(part) >= 2:
+        y = part["speed"].to_numpy(float)
+        base = [prior(r) for r in part.itertuples()]
+        held = []
+        for i, r in enumerate(part.itertuples()):
+            u, v = _fit_scales(prior, part.drop(index=i), ridge)
+            held.append(prior(r, np.exp(u), np.exp(v)))
+        before, after = _mape(y, base), _mape(y, held)
+    u, v = _fit_scales(prior, part, ridge)
+    return {
+        "log_step_scale": float(u),
+        "log_demand_scale": float(v),
+        "runs": int(len(part)),
+        "heldout_mape_prior": before,
+        "heldout_mape_refined": after,
+    }
 
 
 def _known(placement: str) -> str:
