@@ -22,6 +22,8 @@ LAYERS: dict[str, int] = {
     "cmdare.errors": 0,
     "cmdare.paths": 0,
     "cmdare.file_cache": 0,
+    "cmdare.output_files": 0,
+    "cmdare.option_values": 0,
     "cmdare.public_data": 0,
     "cmdare.events": 0,
     "cmdare.workloads": 1,

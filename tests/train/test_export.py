@@ -101,3 +101,59 @@ def test_bad_export_requests_are_one_line(trained, tmp_path):
         res = run(*args)
         assert res.returncode == 1 and message in res.stderr, (args, res.stderr)
         assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_export_writes_only_where_it_can_and_never_over_a_file_without_force(trained, tmp_path):
+    """Issue 42, item 11: tracebacks for -o /proc/x.pt, /dev/full, FILE/sub.pt and safetensors into /proc; an
+    existing file overwritten without a word and a symbolic link followed."""
+    root, _, _ = trained
+    env = dict(os.environ, CMDARE_HOME=str(tmp_path / "home"))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([CMDARE, "export", "run-x", "--storage", str(root), *args], capture_output=True,
+                              text=True, env=env, timeout=120)
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("mine")
+    target = tmp_path / "target.txt"
+    target.write_text("the link's target")
+    link = tmp_path / "link.pt"
+    link.symlink_to(target)
+    cases = [
+        (["-o", "/proc/x.pt"], "cannot write into /proc"),
+        (["--format", "safetensors", "-o", "/proc/x.st"], "cannot write into /proc"),
+        (["-o", "/dev/full"], "is a character device"),
+        (["-o", "/dev/full", "--force"], "is a character device"),
+        (["-o", str(plain / "sub.pt")], f"{plain} is a file, not a directory"),
+        (["-o", str(tmp_path / "no" / "m.pt")], "does not exist"),
+        (["-o", str(plain)], "exists: give --force"),
+        (["-o", str(link)], "is a symbolic link"),
+    ]
+    for args, message in cases:
+        res = run(*args)
+        assert res.returncode == 1 and message in res.stderr, (args, res.stderr)
+        assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert plain.read_text() == "mine" and target.read_text() == "the link's target" and link.is_symlink()
+    assert {p.name for p in tmp_path.iterdir()} - {"home"} == {"link.pt", "plain.txt", "target.txt"}  # no debris
+    for path in (plain, link):
+        res = run("-o", str(path), "--force")
+        assert res.returncode == 0, res.stderr
+        assert len(torch.load(path, weights_only=True)) > 10
+    assert not link.is_symlink() and target.read_text() == "the link's target"  # the link replaced, not followed
+
+
+def test_a_write_that_fails_midway_leaves_no_file(trained, tmp_path):
+    """A disk that fills up while the model is written: one line, and no half-written file under the name."""
+    root, _, _ = trained
+    out = tmp_path / "m.pt"
+    script = ("import resource, signal, sys\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # writes past 4 KiB fail with EFBIG\n"
+              "from cmdare.cli import main\n"
+              f"sys.argv = ['cmdare', 'export', 'run-x', '--storage', {str(root)!r}, '-o', {str(out)!r}]\n"
+              "main()\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, CMDARE_HOME=str(tmp_path / "home")))
+    assert res.returncode == 1 and "cannot write (File too large)" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not out.exists() and not list(tmp_path.glob(".cmdare-*"))

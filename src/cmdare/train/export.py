@@ -15,11 +15,12 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from cmdare.errors import CheckpointError, UserInputError
+from cmdare.output_files import check_output, open_output
 from cmdare.storage import Storage
 from cmdare.train.checkpoint import Checkpoint, CheckpointStore
 from cmdare.train.spec import TrainSpec
@@ -69,8 +70,16 @@ def checkpoint_state_dict(ckpt: Checkpoint, spec: TrainSpec) -> dict[str, Any]:
     return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
 
 
-def write_safetensors(tensors: dict[str, Any], path: Path, metadata: dict[str, str] | None = None) -> None:
-    """Write CPU tensors in the safetensors format (header, then each tensor's bytes in name order)."""
+def write_safetensors(tensors: dict[str, Any], path: str | os.PathLike[str], metadata: dict[str, str] | None = None,
+                      force: bool = False) -> Path:
+    """Write CPU tensors in the safetensors format (header, then each tensor's bytes in name order), as
+    :func:`cmdare.output_files.open_output` writes a file: never over an existing one unless ``force``."""
+    with open_output(path, "--output", force) as f:
+        _safetensors_into(f, tensors, metadata)
+    return Path(path).expanduser()
+
+
+def _safetensors_into(f: IO[bytes], tensors: dict[str, Any], metadata: dict[str, str] | None) -> None:
     import torch
 
     header: dict[str, Any] = {"__metadata__": dict(metadata or {})} if metadata else {}
@@ -88,28 +97,27 @@ def write_safetensors(tensors: dict[str, Any], path: Path, metadata: dict[str, s
         offset += len(raw)
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes with trailing spaces
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(head)))
-        f.write(head)
-        for raw in blobs:
-            f.write(raw)
+    f.write(struct.pack("<Q", len(head)))
+    f.write(head)
+    for raw in blobs:
+        f.write(raw)
 
 
 def export_run(storage: Storage, output: str | os.PathLike[str], fmt: str = "torch",
-               step: int | None = None, spec: TrainSpec | None = None) -> Exported:
+               step: int | None = None, spec: TrainSpec | None = None, force: bool = False) -> Exported:
     """Write the model of the run stored at ``storage`` (its checkpoint of ``step``, default the newest).
     ``spec``: the run's spec (default: the one the checkpoint records; give it for a run of Python objects
-    that no other process can import).
+    that no other process can import). The file is written as :func:`cmdare.output_files.open_output` writes:
+    whole or not at all, never over an existing file or through a symbolic link unless ``force``.
 
     Raises:
-        UserInputError: an unknown format, or an output that is a directory.
+        UserInputError: an unknown format, or an output that cannot be written (checked before the checkpoint
+            is read).
         CheckpointError: no such checkpoint, or one that does not fit the run's network.
     """
     if fmt not in FORMATS:
         raise UserInputError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    out = Path(output).expanduser()
-    if out.is_dir():
-        raise UserInputError(f"--output {out} is a directory: give a file name")
+    out = check_output(output, "--output", force)
     store = CheckpointStore(storage)
     ckpt = store.load(store.resume_point(step))
     if spec is None:
@@ -119,12 +127,12 @@ def export_run(storage: Storage, output: str | os.PathLike[str], fmt: str = "tor
                                   "model")
         spec = TrainSpec.from_dict(spec_dict)
     state = checkpoint_state_dict(ckpt, spec)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "torch":
-        import torch
+    with open_output(out, "--output", force) as f:
+        if fmt == "torch":
+            import torch
 
-        torch.save(state, out)
-    else:
-        write_safetensors(state, out, {"model": spec.model_name, "step": str(ckpt.step), "format": "pt"})
+            torch.save(state, f)
+        else:
+            _safetensors_into(f, state, {"model": spec.model_name, "step": str(ckpt.step), "format": "pt"})
     count = sum(int(t.numel()) for k, t in state.items() if t.is_floating_point())
     return Exported(out, ckpt.step, spec.model_name, len(state), count)
