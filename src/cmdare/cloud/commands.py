@@ -7,8 +7,6 @@ from pathlib import Path
 
 import typer
 
-from cmdare.errors import UserInputError
-
 FORMATS = ("table", "json")
 
 _CATALOG_HELP = "Catalog override file (YAML/JSON) merged over the defaults; default $CMDARE_CATALOG."
@@ -25,7 +23,9 @@ def cluster_config_command(
     storage: str | None = typer.Option(None, "--storage",
                                        help="Checkpoint storage of every node (CMDARE_STORAGE): s3://... or gs://... "
                                             "(local: also a directory)."),
-    force: bool = typer.Option(False, "--force", help="Accept --transient without --storage (checkpoints at risk)."),
+    force: bool = typer.Option(False, "--force", help="Accept --transient without --storage (checkpoints at risk); "
+                                                      "replace an existing --output file (a symbolic link is "
+                                                      "replaced, never followed)."),
     wheel: Path | None = typer.Option(None, "--wheel",
                                       help="cmdare wheel to install on every node (default: the newest "
                                            "dist/cmdare-VERSION-*.whl here: pip wheel --no-deps -w dist .)."),
@@ -34,7 +34,8 @@ def cluster_config_command(
                                                 "(cmdare==X from your index, git+https://..., a URL)."),
     region: str | None = typer.Option(None, "--region", help="Cloud region (default us-central1 / us-east-1)."),
     zone: str | None = typer.Option(None, "--zone", help="Zone (GCP: default the first zone offering every GPU type)."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Write the YAML here (default: stdout)."),
+    output: Path | None = typer.Option(None, "--output", "-o",
+                                       help="Write the YAML here, a new file unless --force (default: stdout)."),
     project_id: str | None = typer.Option(None, "--project-id", help="GCP project id."),
     cluster_name: str | None = typer.Option(None, "--cluster-name", help="Ray cluster name."),
     image: str | None = typer.Option(None, "--image",
@@ -56,8 +57,12 @@ def cluster_config_command(
     def warn(message: str) -> None:
         typer.echo(f"warning: {message}", err=True)
 
+    from cmdare.output_files import check_output, one_line, write_output
+
+    if output is not None:
+        output = check_output(output, "--output", force)  # before a wheel is looked for or packed
     catalog = load_catalog(catalog_file)
-    config_path = str(output.expanduser().absolute()) if output is not None else None
+    config_path = str(output.absolute()) if output is not None else None
     config = cluster_config(catalog, cloud, gpu, workers=workers, ps=ps, transient=transient, region=region,
                             zone=zone, cluster_name=cluster_name, project_id=project_id, cmdare_spec=cmdare_spec,
                             image=image, wheel=wheel, storage=storage, force=force, cpus_per_node=cpus_per_node,
@@ -77,11 +82,8 @@ def cluster_config_command(
     if output is None:
         typer.echo(text, nl=False)
         return
-    try:
-        output.write_text(text)
-    except OSError as err:
-        raise UserInputError(f"cannot write {output}: {err.strerror or err}") from err
-    typer.echo(f"wrote {output}", err=True)
+    write_output(output, text, "--output", force)
+    typer.echo(f"wrote {one_line(output)}", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,7 +2,9 @@
 
 The header is read back from the config itself (node types and their labels, the environment of the
 head's start command, file mounts), so any config cmdare built renders the same: what the nodes are, what
-they cost per hour (given the catalog), how to start the cluster and train on it, and the caveats.
+they cost per hour (given the catalog), how to start the cluster and train on it, and the caveats. Every header
+line goes through :func:`cmdare.output_files.one_line`: text the user gave (a file name, a storage URI, a pip
+spec) can never end its comment and add YAML of its own.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from cmdare.cloud.launcher_names import (
 from cmdare.cloud.launcher_nodes import AWS_DEFAULT_AMI_NOTE, gpu_caveat
 from cmdare.cloud.launcher_setup import PYTHON, RAY_TOKEN_COMMAND, RAY_TOKEN_PATH, STORAGE_ENV, WHEEL_DIR, parse_env
 from cmdare.errors import UnknownNameError
+from cmdare.output_files import one_line
 
 __all__ = ["node_env", "render_yaml"]
 
@@ -46,7 +49,7 @@ def _comment(text: str) -> list[str]:
 
 def _dump(lines: list[str], config: dict[str, Any]) -> str:
     body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=110)
-    return "\n".join(lines) + "\n" + body
+    return "\n".join(one_line(line) for line in lines) + "\n" + body
 
 
 def render_yaml(config: dict[str, Any], catalog: Catalog | None = None, transient: bool | None = None) -> str:
