@@ -27,7 +27,8 @@ from typing import IO, Any
 
 from cmdare.errors import UserInputError
 
-__all__ = ["check_output", "one_line", "open_output", "save_figure", "write_output"]
+__all__ = ["check_figure_output", "check_output", "one_line", "open_output", "output_dir", "save_figure",
+           "write_output"]
 
 _NAME_MAX = 255  # bytes of one path component on Linux and macOS file systems
 _KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a named pipe",
@@ -93,13 +94,14 @@ def _check_target(option: str, path: Path, force: bool) -> None:
         raise _refuse(option, path, "exists: give --force to replace it")
 
 
-def _temp_file(option: str, path: Path) -> tuple[int, Path]:
-    """A new, empty file beside ``path`` (the umask's usual mode), open for writing."""
-    tmp = path.parent / f".cmdare-{secrets.token_hex(6)}.tmp"
+def _temp_file(option: str, directory: Path, shown: Path) -> tuple[int, Path]:
+    """A new, empty file in ``directory`` (the umask's usual mode), open for writing; errors name ``shown``."""
+    tmp = directory / f".cmdare-{secrets.token_hex(6)}.tmp"
     try:
         return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
     except OSError as err:
-        raise _refuse(option, path, f"cannot write into {one_line(path.parent)} ({_why(err)})") from None
+        why = f"cannot write into {one_line(directory)}" if directory != shown else "takes no new file"
+        raise _refuse(option, shown, f"{why} ({_why(err)})") from None
 
 
 def check_output(path: str | os.PathLike[str], option: str = "--output", force: bool = False) -> Path:
@@ -115,7 +117,30 @@ def check_output(path: str | os.PathLike[str], option: str = "--output", force: 
         raise _refuse(option, out, f"the file name is longer than {_NAME_MAX} bytes")
     _check_directory(option, out)
     _check_target(option, out, force)
-    fd, tmp = _temp_file(option, out)  # the directory takes a new file: /proc, a read-only mount do not
+    fd, tmp = _temp_file(option, out.parent, out)  # the directory takes a new file: /proc, a read-only mount do not
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+    return out
+
+
+def output_dir(path: str | os.PathLike[str], option: str) -> Path:
+    """A directory the user named for cmdare's files (``--plot-dir``, ``--save-models``): created if missing, and
+    it takes new files; each file in it is then written with :func:`open_output`.
+
+    Raises:
+        UserInputError: a file, a path under a file, or a directory that cannot be created or written into.
+    """
+    out = Path(path).expanduser()
+    if out.exists() and not out.is_dir():
+        raise _refuse(option, out, "is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        above = next((p for p in reversed(out.parents) if p.exists() and not p.is_dir()), None)
+        why = f"{one_line(above)} is a file, not a directory" if above else f"cannot be created ({_why(err)})"
+        raise _refuse(option, out, why) from None
+    fd, tmp = _temp_file(option, out, out)
     os.close(fd)
     with contextlib.suppress(OSError):
         os.unlink(tmp)
@@ -170,7 +195,7 @@ def open_output(path: str | os.PathLike[str], option: str = "--output", force: b
         UserInputError: the path cannot be written (:func:`check_output`), or writing it failed.
     """
     out = check_output(path, option, force)
-    fd, tmp = _temp_file(option, out)
+    fd, tmp = _temp_file(option, out.parent, out)
     recording: _Recording | None = None
     try:
         with os.fdopen(fd, mode) as f:
@@ -197,16 +222,30 @@ def write_output(path: str | os.PathLike[str], data: bytes | str, option: str = 
     return Path(path).expanduser()
 
 
+def _figure_format(out: Path, option: str) -> str:
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    fmt = out.suffix.lstrip(".").lower() or "png"
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in supported:
+        raise _refuse(option, out, f"matplotlib cannot write .{one_line(fmt)} files; use one of "
+                                   f"{', '.join('.' + k for k in sorted(supported))}")
+    return fmt
+
+
+def check_figure_output(path: str | os.PathLike[str], option: str = "--plot", force: bool = False) -> Path:
+    """:func:`check_output` for a figure, and its suffix names a format matplotlib writes (none: PNG)."""
+    out = check_output(path, option, force)
+    _figure_format(out, option)
+    return out
+
+
 def save_figure(fig: Any, path: str | os.PathLike[str], option: str = "--plot", force: bool = False,
                 **savefig: Any) -> Path:
     """Save a matplotlib figure to ``path`` as :func:`open_output` does, in the format its suffix names
     (``.png``, ``.svg``, ``.pdf`` ...; PNG without one); an unknown suffix is a one-line error."""
     out = Path(path).expanduser()
-    fmt = out.suffix.lstrip(".").lower() or "png"
-    supported = fig.canvas.get_supported_filetypes()
-    if fmt not in supported:
-        raise _refuse(option, out, f"matplotlib cannot write .{one_line(fmt)} files; use one of "
-                                   f"{', '.join('.' + k for k in sorted(supported))}")
+    fmt = _figure_format(out, option)
     with open_output(out, option, force) as f:
         fig.savefig(f, format=fmt, **savefig)
     return out

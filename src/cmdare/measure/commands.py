@@ -19,7 +19,9 @@ from cmdare.public_data import PUBLIC_SOURCES, is_bundled, lifetime_files, publi
 _PUBLIC = "the public data bundled with cmdare (or $CMDARE_SHARED_DATA)"
 _DB_HELP = "Store URL (SQLAlchemy); default $CMDARE_DB_URL or a SQLite file in the cmdare data directory."
 _FMT_HELP = "Output format: table, csv or json."
-_PLOT_HELP = "Also draw the report's figure into this PNG file."
+_PLOT_HELP = "Also draw the report's figure into this PNG file (.svg, .pdf: that format), a new file unless --force."
+_FORCE_OPTION = typer.Option(False, "--force", help="Replace an existing --plot file (a symbolic link is replaced, "
+                             "never followed).")
 _TABLE_OPTION = typer.Option(None, "--table", help="Only this table of the report (default: every table; CSV "
                              "of several has each under a '# NAME' line).")
 
@@ -134,23 +136,26 @@ def _import_on_first_use(store, name: str) -> None:
 
 
 def _emit(name: str, db: str | None, fmt: str, plot: Path | None, run_id: str | None = None,
-          table: str | None = None):
+          table: str | None = None, force: bool = False):
     from cmdare.measure.reports import FORMATS, build_report
     from cmdare.measure.store import open_store
+    from cmdare.output_files import check_figure_output, one_line
 
     if fmt not in FORMATS:
         from cmdare.errors import UnknownNameError
 
         raise UnknownNameError("report format", fmt, FORMATS)
+    if plot is not None:
+        check_figure_output(plot, "--plot", force)  # before the store is opened or the report built
     store = open_store(db)
     if run_id is None:
         _import_on_first_use(store, name)
     report = build_report(name, store, run_id=run_id)
     typer.echo(report.render(fmt, table), nl=False)
     if plot is not None:
-        out = report.save_plot(plot)
+        out = report.save_plot(plot, force)
         if fmt == "table":
-            typer.echo(f"plot written to {out}")
+            typer.echo(f"plot written to {one_line(out)}")
     return report
 
 
@@ -160,23 +165,31 @@ def report_lifetimes(
     table: str | None = _TABLE_OPTION,
     plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
     save_models: Path | None = typer.Option(
-        None, "--save-models", help="Write fitted models (<model>-<type>.json) into this directory."
+        None, "--save-models", help="Write fitted models (<model>-<type>.json) into this directory (created if "
+                                    "missing; its files replaced only with --force)."
     ),
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --plot file or --save-models files."),
 ) -> None:
     """Lifetime CDFs per server type and region, revocation fractions, fitted exponential/bathtub models."""
-    _emit("lifetimes", db, fmt, plot, table=table)
+    from cmdare.output_files import check_output, one_line, output_dir, write_output
+
+    if save_models is not None:
+        save_models = output_dir(save_models, "--save-models")
+    _emit("lifetimes", db, fmt, plot, table=table, force=force)
     if save_models is not None:
         from cmdare.measure.reports.lifetimes import fit_default_models
         from cmdare.measure.store import open_store
 
-        save_models.mkdir(parents=True, exist_ok=True)
         fitted = fit_default_models(open_store(db).frame("lifetime_observations"))
-        for name, by_key in fitted.items():
-            for key, model in by_key.items():
-                (save_models / f"{name}-{key}.json").write_text(json.dumps(model))
+        files = {save_models / f"{name}-{key}.json": model for name, by_key in fitted.items()
+                 for key, model in by_key.items()}
+        for path in files:
+            check_output(path, "--save-models", force)  # all or none: no file replaced without --force
+        for path, model in files.items():
+            write_output(path, json.dumps(model), "--save-models", force)
         if fmt == "table":
-            typer.echo(f"models written to {save_models}")
+            typer.echo(f"models written to {one_line(save_models)}")
 
 
 @report_app.command("scaling")
@@ -185,9 +198,10 @@ def report_scaling(
     table: str | None = _TABLE_OPTION,
     plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """Cluster speed against the number of workers per GPU type and #PS, with the ideal line."""
-    _emit("scaling", db, fmt, plot, table=table)
+    _emit("scaling", db, fmt, plot, table=table, force=force)
 
 
 @report_app.command("startup")
@@ -196,9 +210,10 @@ def report_startup(
     table: str | None = _TABLE_OPTION,
     plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """Startup phases (provisioning, staging, booting, joining) per GPU type, transient vs on-demand."""
-    _emit("startup", db, fmt, plot, table=table)
+    _emit("startup", db, fmt, plot, table=table, force=force)
 
 
 @report_app.command("checkpoint")
@@ -208,9 +223,10 @@ def report_checkpoint(
     plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
     run: str | None = typer.Option(None, "--run", help="Only this run's checkpoints."),
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """Checkpoint duration (local and remote) against checkpoint size."""
-    _emit("checkpoint", db, fmt, plot, run, table=table)
+    _emit("checkpoint", db, fmt, plot, run, table=table, force=force)
 
 
 @report_app.command("run")
@@ -220,9 +236,10 @@ def report_run(
     table: str | None = _TABLE_OPTION,
     plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """One run: throughput over time with revocations, replacements and checkpoints marked, cost so far."""
-    _emit("run", db, fmt, plot, run_id, table=table)
+    _emit("run", db, fmt, plot, run_id, table=table, force=force)
 
 
 def register(app: typer.Typer) -> None:

@@ -69,24 +69,25 @@ class Report:
             return json.dumps(self.to_dict(), indent=1)
         return _rich_text(self)
 
-    def save_plot(self, path: str | Path) -> Path:
-        """Draw the figure into a PNG file (Agg backend)."""
+    def save_plot(self, path: str | Path, force: bool = False) -> Path:
+        """Draw the figure into a PNG file (Agg backend; another format by the file's suffix), written as
+        :func:`cmdare.output_files.open_output` writes: never over an existing file unless ``force``."""
         import matplotlib
 
         matplotlib.use("Agg", force=True)
         import matplotlib.pyplot as plt
 
-        out = Path(path).expanduser()
-        if out.parent and not out.parent.exists():
-            raise UserInputError(f"cannot write plot: directory {out.parent} does not exist")
+        from cmdare.output_files import check_figure_output, save_figure
+
         if self.plot is None:
             raise UserInputError(f"report {self.name!r} has no plot")
+        out = check_figure_output(path, "--plot", force)
         fig = plt.figure(figsize=self.figsize)
         try:
             self.plot(fig)
             fig.suptitle(self.title)
             fig.tight_layout()
-            fig.savefig(out, dpi=100)
+            save_figure(fig, out, "--plot", force, dpi=100)
         finally:
             plt.close(fig)
         return out
