@@ -12,7 +12,10 @@ models_app = typer.Typer(help="Fit and evaluate the performance models.", no_arg
 predict_app = typer.Typer(help="Predict step time, cluster speed, checkpoint and startup time.", no_args_is_help=True)
 
 _INPUT = typer.Option(None, "--input", help="CSV with CM-DARE column names; one question per row.")
-_OUTPUT = typer.Option(None, "--output", help="Where to write the rows plus a 'Predicted ...' column.")
+_OUTPUT = typer.Option(None, "--output", help="With --input: where to write its rows plus a 'Predicted ...' column "
+                       "(a new file unless --force; default: stdout).")
+_FORCE = typer.Option(False, "--force", help="Replace an existing --output file (a symbolic link is replaced, never "
+                      "followed).")
 _INTERVAL = typer.Option(
     None, "--interval", min=0.01, max=0.99, help="Also print a prediction interval at this level, e.g. 0.9."
 )
@@ -33,6 +36,7 @@ def evaluate_cmd(
     ),
     plot_dir: Path = typer.Option(None, "--plot-dir", help="Write predicted-vs-measured plots here."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of tables."),
+    force: bool = typer.Option(False, "--force", help="Replace existing plots in --plot-dir."),
 ) -> None:
     """Errors of every model beside the published baselines on the same splits."""
     from rich.console import Console
@@ -49,6 +53,12 @@ def evaluate_cmd(
 
     regression = tuple(t for t in task if t in TASKS) if task else tuple(TASKS)
     with_startup = not task or "startup" in task
+    if plot_dir is not None:
+        from cmdare.output_files import check_output, output_dir
+        from cmdare.predict.evaluate import plot_files
+
+        for path in plot_files(output_dir(plot_dir, "--plot-dir"), regression):
+            check_output(path, "--plot-dir", force)  # before minutes of evaluation, not after
     progress = Progress(TextColumn("evaluating {task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=Console(stderr=True), transient=True)
     with progress:  # on stderr, gone when done: the tables (or the JSON) stay clean
@@ -109,9 +119,9 @@ def evaluate_cmd(
             console.print(table)
             console.print(f"startup, group held out: mean APE {startup.held_out_ape.mean():.2f}%")
     if plot_dir is not None:
-        paths = plot_predictions(preds, plot_dir)
+        paths = plot_predictions(preds, plot_dir, force)
         if "cluster_speed" in regression:
-            paths.append(plot_cluster_scaling(plot_dir))
+            paths.append(plot_cluster_scaling(plot_dir, force))
         for path in paths:
             typer.echo(f"wrote {path}", err=as_json)
 
@@ -224,15 +234,23 @@ def _need_option(value: str | None, flag: str) -> str:
     return value
 
 
-def _table(kind: str, input_path: Path, output_path: Path | None, remote: bool = False) -> None:
+def _table(kind: str, input_path: Path | None, output_path: Path | None, remote: bool = False,
+           force: bool = False) -> None:
+    from cmdare.errors import UserInputError
+    from cmdare.output_files import check_output, one_line
     from cmdare.predict.tables import predict_table, read_table, write_table
 
+    if input_path is None:
+        raise UserInputError("--output writes the answers to an --input table: give --input F.csv (one question "
+                             "per row), or leave --output out to print one answer")
+    if output_path is not None:
+        check_output(output_path, "--output", force)
     out = predict_table(read_table(input_path), kind, remote=remote)
     if output_path is None:
         typer.echo(out.to_csv(index=False), nl=False)
     else:
-        write_table(out, output_path)
-        typer.echo(f"wrote {len(out)} rows to {output_path}")
+        write_table(out, output_path, force)
+        typer.echo(f"wrote {len(out)} rows to {one_line(output_path)}")
 
 
 def _model(name: str | None, input_shape: str | None = None):
@@ -273,15 +291,21 @@ def step_time_cmd(
     input_path: Path = _INPUT,
     output_path: Path = _OUTPUT,
     level: float = _INTERVAL,
+    force: bool = _FORCE,
 ) -> None:
     """Seconds per training step on one GPU."""
-    if input_path is not None:
-        return _table("step-time", input_path, output_path)
+    if input_path is not None or output_path is not None:
+        return _table("step-time", input_path, output_path, force=force)
+    from cmdare.option_values import check_number
     from cmdare.predict import gpu_tflops, predict_step_time_s
+    from cmdare.predict.features import LIMITS
 
     g = _need(gpu, "--gpu")
     with contextlib.suppress(ValueError):
         g = float(g)
+    if isinstance(g, float):
+        check_number(g, "--gpu", 0.001, LIMITS["GPU TFLOPS"], "TFLOPS")
+    check_number(latency_ms, "--latency-ms", 0.0, LIMITS["Latency (ms)"], "ms")
     t = predict_step_time_s(_model(model, input_shape), g, latency_ms)
     if level is None:
         typer.echo(f"{t:.4f} s/step")
@@ -304,10 +328,11 @@ def cluster_speed_cmd(
     input_path: Path = _INPUT,
     output_path: Path = _OUTPUT,
     level: float = _INTERVAL,
+    force: bool = _FORCE,
 ) -> None:
     """Global steps per second of asynchronous PS training."""
-    if input_path is not None:
-        return _table("cluster-speed", input_path, output_path)
+    if input_path is not None or output_path is not None:
+        return _table("cluster-speed", input_path, output_path, force=force)
     from cmdare.predict import predict_cluster_steps_per_s
 
     speed = predict_cluster_steps_per_s(_model(model, input_shape), _need(workers, "--workers"), ps,
@@ -328,13 +353,19 @@ def checkpoint_cmd(
     input_path: Path = _INPUT,
     output_path: Path = _OUTPUT,
     level: float = _INTERVAL,
+    force: bool = _FORCE,
 ) -> None:
     """Seconds to write a checkpoint (and upload it with --remote)."""
-    if input_path is not None:
-        return _table("checkpoint", input_path, output_path, remote=remote)
+    if input_path is not None or output_path is not None:
+        return _table("checkpoint", input_path, output_path, remote=remote, force=force)
+    from cmdare.option_values import check_number
     from cmdare.predict import predict_checkpoint_s
+    from cmdare.predict.features import LIMITS
 
-    secs = predict_checkpoint_s(_need(size_mb, "--size-mb") * 1e6, tensors, remote)
+    size = check_number(_need(size_mb, "--size-mb"), "--size-mb", 0.0, LIMITS["Checkpoint Size (MB)"], "MB")
+    if tensors is not None:
+        check_number(tensors, "--tensors", 1, LIMITS["Number of Tensors"])
+    secs = predict_checkpoint_s(size * 1e6, tensors, remote)
     if level is None:
         typer.echo(f"{secs:.3f} s")
         return

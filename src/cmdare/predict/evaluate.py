@@ -234,15 +234,25 @@ def evaluate(tasks: tuple[str, ...] | None = None,
     return pd.concat(frames, ignore_index=True), preds
 
 
-def plot_predictions(preds: dict, plot_dir) -> list:
-    """Predicted-vs-measured scatter plots, one per task (main protocol, cmdare vs baselines)."""
+def plot_files(plot_dir, tasks) -> list[Path]:
+    """The files :func:`plot_predictions` and :func:`plot_cluster_scaling` may write for ``tasks``."""
+    names = [f"models_{name}.png" for name in tasks] + (["models_cluster_scaling.png"] if "cluster_speed" in tasks
+                                                         else [])
+    return [Path(plot_dir).expanduser() / name for name in names]
+
+
+def plot_predictions(preds: dict, plot_dir, force: bool = False) -> list:
+    """Predicted-vs-measured scatter plots, one per task (main protocol, cmdare vs baselines), written into
+    ``plot_dir`` (created if missing) as :func:`cmdare.output_files.open_output` writes: none replaced unless
+    ``force``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plot_dir = Path(plot_dir)
-    plot_dir.mkdir(parents=True, exist_ok=True)
+    from cmdare.output_files import output_dir, save_figure
+
+    plot_dir = output_dir(plot_dir, "--plot-dir")
     written = []
     for name, task in TASKS.items():
         keys = [k for k in preds if k[0] == name and k[2] == task.main_protocol]
@@ -264,21 +274,22 @@ def plot_predictions(preds: dict, plot_dir) -> list:
         ax.set_title(f"{name}, protocol {task.main_protocol} (MAPE)")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        path = plot_dir / f"models_{name}.png"
-        fig.savefig(path, dpi=110)
+        path = save_figure(fig, plot_dir / f"models_{name}.png", "--plot-dir", force, dpi=110)
         plt.close(fig)
         written.append(path)
     return written
 
 
-def plot_cluster_scaling(plot_dir) -> Path:
+def plot_cluster_scaling(plot_dir, force: bool = False) -> Path:
     """Measured steps/s vs workers (1 PS) with cmdare's leave-one-configuration-out predictions
-    and its 2-PS prediction, one panel per GPU type."""
+    and its 2-PS prediction, one panel per GPU type (``models_cluster_scaling.png`` in ``plot_dir``, as
+    :func:`plot_predictions` writes)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from cmdare.output_files import output_dir, save_figure
     from cmdare.predict.cluster_speed import PSQueueModel
 
     X, y, meta = task_data("cluster_speed")
@@ -303,9 +314,8 @@ def plot_cluster_scaling(plot_dir) -> Path:
         ax.set_title(f"{gpu}, 1 PS: measured vs PSQueueModel")
     axes[1].legend(fontsize=6, ncol=2)
     fig.tight_layout()
-    path = Path(plot_dir) / "models_cluster_scaling.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    path = save_figure(fig, output_dir(plot_dir, "--plot-dir") / "models_cluster_scaling.png", "--plot-dir", force,
+                       dpi=110)
     plt.close(fig)
     return path
 

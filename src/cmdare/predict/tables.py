@@ -44,10 +44,12 @@ def read_table(path: str | Path) -> pd.DataFrame:
     return df
 
 
-def write_table(df: pd.DataFrame, path: str | Path) -> None:
-    """Write the answered table as CSV."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(path, index=False)
+def write_table(df: pd.DataFrame, path: str | Path, force: bool = False) -> Path:
+    """Write the answered table as CSV, as :func:`cmdare.output_files.open_output` writes a file: whole, and
+    never over an existing file unless ``force``."""
+    from cmdare.output_files import write_output
+
+    return write_output(path, df.to_csv(index=False), "--output", force)
 
 
 def _cluster_predictions(df: pd.DataFrame) -> np.ndarray:

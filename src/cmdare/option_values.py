@@ -1,0 +1,39 @@
+"""Numbers the user gives (options, spec fields): finite and within the range the option makes sense for.
+
+Typer's ``min=``/``max=`` let ``inf`` and ``1e308`` through (and ``nan`` slips past any comparison); a value
+that then overflows a model ends in a traceback. :func:`check_number` refuses such values in one line.
+"""
+
+from __future__ import annotations
+
+import math
+
+from cmdare.errors import UserInputError
+
+__all__ = ["check_number"]
+
+
+def check_number(value: object, option: str, low: float | None = None, high: float | None = None,
+                 what: str = "") -> float:
+    """``value`` as a float if it is a finite number in ``[low, high]`` (either bound optional).
+
+    Args:
+        value: a number, or text holding one.
+        option: the option's name for the message (``--size-mb``).
+        what: the unit or meaning, for the message (``MB``, ``seconds``).
+
+    Raises:
+        UserInputError: not a number, not finite, or out of range; the message names the option and the range.
+    """
+    unit = f" {what}" if what else ""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise UserInputError(f"{option} must be a finite number{' of ' + what if what else ''}, got {value!r}")
+    if low is not None and number < low:
+        raise UserInputError(f"{option} must be at least {low:g}{unit}, got {value!r}")
+    if high is not None and number > high:
+        raise UserInputError(f"{option} must be at most {high:g}{unit}, got {value!r}")
+    return number
