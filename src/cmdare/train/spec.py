@@ -180,6 +180,14 @@ class TrainSpec:
         self.max_rollbacks()  # validates
         if not 0 < self.rollback_lr_scale <= 1:
             raise UserInputError(f"--rollback-lr-scale must be in (0, 1], got {self.rollback_lr_scale}")
+        if str(self.startup) != "model":
+            from cmdare.option_values import check_number
+
+            try:  # a day at most: CM-DARE's start-ups take minutes
+                check_number(self.startup, "--startup", 0.0, 86_400.0, "seconds")
+            except UserInputError:
+                raise UserInputError(f"--startup must be 'model' or seconds from 0 to 86400, got {self.startup!r}") \
+                    from None
 
     @property
     def model_name(self) -> str:
