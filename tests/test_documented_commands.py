@@ -23,7 +23,7 @@ BIN = Path(sys.executable).parent
 # (document, command as written there)
 DOCUMENTED = [
     ("README.md", "cmdare plan --model t2t_resnet32 --steps 64000 --deadline 2h"),
-    ("README.md", "cmdare plan simulate --model t2t_resnet32 --steps 64000 --workers k80:8 --ps 1 --transient --json"),
+    ("README.md", "cmdare plan simulate --model t2t_resnet32 --steps 64000 --workers v100:8 --ps 1 --transient --json"),
     ("README.md", "cmdare workloads"),
     ("README.md", "cmdare catalog"),
     ("README.md", "cmdare runs"),

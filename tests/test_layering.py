@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "cmdare.option_values": 0,
     "cmdare.public_data": 0,
     "cmdare.events": 0,
+    "cmdare.console": 0,
     "cmdare.workloads": 1,
     "cmdare.datasets": 1,
     "cmdare.tasks": 1,

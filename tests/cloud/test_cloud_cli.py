@@ -78,7 +78,8 @@ def test_catalog_override_flag(app, tmp_path):
         (["cluster-config", "--cloud", "gcp", "--gpu", "k80", "--storage", "/mnt/ckpt"], UserInputError, "local path"),
         (["cluster-config", "--cloud", "aws", "--workers", "t4:x"], UserInputError, "--workers: bad GPU count"),
         (["cluster-config", "--cloud", "aws", "--workers", "t4:1,b200:2"], UnknownNameError, "GPU type 'b200'"),
-        (["cluster-config", "--cloud", "aws", "--workers", "4"], UserInputError, "needs --gpu"),
+        (["cluster-config", "--cloud", "aws", "--workers", "2.5"], UserInputError, "whole number or a mix"),
+        (["cluster-config", "--cloud", "aws", "--workers", "t4:2,v100:0"], UserInputError, "at least 1 worker of v100"),
         (["cluster-config", "--cloud", "aws", "--gpu", "t4", "--wheel", "/nowhere/cmdare-0.1.0-py3-none-any.whl"],
          UserInputError, "no such file"),
         (["cluster-config", "--cloud", "aws", "--gpu", "t4", "--cmdare-spec", "cmdare"], UserInputError,
@@ -124,6 +125,26 @@ def test_cluster_config_to_file_and_stdout(app, tmp_path):
     out = _run(app, "cluster-config", "--cloud", "gcp", "--gpu", "t4", "--wheel", str(wheel),
                "--output", str(tmp_path / "no" / "x.yaml"))
     assert isinstance(out.exception, UserInputError)
+
+
+def test_a_bare_count_of_workers_is_the_default_gpu_named_on_stderr(app, tmp_path, monkeypatch):
+    """Issue 42: ``--cloud gcp`` without ``--workers`` said ``--workers 4 needs --gpu TYPE`` though no 4 was typed;
+    ``--workers 4`` means what it means in every command: 4 workers of the default GPU (T4), named."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CMDARE_HOME", str(tmp_path / "home"))
+    out = _run(app, "cluster-config", "--cloud", "gcp")
+    assert out.exit_code == 0, out.output
+    assert "needs --gpu" not in out.output
+    assert "note: --workers 4 (the default): 4 x T4 (the default GPU of gcp;" in out.stderr
+    assert yaml.safe_load(out.stdout)["available_node_types"]["cmdare_worker_t4"]["min_workers"] == 4
+    out = _run(app, "cluster-config", "--cloud", "AWS", "--workers", "3")
+    assert out.exit_code == 0, out.output
+    assert "note: --workers 3: 3 x T4 (the default GPU of aws;" in out.stderr
+    assert "cmdare_worker_t4" in yaml.safe_load(out.stdout)["available_node_types"]
+    for args in (["--gpu", "v100", "--workers", "3"], ["--workers", "v100:3"]):  # a named type: no note
+        out = _run(app, "cluster-config", "--cloud", "aws", *args)
+        assert out.exit_code == 0 and "default GPU" not in out.stderr, out.output
+        assert "cmdare_worker_v100" in yaml.safe_load(out.stdout)["available_node_types"]
 
 
 def test_cluster_config_finds_the_wheel_in_dist_or_packs_the_running_cmdare(app, tmp_path, monkeypatch):

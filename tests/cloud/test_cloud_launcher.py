@@ -316,6 +316,8 @@ def test_one_worker_node_type_per_gpu_type(cat, build, ray_validate):
     assert aws["available_node_types"]["cmdare_worker_t4"]["max_workers"] == 3
     assert aws["max_workers"] == 1 + 1 + 3
     assert build("gcp", "t4", workers="t4:2")["available_node_types"]["cmdare_worker_t4"]["max_workers"] == 2
+    for workers in (4, "4"):  # a bare count without a GPU type: the default GPU's, as in every command (issue 42)
+        assert build("aws", workers=workers)["available_node_types"]["cmdare_worker_t4"]["max_workers"] == 4
 
 
 def test_boot_images_per_gpu_and_the_k80_caveat(cat, build):
@@ -412,11 +414,9 @@ def test_bad_input_gives_clear_errors(cat, build):
         with pytest.raises(UserInputError, match="--(workers|ps) must be"):
             build("gcp", "t4", **kwargs)
     for workers, needle in (("k80:x", "--workers: bad GPU count 'k80:x'"), ("k80:-1", "negative"),
-                            ("k80:0", "no GPUs"), (",", "no GPUs")):
+                            ("k80:0", "at least 1 worker of k80"), (",", "no GPUs"), ("1.5", "whole number")):
         with pytest.raises(UserInputError, match=needle):
             build("gcp", workers=workers)
-    with pytest.raises(UserInputError, match="--workers 4 needs --gpu"):
-        build("gcp", workers=4)
     with pytest.raises(UserInputError, match="does not match"):
         build("gcp", "t4", workers="k80:2")
     with pytest.raises(UserInputError, match="not in region"):

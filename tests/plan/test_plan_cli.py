@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,84 @@ def test_plan_on_aws_considers_what_aws_offers_by_default(monkeypatch, capsys):
     assert code == 0, err
     data = json.loads(out)
     assert "us-east-1" in json.dumps(data["choice"]) and "p100" not in out.lower()
+
+
+def test_simulate_reads_a_bare_count_as_the_default_gpu_and_names_it(monkeypatch, capsys):
+    """Issue 42: ``--workers 4`` said ``unknown GPU '4' (did you mean 't4'?)``; a count means that many workers of
+    the default GPU (T4) in every command, and the output names it."""
+    code, out, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "4", "--transient", "--json")
+    assert code == 0 and err == "", err
+    data = json.loads(out)
+    assert data["workers"] == {"t4": 4} and data["config"].startswith("4xT4 spot")
+    assert any("4 x T4 (the default GPU of gcp;" in note for note in data["notes"])
+    named = json.loads(run_cli(monkeypatch, capsys, *SIM, "--workers", "t4:4", "--transient", "--json")[1])
+    assert named["time_s"] == data["time_s"] and named["notes"] == []
+    code, out, _ = run_cli(monkeypatch, capsys, *SIM, "--workers", "2", "--cloud", "aws")
+    assert code == 0 and "2xT4 on-demand" in out and "note: --workers 2: 2 x T4 (the default GPU of aws;" in out
+
+
+def test_cloud_is_read_in_any_case(monkeypatch, capsys):
+    """Issue 42: ``--cloud AWS`` ended in ``ServerSpec.cloud must be one of gcp, aws, local``."""
+    code, out, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "v100:2", "--transient", "--cloud", "AWS",
+                             "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["cloud"] == "aws" and data["region"] == "us-east-1"
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "--model", "t2t_resnet32", "--steps", "64000",
+                             "--cloud", " Aws", "--max-workers", "2", "--runs", "3", "--json")
+    assert code == 0 and "us-east-1" in json.dumps(json.loads(out)["choice"]), err
+    code, _, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "v100:2", "--cloud", "Azure")
+    assert code == 1 and "unknown cloud 'azure'" in err and "gcp" in err and len(err.strip().splitlines()) == 1
+
+
+def test_retired_k80s_are_flagged_and_left_out_of_recommendations_unless_asked(monkeypatch, capsys):
+    """Issue 42: plan tables offered K80s, which the clouds retired and current PyTorch cannot use, with no word."""
+    plan = ["plan", "--model", "t2t_resnet32", "--steps", "64000", "--deadline", "2h", "--max-workers", "2",
+            "--runs", "3"]
+    code, out, err = run_cli(monkeypatch, capsys, *plan, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["left_out_retired_gpus"] == ["k80"] and data["retired_gpus"] == []
+    assert "K80" not in json.dumps(data["front"]) and "left out of this plan" in data["notes"][0]
+    asked = json.loads(run_cli(monkeypatch, capsys, *plan, "--include-retired", "--json")[1])
+    assert asked["left_out_retired_gpus"] == [] and asked["retired_gpus"] == ["k80"]
+    code, out, _ = run_cli(monkeypatch, capsys, *plan, "--gpus", "k80")  # named: considered, flagged
+    assert code == 0 and "1xK80 spot + no PS @us-east1 (retired: K80)" in out
+    assert "note: K80 retired: gcp no longer rents it and current PyTorch CUDA builds do not run on compute " \
+           "capability 3.7" in out
+    code, out, _ = run_cli(monkeypatch, capsys, *SIM, "--workers", "k80:8", "--transient")
+    assert code == 0 and "8xK80 spot + 1 PS @us-east1 (retired: K80)" in " ".join(out.split())  # the title wraps
+    assert "note: K80 retired" in out
+    data = json.loads(run_cli(monkeypatch, capsys, *SIM, "--workers", "k80:8", "--transient", "--json")[1])
+    assert data["retired_gpus"] == ["k80"] and "K80 retired" in data["notes"][0]
+
+
+def test_the_readme_plan_simulate_example_runs_on_both_clouds(monkeypatch, capsys):
+    """Issue 42: the README's example failed with the ``--cloud aws`` it suggests (``no spot/preemptible price for
+    K80 servers in aws``): AWS rents K80s on demand only, so the example uses a GPU both clouds rent as spot."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"`cmdare (plan simulate [^`\[]*?) \[--cloud aws\]", readme)
+    assert found, "the README no longer shows plan simulate ... [--cloud aws]"
+    args = [*found.group(1).split(), "--runs", "5"]
+    for cloud in ("gcp", "aws"):
+        code, out, err = run_cli(monkeypatch, capsys, *args, "--cloud", cloud)
+        assert code == 0, err
+        assert json.loads(out)["cloud"] == cloud
+
+
+def test_a_spot_gpu_a_cloud_does_not_rent_is_one_line_saying_what_it_does(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "k80:8", "--transient", "--cloud", "aws")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "rents no K80 (retired) as spot/preemptible servers: drop --transient, or choose another GPU type" in err
+    assert "k80" not in err.split("GPU type")[1]  # the other types offered, retired ones left out
+
+
+def test_the_deadline_hint_gives_a_date_to_come():
+    """Issue 42: the hint's example date (2026-11-29T18:00) was in the past."""
+    with pytest.raises(UserInputError, match="2031-01-01T18:00") as err:
+        parse_deadline_s("soon", now=datetime(2030, 12, 31, 23, 30))
+    example = re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d", str(err.value)).group(0)
+    assert parse_deadline_s(example, now=datetime(2030, 12, 31, 23, 30)) > 0
+    with pytest.raises(UserInputError) as err:
+        parse_deadline_s("soon")
+    assert parse_deadline_s(re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d", str(err.value)).group(0)) > 0

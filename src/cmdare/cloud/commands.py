@@ -8,15 +8,18 @@ from pathlib import Path
 import typer
 
 FORMATS = ("table", "json")
+_DEFAULT_WORKERS = 4
 
 _CATALOG_HELP = "Catalog override file (YAML/JSON) merged over the defaults; default $CMDARE_CATALOG."
 
 
 def cluster_config_command(
     cloud: str = typer.Option(..., "--cloud", help="gcp, aws, or local (Ray's fake multi-node provider here)."),
-    gpu: str | None = typer.Option(None, "--gpu", help="GPU type when --workers is a number, e.g. k80, v100, t4."),
-    workers: str = typer.Option("4", "--workers",
-                                help="Training workers (one per GPU): a number of --gpu, or a mix like k80:2,v100:1."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU type when --workers is a number, e.g. v100, t4 "
+                                   "(default: T4, the default GPU of every cloud)."),
+    workers: str | None = typer.Option(None, "--workers",
+                                       help="Training workers (one per GPU): a number of --gpu, or a mix like "
+                                            "k80:2,v100:1 (default: 4)."),
     ps: int = typer.Option(1, "--ps", help="Parameter-server nodes (on-demand, CPU only)."),
     transient: bool = typer.Option(False, "--transient/--on-demand",
                                    help="Preemptible (GCP) / Spot (AWS) GPU workers; a cloud needs --storage then."),
@@ -63,10 +66,12 @@ def cluster_config_command(
         output = check_output(output, "--output", force)  # before a wheel is looked for or packed
     catalog = load_catalog(catalog_file)
     config_path = str(output.absolute()) if output is not None else None
-    config = cluster_config(catalog, cloud, gpu, workers=workers, ps=ps, transient=transient, region=region,
-                            zone=zone, cluster_name=cluster_name, project_id=project_id, cmdare_spec=cmdare_spec,
-                            image=image, wheel=wheel, storage=storage, force=force, cpus_per_node=cpus_per_node,
+    config = cluster_config(catalog, cloud, gpu, workers=workers if workers is not None else _DEFAULT_WORKERS, ps=ps,
+                            transient=transient, region=region, zone=zone, cluster_name=cluster_name,
+                            project_id=project_id, cmdare_spec=cmdare_spec, image=image, wheel=wheel,
+                            storage=storage, force=force, cpus_per_node=cpus_per_node,
                             spare_nodes=spare_nodes, head_port=head_port, config_path=config_path, warn=warn)
+    _note_default_gpu(catalog, cloud, gpu, workers)
     text = render_yaml(config, catalog, transient)
     provider = config["provider"]
     local = provider["type"] == "fake_multinode"
@@ -84,6 +89,19 @@ def cluster_config_command(
         return
     write_output(output, text, "--output", force)
     typer.echo(f"wrote {one_line(output)}", err=True)
+
+
+def _note_default_gpu(catalog, cloud: str, gpu: str | None, workers: str | None) -> None:
+    """Name the GPU type a bare count of workers (typed or the default) stands for, on stderr."""
+    from cmdare.cloud.gpu_counts import DEFAULT_WORKER_GPU, default_gpu_note, parse_workers
+
+    if gpu is not None:
+        return
+    parsed = parse_workers(workers if workers is not None else _DEFAULT_WORKERS, catalog)
+    if parsed.mix is None:
+        note = default_gpu_note(parsed.total, catalog.gpu(DEFAULT_WORKER_GPU).name, cloud.strip().lower(),
+                                typed=workers is not None)
+        typer.echo(f"note: {note}", err=True)
 
 
 def register(app: typer.Typer) -> None:

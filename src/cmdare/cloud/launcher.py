@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import Any
 
 from cmdare.cloud.catalog import Catalog, Offering
 from cmdare.cloud.detection import CLOUD_RAY_CONFIG, system_config_flag
-from cmdare.cloud.gpu_counts import parse_gpu_counts
+from cmdare.cloud.gpu_counts import DEFAULT_WORKER_GPU, parse_gpu_counts, parse_workers
 from cmdare.cloud.launcher_local import local_config, local_start_command
 from cmdare.cloud.launcher_names import (
     GPU_LABEL,
@@ -121,27 +120,29 @@ def _warn(message: str) -> None:
 
 
 def worker_groups(catalog: Catalog, gpu: str | None, workers: int | str | Mapping[str, int]) -> list[tuple[str, int]]:
-    """``[(GPU type as in the catalog, workers)]`` from ``--workers`` (a number of ``--gpu``, or a mix such as
-    ``k80:2,v100:1`` read by :func:`cmdare.cloud.gpu_counts.parse_gpu_counts`) and ``--gpu``.
+    """``[(GPU type as in the catalog, workers)]`` from ``--workers`` (read by
+    :func:`cmdare.cloud.gpu_counts.parse_workers`: a number of ``--gpu``, of :data:`DEFAULT_WORKER_GPU` without
+    ``--gpu``, or a mix such as ``k80:2,v100:1``) and ``--gpu``.
 
     Raises:
-        UserInputError: a count below 1, a malformed mix, a number without ``--gpu``, or ``--gpu`` naming a
-            type the mix does not.
+        UserInputError: a count below 1, a malformed mix, or ``--gpu`` naming a type the mix does not.
         UnknownNameError: an unknown GPU type.
     """
-    if isinstance(workers, str) and re.fullmatch(r"\s*[+-]?\d+\s*", workers):
-        workers = int(workers)
-    if isinstance(workers, int) and not isinstance(workers, bool):
-        count = _count("workers", workers)
-        if gpu is None:
-            raise UserInputError(f"--workers {count} needs --gpu TYPE, or name the types: --workers k80:{count}")
-        return [(catalog.gpu(gpu).name, count)]
-    if not isinstance(workers, str | Mapping):
+    counts: Mapping[str, int]
+    if isinstance(workers, str):
+        parsed = parse_workers(workers, catalog)
+        if parsed.mix is None:
+            return [(catalog.gpu(gpu or DEFAULT_WORKER_GPU).name, parsed.total)]
+        counts = parsed.mix
+    elif isinstance(workers, int) and not isinstance(workers, bool):
+        return [(catalog.gpu(gpu or DEFAULT_WORKER_GPU).name, _count("workers", workers))]
+    elif isinstance(workers, Mapping):
+        try:
+            counts = parse_gpu_counts(workers, catalog, min_count=1)
+        except DataFormatError as err:
+            raise UserInputError(f"--workers: {err}") from None
+    else:
         raise UserInputError(f"--workers must be a whole number or a mix such as k80:2,v100:1, got {workers!r}")
-    try:
-        counts = parse_gpu_counts(workers, catalog)
-    except DataFormatError as err:
-        raise UserInputError(f"--workers: {err}") from None
     groups: dict[str, int] = {}
     for name, count in counts.items():
         canonical = catalog.gpu(name).name
@@ -180,7 +181,7 @@ def cluster_config(
     Args:
         catalog: where instance types, GPUs per server and zones come from.
         cloud: ``'gcp'``, ``'aws'`` or ``'local'`` (Ray's fake multi-node provider on this machine).
-        gpu: GPU type (case-insensitive) when ``workers`` is a number.
+        gpu: GPU type (case-insensitive) when ``workers`` is a number (default T4, ``DEFAULT_WORKER_GPU``).
         workers: training workers (one per GPU): a number of ``gpu``, or a mix ``'k80:2,v100:1'`` /
             ``{'k80': 2}``; servers per type = ceil(workers / GPUs per server) (local: one per worker).
         ps: number of parameter-server nodes (on-demand, CPU only).

@@ -76,9 +76,10 @@ def _lifetime(o) -> str:  # noqa: ANN001 - an Offering
 
 
 def _print_table(catalog, offerings) -> None:  # noqa: ANN001 - Catalog/Offering, imported lazily
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
+
+    from cmdare.console import console as make_console
 
     table = Table(title="cmdare server catalog (USD per hour per server; per GPU when a server has several); "
                   "market and lifetime model of the transient price")
@@ -99,4 +100,4 @@ def _print_table(catalog, offerings) -> None:  # noqa: ANN001 - Catalog/Offering
         cells = (o.cloud, o.region, gpu, tflops, o.machine_type, str(o.gpus_per_server), od_s, spot_s, o.market,
                  _lifetime(o), o.as_of, source)
         table.add_row(*(escape(c) for c in cells))
-    Console(width=200).print(table)
+    make_console().print(table)

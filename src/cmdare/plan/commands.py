@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated
 
 import typer
@@ -51,14 +51,64 @@ def parse_deadline_s(text: str, now: datetime | None = None) -> float:
             try:
                 when = datetime.fromisoformat(text)
             except ValueError:
-                raise UserInputError(
-                    f"cannot read deadline {text!r}; use e.g. 2h, 1h30m, 90min, 600 or 2026-11-29T18:00"
-                ) from None
+                raise UserInputError(f"cannot read deadline {text!r}; use e.g. 2h, 1h30m, 90min, 600 or "
+                                     f"{_tomorrow_evening(now)}") from None
             ref = now or (datetime.now(when.tzinfo) if when.tzinfo else datetime.now())
             seconds = (when - ref).total_seconds()
     if not math.isfinite(seconds) or seconds <= 0:
         raise UserInputError(f"the deadline {text!r} is in the past; give a duration such as 2h")
     return seconds
+
+
+def _tomorrow_evening(now: datetime | None = None) -> str:
+    """An example clock-time deadline that is never in the past: tomorrow at 18:00, e.g. ``2026-12-05T18:00``."""
+    day = (now or datetime.now()) + timedelta(days=1)
+    return day.replace(hour=18, minute=0, second=0, microsecond=0).strftime("%Y-%m-%dT%H:%M")
+
+
+def _cloud(text: str) -> str:
+    """``--cloud`` in any case (``AWS`` is ``aws``); a cloud the catalog does not know is refused when the
+    models load, in one line listing the valid ones."""
+    return text.strip().lower()
+
+
+def _retired(prices, gpus: list[str]) -> list[str]:
+    """Those of ``gpus`` that the plan's cloud has retired (every offering of the type there is marked retired in
+    the catalog: K80s), in the order given."""
+    out = []
+    for gpu in gpus:
+        offers = prices.catalog.find(gpu=gpu, cloud=prices.cloud, role="worker")
+        if offers and all(o.retired for o in offers):
+            out.append(gpu)
+    return out
+
+
+def _retired_note(gpus: list[str], cloud: str, then: str = "its prices and speeds replay the CM-DARE/ICAC 2019 runs"
+                  ) -> str:
+    """Why a retired GPU type is flagged (for K80: the cloud rents it no more and current PyTorch cannot use it),
+    then what the plan does with it."""
+    from cmdare.cloud.launcher_nodes import GPU_SOFTWARE
+
+    names = ", ".join(g.upper() for g in gpus)
+    ccs = sorted({GPU_SOFTWARE[g.upper()].compute_capability for g in gpus if g.upper() in GPU_SOFTWARE})
+    software = (f"current PyTorch CUDA builds do not run on compute capability {', '.join(ccs)} (CUDA 12 dropped "
+                "it)" if ccs else "current PyTorch CUDA builds may not support it")
+    return f"{names} retired: {cloud} no longer rents {'them' if len(gpus) > 1 else 'it'} and {software}; {then}"
+
+
+def _check_offered(prices, gpus: list[str], region: str, transient: bool) -> None:
+    """Each of ``gpus`` is rented in ``region`` with that pricing; else one line saying what is (AWS sells its
+    retired K80s on demand only)."""
+    market = "spot/preemptible" if transient else "on-demand"
+    retired = _retired(prices, prices.gpus())
+    for gpu in gpus:
+        if prices.offered(gpu, region, transient):
+            continue
+        why = " (retired)" if gpu in retired else ""
+        instead = "drop --transient, or " if transient and prices.offered(gpu, region, False) else ""
+        others = [g for g in prices.gpus() if g not in retired and prices.offered(g, region, transient)]
+        raise UserInputError(f"{prices.cloud} {region} rents no {gpu.upper()}{why} as {market} servers: {instead}"
+                             f"choose another GPU type ({', '.join(others) or 'none offered there'})")
 
 
 def _models(model: str, lifetime: str, catalog: str | None, cloud: str, rate: str | None = None,
@@ -138,7 +188,10 @@ def plan(
     deadline: _Deadline = None,
     budget: Annotated[float | None, typer.Option("--budget", help="USD the run may cost.")] = None,
     gpus: Annotated[str | None, typer.Option(
-        "--gpus", help="GPU types to consider (default: k80,p100,v100,t4 where the cloud offers them).")] = None,
+        "--gpus", help="GPU types to consider (default: p100,v100,t4 where the cloud offers them; K80, retired, "
+        "only when named here or with --include-retired).")] = None,
+    include_retired: Annotated[bool, typer.Option(
+        "--include-retired", help="Also consider the GPU types the cloud has retired (K80) by default.")] = False,
     regions: Annotated[str | None, typer.Option(
         "--regions", help="Regions to consider (default: the cloud's region offering most of the GPUs).")] = None,
     max_workers: Annotated[int, typer.Option("--max-workers", help="Most workers per cluster.")] = 8,
@@ -188,13 +241,24 @@ def plan(
         if not Path(plot).expanduser().parent.exists():  # fail before minutes of simulation, not after
             raise DataNotFoundError(f"folder for the plot does not exist: {Path(plot).parent}")
     job = JobSpec(model, steps, checkpoint_every, start_hour=_start_hour(start_hour))
+    cloud = _cloud(cloud)
     models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape),
                               ps_market != "on-demand")
     gpu_list = _split(gpus) if gpus is not None else models.prices.default_gpus()
+    if gpus is not None:
+        _check_names(models.prices, gpu_list, [])
+    left_out = [] if gpus is not None or include_retired else _retired(models.prices, gpu_list)
+    gpu_list = [g for g in gpu_list if g not in left_out]
     region_list = _split(regions) if regions is not None else [models.prices.default_region(gpu_list)]
     if not gpu_list or not region_list:
         raise UserInputError("--gpus and --regions need at least one name each")
     _check_names(models.prices, gpu_list, region_list)
+    retired = _retired(models.prices, gpu_list)
+    notes = [_retired_note(retired, cloud)] if retired else []
+    if left_out:
+        them = "them" if len(left_out) > 1 else "it"
+        notes.append(_retired_note(left_out, cloud, f"left out of this plan (--include-retired or --gpus "
+                                                    f"{','.join([*left_out, *gpu_list])} to consider {them})"))
     clusters = [
         c for c in enumerate_clusters(gpu_list, region_list, max_workers, max_ps, mixes,
                                       ps_markets=ps_markets(ps_market))
@@ -209,9 +273,11 @@ def plan(
 
         plot_pareto(rec, plot, deadline_s, budget)
     if as_json:
-        typer.echo(json.dumps(rec_json(rec, models.lifetimes), indent=2))
+        out = rec_json(rec, models.lifetimes, retired)
+        out.update(retired_gpus=retired, left_out_retired_gpus=left_out, notes=notes)
+        typer.echo(json.dumps(out, indent=2))
         return
-    print_rec(rec, _source(models, start_hour), plot, models.lifetimes)
+    print_rec(rec, _source(models, start_hour), plot, models.lifetimes, retired, notes)
 
 
 def _revocation_source(revocations: str | None, lifetime: str, seed: int):
@@ -247,7 +313,9 @@ def _revocation_source(revocations: str | None, lifetime: str, seed: int):
 def simulate_cmd(
     model: Annotated[str, _MODEL_OPTION],
     steps: Annotated[int, typer.Option("--steps", help="Global training steps.")],
-    workers: Annotated[str, typer.Option("--workers", help="GPU mix, e.g. k80:8 or v100:1,p100:1,k80:2.")],
+    workers: Annotated[str, typer.Option(
+        "--workers", help="Workers: a mix such as v100:8 or v100:1,p100:1,k80:2, or a count of T4s (the default GPU, "
+        "named in the output), e.g. 8.")],
     ps: Annotated[int, typer.Option("--ps", help="Parameter servers (0: single-server training).")] = 1,
     input_shape: _InputShape = None,
     transient: Annotated[bool, typer.Option("--transient/--on-demand", help="Worker pricing.")] = False,
@@ -279,8 +347,10 @@ def simulate_cmd(
     start_hour: _StartHour = None,
 ) -> None:
     """Simulate one configuration: mean, P50 and P95 time and cost, revocations and replacements."""
+    from cmdare.cloud.gpu_counts import DEFAULT_WORKER_GPU, default_gpu_note
+    from cmdare.cloud.gpu_counts import parse_workers as read_workers
     from cmdare.plan.simulator import Simulator
-    from cmdare.plan.spec import ClusterSpec, JobSpec, parse_workers
+    from cmdare.plan.spec import ClusterSpec, JobSpec, WorkerGroup
 
     if runs < 1:
         raise UserInputError(f"--runs must be at least 1, got {runs}")
@@ -290,13 +360,21 @@ def simulate_cmd(
             raise UserInputError("give --trace FILE or --revocations, not both")
         revocations = f"trace={trace}"
     lifetime, source, revocation_plan = _revocation_source(revocations, lifetime, seed)
+    cloud = _cloud(cloud)
     models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape),
                               ps_transient)
-    region = region or models.prices.default_region([g.gpu for g in parse_workers(workers, transient, "")])
-    groups = parse_workers(workers, transient, region)
+    asked = read_workers(workers, models.prices.catalog)
+    counts = asked.counts(DEFAULT_WORKER_GPU)
+    _check_names(models.prices, list(counts), [])
+    region = region or models.prices.default_region(list(counts))
+    groups = tuple(WorkerGroup(gpu, n, transient, region) for gpu, n in counts.items())
     cluster = ClusterSpec(groups, ps=ps, region=region, ps_transient=ps_transient, replacement=replacement,
                           replacement_timeout_s=replacement_timeout)
-    _check_names(models.prices, [g.gpu for g in groups], [region])
+    _check_names(models.prices, list(counts), [region])
+    retired = _retired(models.prices, list(counts))
+    _check_offered(models.prices, list(counts), region, transient)
+    notes = [] if asked.mix is not None else [default_gpu_note(asked.total, DEFAULT_WORKER_GPU, cloud)]
+    notes += [_retired_note(retired, cloud)] if retired else []
     summary = Simulator(job, cluster, models, revocations=source, plan=revocation_plan).summarize(runs, seed)
     from cmdare.plan.markets import lifetime_labels, revocation_stats, traced_runs
 
@@ -334,16 +412,19 @@ def simulate_cmd(
         "accuracy": {"mean": summary.extra.get("accuracy_mean"), "p5": summary.extra.get("accuracy_p5")},
         "deterministic_time_s": summary.extra["deterministic_time_s"],
         "models": _source(models, start_hour),
+        "retired_gpus": retired,
+        "notes": notes,
     }
     if as_json:
         typer.echo(json.dumps(out))
         return
-    from rich.console import Console
     from rich.table import Table
 
+    from cmdare.console import console as make_console
     from cmdare.plan.recommender import format_duration
 
-    table = Table(title=f"{cluster.label()}: {model}, {steps} steps, {runs} runs (seed {seed})")
+    flag = f" (retired: {', '.join(g.upper() for g in retired)})" if retired else ""
+    table = Table(title=f"{cluster.label()}{flag}: {model}, {steps} steps, {runs} runs (seed {seed})")
     for col in ("", "mean", "P50", "P95"):
         table.add_column(col, justify="right")
     t, c = out["time_s"], out["cost_usd"]
@@ -352,7 +433,7 @@ def simulate_cmd(
     a = out["accuracy"]
     if a["mean"] is not None:
         table.add_row("accuracy", f"{a['mean']:.2%}", "", f"P5 {a['p5']:.2%}")
-    console = Console()
+    console = make_console()
     console.print(table)
     if cluster.ps_transient:
         console.print(f"parameter servers: {out['evacuations_mean']:.2f} shards evacuated ({out['parks_mean']:.2f} "
@@ -364,6 +445,8 @@ def simulate_cmd(
         f"{format_duration(out['deterministic_time_s'])}. Models: {out['models']}",
         highlight=False,
     )
+    for note in notes:
+        console.print(f"note: {note}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

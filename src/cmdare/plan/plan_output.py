@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+
 __all__ = ["print_rec", "rec_json"]
 
 
-def rec_json(rec, lifetimes) -> dict:
-    """A recommendation as JSON: the choice, its reasons, the Pareto front and the search's statistics."""
+def _retired_in(cluster, retired: Collection[str]) -> list[str]:
+    """The GPU types of ``cluster`` among ``retired``."""
+    return [g for g in cluster.gpu_counts if g in retired]
+
+
+def rec_json(rec, lifetimes, retired: Collection[str] = ()) -> dict:
+    """A recommendation as JSON: the choice, its reasons, the Pareto front and the search's statistics; each
+    configuration lists its ``retired`` GPU types (``retired_gpus``)."""
     from cmdare.plan.markets import lifetime_labels
 
     def one(o):
         return {"config": o.cluster.label(), "lifetime_models": lifetime_labels(o.cluster, lifetimes),
-                **o.summary.to_dict()}
+                "retired_gpus": _retired_in(o.cluster, retired), **o.summary.to_dict()}
 
     return {
         "message": rec.message,
@@ -23,15 +31,17 @@ def rec_json(rec, lifetimes) -> dict:
     }
 
 
-def print_rec(rec, source: str, plot: str | None, lifetimes) -> None:
-    """A recommendation on the console: the Pareto front's table, the search's statistics, the choice and why."""
-    from rich.console import Console
+def print_rec(rec, source: str, plot: str | None, lifetimes, retired: Collection[str] = (),
+              notes: Sequence[str] = ()) -> None:
+    """A recommendation on the console: the Pareto front's table (configurations of ``retired`` GPU types
+    flagged), the search's statistics, the choice and why, then ``notes``."""
     from rich.table import Table
 
+    from cmdare.console import console as make_console
     from cmdare.plan.markets import lifetime_labels
     from cmdare.plan.recommender import format_duration
 
-    console = Console()
+    console = make_console()
     table = Table(title="Time/cost Pareto front (expected, P95) with predicted final accuracy (mean, P5)")
     cols = ["configuration", "time", "time P95", "cost", "cost P95", "revocations"]
     with_acc = any("accuracy_mean" in o.summary.extra for o in rec.front)
@@ -42,9 +52,11 @@ def print_rec(rec, source: str, plot: str | None, lifetimes) -> None:
     for o in rec.front:
         s = o.summary
         mark = "* " if o is rec.choice else ""
+        old = _retired_in(o.cluster, retired)
+        flag = f" (retired: {', '.join(g.upper() for g in old)})" if old else ""
         acc = [f"{s.extra['accuracy_mean']:.1%}", f"{s.extra['accuracy_p5']:.1%}"] if with_acc else []
         table.add_row(
-            mark + o.cluster.label(), format_duration(s.time_mean_s), format_duration(s.time_p95_s),
+            mark + o.cluster.label() + flag, format_duration(s.time_mean_s), format_duration(s.time_p95_s),
             f"${s.cost_mean_usd:.2f}", f"${s.cost_p95_usd:.2f}", f"{s.revocations_mean:.2f}", *acc,
             "; ".join(sorted(set(lifetime_labels(o.cluster, lifetimes).values()))) or "-",
         )
@@ -62,3 +74,5 @@ def print_rec(rec, source: str, plot: str | None, lifetimes) -> None:
         console.print(f"  - {reason}", highlight=False)
     if plot:
         console.print(f"Pareto plot: {plot}", highlight=False)
+    for note in notes:
+        console.print(f"note: {note}", highlight=False)

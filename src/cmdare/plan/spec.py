@@ -15,6 +15,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from cmdare.cloud.gpu_counts import DEFAULT_WORKER_GPU
+from cmdare.cloud.gpu_counts import parse_workers as read_workers
 from cmdare.control import LR_POLICIES, REPLACEMENT_POLICIES
 from cmdare.errors import UserInputError
 
@@ -253,27 +255,18 @@ class ClusterSpec:
         return f"{' + '.join(parts)} + {ps} @{self.region}"
 
 
-def parse_workers(text: str, transient: bool, region: str) -> tuple[WorkerGroup, ...]:
-    """Parse ``"v100:1,p100:1,k80:2"`` (a bare ``k80`` means one) into worker groups.
+def parse_workers(text: str | int, transient: bool, region: str, catalog: Any = None,
+                  gpu: str = DEFAULT_WORKER_GPU) -> tuple[WorkerGroup, ...]:
+    """``--workers`` read as every command reads it (:func:`cmdare.cloud.gpu_counts.parse_workers`) into worker
+    groups: a mix such as ``"v100:1,p100:1,k80:2"`` (a bare ``k80`` means one), or a count of ``gpu`` (T4 by
+    default; the CLI names it in its output).
 
     Raises:
         UserInputError: on an empty or malformed mix or a count below 1.
+        UnknownNameError: a GPU type ``catalog`` (default: the default catalog) does not know.
     """
-    groups: list[WorkerGroup] = []
-    for item in (p.strip() for p in text.split(",")):
-        if not item:
-            continue
-        name, _, count_text = item.partition(":")
-        try:
-            count = int(count_text) if count_text else 1
-        except ValueError:
-            raise UserInputError(f"bad worker count in {item!r}; expected GPU:COUNT, e.g. k80:8") from None
-        if count < 1:
-            raise UserInputError(f"need at least 1 worker of {name.strip()}, got {count}")
-        groups.append(WorkerGroup(name.strip().lower(), count, transient, region))
-    if not groups:
-        raise UserInputError(f"no workers in {text!r}; expected e.g. k80:8 or v100:1,p100:1,k80:2")
-    return tuple(groups)
+    counts = read_workers(text, catalog).counts(gpu)
+    return tuple(WorkerGroup(name, count, transient, region) for name, count in counts.items())
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,8 @@ def workloads(
     from rich.console import Console
     from rich.progress import track
 
+    from cmdare.console import console as make_console
+
     names = list(models) if models else model_names()
     # the first call profiles every network (seconds; kept on disk after): show it on a terminal
     shown = track(names, description="profiling the zoo (once; kept for later calls)", transient=True,
@@ -87,10 +89,7 @@ def workloads(
             MEASURED_AS.get(p.name, "-"),
             describe_model(p.name),
         )
-    console = Console()
-    if not console.is_terminal:  # piped: do not squeeze 9 columns into Rich's default 80
-        console = Console(width=200)
-    console.print(table)
+    make_console().print(table)  # piped: no width limit, nothing squeezed into Rich's default 80 columns
 
 
 def register(app: typer.Typer) -> None:

@@ -107,8 +107,10 @@ def _rich_text(report: Report) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    buf = StringIO()
-    console = Console(file=buf, width=160, force_terminal=False)
+    from cmdare.console import console as make_console
+
+    buf = StringIO()  # as wide as stdout: the terminal's width, or no limit when piped (nothing cut)
+    console = Console(file=buf, width=make_console().width, force_terminal=False)
     for name, df in report.tables.items():
         table = Table(title=f"{report.title}: {name}" if len(report.tables) > 1 else report.title)
         for col in df.columns:
