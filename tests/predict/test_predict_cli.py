@@ -78,6 +78,21 @@ def test_single_questions(env):
     assert out.returncode == 0 and "Staging=" in out.stdout and "p95=" in out.stdout
 
 
+def test_cluster_speed_reads_a_bare_count_as_every_command_does(env):
+    """Issue 42: ``--workers 4`` said ``unknown GPU type '4' (did you mean 'T4'?)``, and following the hint
+    predicted one T4. A count means that many of the default GPU (T4), named on stderr."""
+    count = run(env, "predict", "cluster-speed", "--model", "t2t_resnet32", "--workers", "4", "--ps", "1")
+    assert count.returncode == 0, count.stderr
+    assert "note: --workers 4: 4 x T4 (the default GPU;" in count.stderr
+    named = run(env, "predict", "cluster-speed", "--model", "t2t_resnet32", "--workers", "t4:4", "--ps", "1")
+    assert named.returncode == 0 and named.stdout == count.stdout and "default GPU" not in named.stderr
+    one = run(env, "predict", "cluster-speed", "--model", "t2t_resnet32", "--workers", "t4", "--ps", "1")
+    assert float(one.stdout.split()[0]) < float(count.stdout.split()[0])  # a bare name is one of it
+    for workers, needle in (("0", "at least 1"), ("2.5", "whole number"), ("t4:0", "at least 1 worker of t4")):
+        bad = run(env, "predict", "cluster-speed", "--model", "t2t_resnet32", "--workers", workers)
+        assert bad.returncode == 1 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
 def test_step_time_table_keeps_rows_and_extra_columns(env, tmp_path):
     df = load_single_gpu_speed()
     sub = df.groupby(["gpu", "cnn"]).first().reset_index()

@@ -42,6 +42,7 @@ def evaluate_cmd(
     from rich.console import Console
     from rich.table import Table
 
+    from cmdare.console import console as make_console
     from cmdare.errors import UnknownNameError
     from cmdare.predict.evaluate import TASKS, evaluate, evaluate_startup, plot_cluster_scaling, plot_predictions
 
@@ -77,7 +78,7 @@ def evaluate_cmd(
             out += [{"task": "startup", **r} for r in startup.to_dict(orient="records")]
         typer.echo(json.dumps(out))
     else:
-        console = Console(width=200)
+        console = make_console()
         for name in pd_unique(frame["task"]):
             part = frame[frame["task"] == name]
             t = TASKS[name]
@@ -319,7 +320,8 @@ def step_time_cmd(
 @predict_app.command("cluster-speed")
 def cluster_speed_cmd(
     model: str = typer.Option(None, "--model", help="A model of `cmdare workloads`, e.g. t2t_resnet15."),
-    workers: str = typer.Option(None, "--workers", help="GPU workers, e.g. k80:4 or k80:2,p100:1."),
+    workers: str = typer.Option(None, "--workers", help="GPU workers: a mix such as v100:4 or k80:2,p100:1, or a "
+                                "count of T4s (the default GPU, named on stderr), e.g. 4."),
     ps: int = typer.Option(1, "--ps", min=1, help="Number of parameter servers."),
     placement: str = typer.Option(
         "round-robin", "--placement", help="Tensor placement on the PS: round-robin, greedy, mxnet, byteps, psld."
@@ -333,10 +335,14 @@ def cluster_speed_cmd(
     """Global steps per second of asynchronous PS training."""
     if input_path is not None or output_path is not None:
         return _table("cluster-speed", input_path, output_path, force=force)
+    from cmdare.cloud.gpu_counts import DEFAULT_WORKER_GPU, default_gpu_note, parse_workers
     from cmdare.predict import predict_cluster_steps_per_s
 
-    speed = predict_cluster_steps_per_s(_model(model, input_shape), _need(workers, "--workers"), ps,
+    asked = parse_workers(_need(workers, "--workers"))
+    speed = predict_cluster_steps_per_s(_model(model, input_shape), asked.counts(DEFAULT_WORKER_GPU), ps,
                                         placement=placement)
+    if asked.mix is None:
+        typer.echo(f"note: {default_gpu_note(asked.total, DEFAULT_WORKER_GPU)}", err=True)
     if level is None:
         typer.echo(f"{speed:.3f} steps/s")
         return
