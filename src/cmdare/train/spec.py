@@ -218,18 +218,17 @@ class TrainSpec:
 
     @classmethod
     def parse_workers(cls, text: str | int) -> tuple[int, str | None]:
-        """``--workers``: a count, or a mix like ``k80:2,v100:1`` -> ``(total, normalized mix or None)``.
+        """``--workers``: a count (of ``--gpu``), or a mix like ``k80:2,v100:1`` -> ``(total, normalized mix or
+        None)``, read as every command reads it (:func:`cmdare.cloud.gpu_counts.parse_workers`).
 
         Raises:
-            UserInputError: neither a whole number nor a GPU mix.
+            UserInputError: a count below 1, a malformed mix, or a mix naming a type with fewer than 1 worker.
+            UnknownNameError: a GPU type the catalog does not know.
         """
-        raw = str(text).strip()
-        if raw.lstrip("+-").isdigit():  # a count; below 1 is refused with the other counts
-            return int(raw), None
-        from cmdare.cloud.gpu_counts import parse_gpu_counts
+        from cmdare.cloud.gpu_counts import parse_workers
 
-        counts = parse_gpu_counts(raw)
-        return sum(counts.values()), ",".join(f"{gpu}:{n}" for gpu, n in counts.items())
+        workers = parse_workers(text)
+        return workers.total, workers.mix_text
 
     def straggler_factor(self) -> tuple[int, float] | None:
         """``(shard, factor)`` from ``straggler`` ("0:3"), or None."""
