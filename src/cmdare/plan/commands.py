@@ -205,7 +205,10 @@ def plan(
     checkpoint_every: _CkptEvery = 1000,
     catalog: _Catalog = None,
     cloud: _Cloud = "gcp",
-    plot: Annotated[str | None, typer.Option("--plot", help="Write the Pareto plot PNG here.")] = None,
+    plot: Annotated[str | None, typer.Option("--plot", help="Write the Pareto plot PNG here (.svg, .pdf: that "
+                                             "format), a new file unless --force.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --plot file (a symbolic link is "
+                                        "replaced, never followed).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the front and the choice as JSON.")] = False,
     min_accuracy: Annotated[
         float | None,
@@ -234,12 +237,9 @@ def plan(
     if min_accuracy is not None and not 0 < min_accuracy <= 1:
         raise UserInputError(f"--min-accuracy is a fraction in (0, 1], e.g. 0.91 for 91%; got {min_accuracy}")
     if plot:
-        from pathlib import Path
+        from cmdare.output_files import check_figure_output
 
-        from cmdare.errors import DataNotFoundError
-
-        if not Path(plot).expanduser().parent.exists():  # fail before minutes of simulation, not after
-            raise DataNotFoundError(f"folder for the plot does not exist: {Path(plot).parent}")
+        check_figure_output(plot, "--plot", force)  # fail before minutes of simulation, not after
     job = JobSpec(model, steps, checkpoint_every, start_hour=_start_hour(start_hour))
     cloud = _cloud(cloud)
     models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape),
@@ -271,7 +271,7 @@ def plan(
     if plot:
         from cmdare.plan.plot import plot_pareto
 
-        plot_pareto(rec, plot, deadline_s, budget)
+        plot_pareto(rec, plot, deadline_s, budget, force)
     if as_json:
         out = rec_json(rec, models.lifetimes, retired)
         out.update(retired_gpus=retired, left_out_retired_gpus=left_out, notes=notes)

@@ -4,28 +4,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cmdare.errors import DataNotFoundError
+from cmdare.output_files import save_figure
 from cmdare.plan.recommender import Recommendation
 
 __all__ = ["plot_pareto"]
 
 
 def plot_pareto(
-    rec: Recommendation, path: str | Path, deadline_s: float | None = None, budget_usd: float | None = None
+    rec: Recommendation, path: str | Path, deadline_s: float | None = None, budget_usd: float | None = None,
+    force: bool = False,
 ) -> Path:
-    """Write a time/cost scatter of every simulated option with the Pareto front and the choice.
+    """Write a time/cost scatter of every simulated option with the Pareto front and the choice, as
+    :func:`cmdare.output_files.open_output` writes a file: never over an existing one unless ``force``.
 
     Raises:
-        DataNotFoundError: if the output folder does not exist.
+        UserInputError: the file cannot be written (a missing folder, an existing file without ``force``, ...).
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(path)
-    if not out.parent.exists():
-        raise DataNotFoundError(f"folder for the plot does not exist: {out.parent}")
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
     for transient, color, name in ((True, "tab:blue", "transient"), (False, "tab:orange", "on-demand")):
         pts = [o.point for o in rec.options if any(g.transient for g in o.cluster.workers) == transient]
@@ -57,6 +56,7 @@ def plot_pareto(
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    try:
+        return save_figure(fig, path, "--plot", force)
+    finally:
+        plt.close(fig)
