@@ -33,8 +33,8 @@ from cmdare.measure.spot_traces import (
 from cmdare.measure.survival import FitResult, select_by_heldout
 from cmdare.measure.weibull import SpotLifetime
 
-__all__ = ["SHIPPED_FITS", "SpotFit", "all_fits", "fit_bundled", "fit_offering", "fitted_spot_lifetime", "offering_key",
-           "parse_offering", "save_fit", "user_fits_dir"]
+__all__ = ["SHIPPED_FITS", "SpotFit", "all_fits", "check_offering", "fit_bundled", "fit_offering",
+           "fitted_spot_lifetime", "offering_key", "parse_offering", "save_fit", "user_fits_dir"]
 
 SHIPPED_FITS = Path(__file__).parent / "data" / "spot_lifetime_fits.json"
 #: The bundled traces the shipped fits come from (the Parcae p3 trace repeats Bamboo's: not fitted twice).
@@ -49,6 +49,25 @@ def parse_offering(text: str) -> tuple[str, str, str | None]:
         raise UserInputError(f"--offering must be CLOUD:GPU[:REGION] with CLOUD aws or gcp (e.g. aws:v100 or "
                              f"gcp:a100:us-east1), got {text!r}")
     return m.group(1), m.group(2), m.group(3)
+
+
+def check_offering(cloud: str, gpu: str, region: str | None = None) -> None:
+    """Refuse an offering the catalog (``$CMDARE_CATALOG`` over the shipped one) does not have, in one line listing
+    the valid GPU types or regions: a fit saved for it would never be asked for.
+
+    Raises:
+        UnknownNameError: an unknown GPU type, a GPU the cloud does not offer, or a region where it is not offered.
+    """
+    from cmdare.cloud.catalog import NotOfferedError, default_catalog
+
+    catalog = default_catalog()
+    name = catalog.gpu(gpu).name  # an unknown GPU type: the message lists the valid ones
+    regions = sorted({o.region for o in catalog.find(gpu=name, cloud=cloud, role="worker")})
+    if not regions:
+        clouds = sorted({o.cloud for o in catalog.find(gpu=name, role="worker")})
+        raise NotOfferedError(f"{name} servers", cloud, clouds or ["(no cloud)"])
+    if region is not None and region not in regions:
+        raise NotOfferedError(f"{name} servers on {cloud}", region, regions)
 
 
 def offering_key(cloud: str, gpu: str, region: str | None = None) -> str:
@@ -84,7 +103,12 @@ def fit_offering(paths: Sequence[str | Path], offering: str, fitted_on: str, ord
     if not paths:
         raise UserInputError("give at least one --trace FILE")
     cloud, gpu, region = parse_offering(offering)
+    check_offering(cloud, gpu, region)
     traces = [read_spot_trace(p, order) for p in paths]
+    for path, trace in zip(paths, traces, strict=True):
+        if not trace.spans.horizon_s > trace.spans.observed_from_s:
+            raise DataFormatError(f"{path}: every event is at {trace.spans.horizon_s:g} s: the trace spans no time, "
+                                  "so it measures no lifetime")
     result = select_by_heldout(_merged([t.spans for t in traces]), fitted_on=fitted_on)
     result.meta.update(offering=offering_key(cloud, gpu, region), traces=[str(p) for p in paths], order=order,
                        capacity=_capacity(traces))

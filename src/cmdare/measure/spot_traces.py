@@ -28,9 +28,14 @@ fewest that explain it, the most revocations outstanding at once (exact for a on
 
 from __future__ import annotations
 
+import math
+import os
 import re
+import stat
+from collections import deque
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date
+from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -45,6 +50,7 @@ __all__ = ["BUNDLED_TRACES", "DATA_DIR", "BundledTrace", "CountSeries", "ServerS
 DATA_DIR = Path(__file__).parent / "data" / "spot_traces"
 Span = tuple[float, float, bool]  # (start_s, end_s, censored)
 ORDERS = ("fifo", "lifo")
+MAX_TRACE_BYTES = 256 * 2**20  #: the largest trace file read (the bundled ones are under 60 kB)
 _HEADER = "time_s,server,event"
 _EVENT_RE = re.compile(r"^(\d+(?:\.\d*)?)\s*,\s*(add|remove)\s*,\s*(\S+)$", re.IGNORECASE)
 _COUNT_RE = re.compile(r"^(\d{4}-\d{2}-\d{2})\s*,\s*(\d{1,2}:\d{2}:\d{2})\s*,\s*(-?\d+)$")
@@ -72,9 +78,15 @@ class ServerSpans:
         return cls({f"s{i}": ((float(s), float(e), bool(c)),) for i, (s, e, c) in enumerate(rows)},
                    float(horizon_s), source, fmt)
 
-    def _rows(self) -> np.ndarray:
+    @cached_property
+    def _array(self) -> np.ndarray:
         rows = [s for spans in self.servers.values() for s in spans]
-        return np.array(rows, dtype=float).reshape(-1, 3)
+        array = np.array(rows, dtype=float).reshape(-1, 3)
+        array.flags.writeable = False  # shared by every call of _rows
+        return array
+
+    def _rows(self) -> np.ndarray:
+        return self._array
 
     def lifetimes(self) -> tuple[np.ndarray, np.ndarray]:
         """``(seconds from start to end, censored)`` per span."""
@@ -169,7 +181,7 @@ def _spans_from_counts(series: CountSeries, fmt: str, order: str) -> ServerSpans
     """Spans that explain a count series (see the module docstring's assumptions)."""
     if order not in ORDERS:
         raise UnknownNameError("drop order", order, ORDERS)
-    live: list[tuple[str, float]] = []
+    live: deque[tuple[str, float]] = deque()  # oldest first: a drop ends from either side in O(1)
     spans: dict[str, list[Span]] = {}
     for t, c in zip(series.times_s.tolist(), series.counts.tolist(), strict=True):
         for _ in range(c - len(live)):
@@ -177,7 +189,7 @@ def _spans_from_counts(series: CountSeries, fmt: str, order: str) -> ServerSpans
             live.append((name, t))
             spans[name] = []
         for _ in range(len(live) - c):
-            name, start = live.pop(0 if order == "fifo" else -1)
+            name, start = live.popleft() if order == "fifo" else live.pop()
             spans[name].append((start, t, False))
     for name, start in live:
         spans[name].append((start, series.horizon_s, True))
@@ -215,22 +227,29 @@ def _read_events(path: Path, lines: list[tuple[int, str]]) -> SpotTrace:
 
 
 def _read_counts(path: Path, lines: list[tuple[int, str]], order: str) -> SpotTrace:
-    t0: datetime | None = None
+    t0: float | None = None
+    days: dict[str, int] = {}  # date text -> its ordinal (a trace holds few dates: parsed once each)
     points: list[tuple[float, int]] = []
     horizon = last_change = 0.0
     for n, line in lines:
         m = _COUNT_RE.match(line)
         if not m:
             raise DataFormatError(f"{path} line {n}: expected 'YYYY-MM-DD, HH:MM:SS, N', got {line[:60]!r}")
-        try:
-            stamp = datetime.strptime(f"{m[1]} {m[2]}", "%Y-%m-%d %H:%M:%S")
-        except ValueError:
-            raise DataFormatError(f"{path} line {n}: bad date or time {m[1]} {m[2]}") from None
+        day = days.get(m[1])
+        if day is None:
+            try:
+                day = days[m[1]] = date.fromisoformat(m[1]).toordinal()
+            except ValueError:
+                raise DataFormatError(f"{path} line {n}: bad date or time {m[1]} {m[2]}") from None
+        hh, mm, ss = (int(v) for v in m[2].split(":"))
+        if hh > 23 or mm > 59 or ss > 59:  # what datetime.strptime accepts
+            raise DataFormatError(f"{path} line {n}: bad date or time {m[1]} {m[2]}")
         count = int(m[3])
         if count < 0:
             raise DataFormatError(f"{path} line {n}: the count of servers is negative ({count})")
-        t0 = t0 or stamp
-        t = (stamp - t0).total_seconds()
+        stamp = day * 86400.0 + hh * 3600 + mm * 60 + ss
+        t0 = stamp if t0 is None else t0
+        t = stamp - t0
         if t < last_change:
             raise DataFormatError(f"{path} line {n}: times not sorted ({m[2]} precedes the count's last change)")
         horizon = max(horizon, t)
@@ -257,6 +276,37 @@ def from_revocation_trace(trace: Any, fmt: str = "revocations", order: str = "fi
     return SpotTrace(_spans_from_counts(series, fmt, order), series)
 
 
+def _trace_text(path: Path) -> str:
+    """The text of a trace file: a regular file (a device or a pipe would never end, or block) of at most
+    :data:`MAX_TRACE_BYTES`, read with that bound even if it grows meanwhile."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise DataNotFoundError(f"spot trace not found: {path}") from None
+    except OSError as err:
+        raise DataFormatError(f"spot trace {path}: cannot be read ({err.strerror or err})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise DataFormatError(f"spot trace {path} is a directory: give a trace file")
+    if not stat.S_ISREG(st.st_mode):
+        raise DataFormatError(f"spot trace {path} is not a regular file (a device, a pipe or a socket): give a "
+                              "trace file")
+    too_big = DataFormatError(f"spot trace {path} is larger than {MAX_TRACE_BYTES // 2**20} MiB, more than any "
+                              "trace cmdare fits (about 10 million lines)")
+    if st.st_size > MAX_TRACE_BYTES:
+        raise too_big
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_TRACE_BYTES + 1)
+    except OSError as err:
+        raise DataFormatError(f"spot trace {path}: cannot be read ({err.strerror or err})") from None
+    if len(data) > MAX_TRACE_BYTES:
+        raise too_big
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise DataFormatError(f"{path}: not a text file") from None
+
+
 def read_spot_trace(path: str | Path, order: str = "fifo") -> SpotTrace:
     """Read a spot trace in any format of the module docstring (detected from its first line).
 
@@ -267,16 +317,12 @@ def read_spot_trace(path: str | Path, order: str = "fifo") -> SpotTrace:
 
     Raises:
         DataNotFoundError: no such file.
-        DataFormatError: empty, no events, unsorted, unknown format, a negative count, a remove of a
-            server not present (one line naming the file and line).
+        DataFormatError: not a regular file (``/dev/zero``, a pipe), larger than :data:`MAX_TRACE_BYTES`, not
+            text, empty, no events, unsorted, unknown format, a negative count, a remove of a server not present
+            (one line naming the file and line).
     """
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise DataNotFoundError(f"spot trace not found: {path}")
-    try:
-        text = path.read_text().splitlines()
-    except UnicodeDecodeError:
-        raise DataFormatError(f"{path}: not a text file") from None
+    text = _trace_text(path).splitlines()
     lines = [(n, s.strip()) for n, s in enumerate(text, 1) if s.strip() and not s.lstrip().startswith("#")]
     if not lines:
         raise DataFormatError(f"{path}: empty file, no trace lines")
@@ -296,20 +342,31 @@ def capacity_gaps(trace: SpotTrace | CountSeries) -> tuple[np.ndarray, np.ndarra
     """Per server lost, seconds until the count recovers to its level before that loss.
 
     A drop from L to L - n loses the servers at levels L, L - 1, ..., L - n + 1; the one at level k is
-    back when the count next reaches k. Returns ``(gaps_s, censored)``: a loss never made good ends
-    at the horizon, censored. Losses are drops of the count series, so a remove and an add at the
-    same instant of an event trace cancel out.
+    back when the count next reaches k. Returns ``(gaps_s, censored)`` in the order of the losses (by time, then
+    level): a loss never made good ends at the horizon, censored. Losses are drops of the count series, so a remove
+    and an add at the same instant of an event trace cancel out.
+
+    One pass, linear in the changes and the losses: every level still lost lies above the count, and a later drop
+    loses only levels below the earlier ones, so a rise makes good the lowest lost levels first (a stack).
     """
     cs = trace.counts if isinstance(trace, SpotTrace) else trace
-    t, c = cs.times_s, cs.counts
-    gaps: list[float] = []
-    censored: list[bool] = []
-    for i in range(1, c.size):
-        for level in range(int(c[i]) + 1, int(c[i - 1]) + 1):
-            back = np.nonzero(c[i + 1:] >= level)[0]
-            gaps.append(float((t[i + 1 + back[0]] if back.size else cs.horizon_s) - t[i]))
-            censored.append(not back.size)
-    return np.array(gaps, float), np.array(censored, bool)
+    t, c = cs.times_s.tolist(), [int(v) for v in cs.counts.tolist()]
+    lost_at: list[float] = []  # per loss, when it happened
+    back_at: list[float] = []  # per loss, when its level came back (the horizon until then)
+    waiting: list[tuple[int, int]] = []  # (level, loss index), the lowest level on top
+    for i in range(1, len(c)):
+        if c[i] < c[i - 1]:
+            n, first = c[i - 1] - c[i], len(lost_at)  # losses first .. first + n - 1: levels c[i] + 1 .. c[i - 1]
+            lost_at += [t[i]] * n
+            back_at += [math.inf] * n
+            waiting.extend((c[i] + 1 + k, first + k) for k in reversed(range(n)))
+        else:
+            while waiting and waiting[-1][0] <= c[i]:
+                back_at[waiting.pop()[1]] = t[i]
+    back = np.array(back_at, float)
+    censored = np.isinf(back)
+    back[censored] = cs.horizon_s
+    return back - np.array(lost_at, float), censored
 
 
 class BundledTrace(NamedTuple):
