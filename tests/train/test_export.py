@@ -157,3 +157,22 @@ def test_a_write_that_fails_midway_leaves_no_file(trained, tmp_path):
     assert res.returncode == 1 and "cannot write (File too large)" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert not out.exists() and not list(tmp_path.glob(".cmdare-*"))
+
+
+def test_safetensors_are_written_without_the_package(trained, tmp_path):
+    """Issue 42: ``export --format safetensors`` seemed to need a package cmdare does not install. cmdare writes the
+    format itself: with ``safetensors`` not importable (a plain install) the export works, and its line says that
+    reading the file back (not writing it) needs ``pip install safetensors``."""
+    root, model, _ = trained
+    out = tmp_path / "model.safetensors"
+    plain_install = ("import sys; sys.modules['safetensors'] = None; from cmdare.cli import main; "
+                     "sys.argv = ['cmdare', *sys.argv[1:]]; main()")
+    res = subprocess.run([sys.executable, "-c", plain_install, "export", "run-x", "--storage", str(root), "--format",
+                          "safetensors", "--output", str(out)], capture_output=True, text=True, timeout=180,
+                         env=dict(os.environ, CMDARE_HOME=str(tmp_path / "home")))
+    assert res.returncode == 0, res.stderr
+    assert "pip install safetensors: cmdare wrote the file without it" in res.stdout
+    from safetensors.torch import load_file
+
+    state = load_file(out)
+    assert all(torch.equal(state[name], value) for name, value in model.state_dict().items())

@@ -200,7 +200,9 @@ def export_cmd(run: str = typer.Argument(..., help="Run id (see `cmdare runs`)."
 
     check_output(output, "--output", force)  # before the run's storage is looked up
     done = export_run(run_storage(run, storage or recorded_storage(run, db)), output, fmt, step, force=force)
-    load = ("torch.load(FILE, weights_only=True)" if fmt == "torch" else "safetensors.torch.load_file(FILE)")
+    # cmdare writes safetensors itself; reading it back needs the package, which cmdare does not install
+    load = ("torch.load(FILE, weights_only=True)" if fmt == "torch" else
+            "safetensors.torch.load_file(FILE) (pip install safetensors: cmdare wrote the file without it)")
     typer.echo(f"wrote {done.model} of {run} at step {done.step} to {one_line(done.path)}: {done.tensors} tensors, "
                f"{done.parameters:,} values; load with {load} into the model's load_state_dict")
 
