@@ -210,3 +210,14 @@ def test_the_deadline_hint_gives_a_date_to_come():
     with pytest.raises(UserInputError) as err:
         parse_deadline_s("soon")
     assert parse_deadline_s(re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d", str(err.value)).group(0)) > 0
+
+
+def test_the_planner_doc_validates_with_the_network_the_test_does():
+    """Issue 42: docs/planner.md validated with ``--model resnet32`` and called it T2T's ResNet-32 (that is
+    ``t2t_resnet32``; ``resnet32`` is cmdare's zoo network, predicted from its profile)."""
+    doc = re.sub(r"\s+", " ", (Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text("utf-8"))
+    section = doc[doc.index("## Validation against the published runs"):]
+    model = re.search(r"`cmdare plan simulate --model (\S+) ", section).group(1)
+    validation = (Path(__file__).parent / "test_plan_validation.py").read_text("utf-8")
+    assert model == "t2t_resnet32" and f'JobSpec("{model}", 64000)' in validation
+    assert not re.search(r"`resnet32` = CM-DARE's Tensor2Tensor", doc)
