@@ -25,6 +25,7 @@ from cmdare.train.callbacks import (
 
 REQUIRED_TABLES = {
     "runs",
+    "run_parts",
     "servers",
     "events",
     "step_metrics",
@@ -46,7 +47,7 @@ def test_open_store_creates_schema_through_alembic(db_url):
     tables = set(inspect(store.engine).get_table_names())
     assert tables >= REQUIRED_TABLES
     with store.engine.connect() as conn:
-        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == "0003"
+        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == "0004"
     assert all(n == 0 for n in store.counts().values())
     again = open_store(db_url)  # reopening is a no-op migration
     assert set(inspect(again.engine).get_table_names()) == tables

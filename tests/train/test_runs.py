@@ -99,3 +99,53 @@ def test_resume_and_ps_use_the_storage_the_run_was_recorded_with(recorded, tmp_p
     assert res.returncode == 1 and str(elsewhere / "run-a") in res.stderr, res.stderr
     res = subprocess.run([CMDARE, "ps", "add", "run-a"], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 1 and str(elsewhere / "run-a") in res.stderr, res.stderr
+
+
+def _killed_driver(where, step: int) -> None:
+    """A driver that wrote its heartbeat (``running`` at ``step``) and was killed with ``kill -9``."""
+    code = ("import os, signal, sys\nfrom cmdare.train.run_control import write_status\n"
+            f"write_status(sys.argv[1], 'running', 1, {step})\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    res = subprocess.run([sys.executable, "-c", code, str(where)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == -9, res.stderr
+
+
+@pytest.mark.parametrize(("beat_step", "step", "source"), [(250, 300, "the store"), (400, 400, "heartbeat")])
+def test_runs_and_runs_show_agree_after_kill_9_of_the_driver(tmp_path, beat_step, step, source):
+    """Issue 42: after `kill -9` of the driver `runs show` said `running` (its heartbeat was fresh) while `runs` said
+    `stale`, and each showed its own step (the heartbeat's, the store's)."""
+    url, root = f"sqlite:///{tmp_path / 'store.db'}", tmp_path / "storage"
+    now = time.time()
+    store = open_store(url)
+    store.insert_rows("runs", [{"run_id": "run-k", "config": {"steps": 900, "storage": str(root)}, "model": "resnet8",
+                                "dataset": "digits", "status": "running", "started_at": now - 60, "emulated": True,
+                                "ended_at": None, "final_step": None, "final_accuracy": None, "cost_usd": None}])
+    store.insert_rows("step_metrics", [{"run_id": "run-k", "time": now - 5, "global_step": 300, "worker_id": 0,
+                                        "steps": 5, "duration_s": 0.1}])
+    store.close()
+    _killed_driver(run_storage("run-k", str(root)), beat_step)
+    listed = list_runs(open_store(url))[0]
+    shown = run_status("run-k", None, url)
+    assert (listed["status"], shown["status"]) == ("stale", "stale")  # before: runs show said running
+    assert listed["step"] == shown["global_step"] == step and source in shown["step_source"]
+    text = subprocess.run([CMDARE, "runs", "show", "run-k", "--db", url], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, CMDARE_HOME=str(tmp_path))).stdout
+    assert "status: stale" in text and f"trained to step: {step} (from {source}" in text, text
+    assert "stored step (newest checkpoint, where a resume continues): -" in text, text
+
+
+def test_runs_says_how_many_of_the_runs_it_shows(tmp_path):
+    """Issue 12: `cmdare runs` showed 20 of 31 runs without saying so."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    store = open_store(url)
+    keys = ("dataset", "ended_at", "final_step", "final_accuracy", "cost_usd")
+    store.insert_rows("runs", [{**dict.fromkeys(keys), "run_id": f"run-{i:02d}", "config": {"steps": 10},
+                                "model": "resnet8", "status": "finished", "started_at": 1.8e9 + i, "emulated": True}
+                               for i in range(23)])
+    store.close()
+    env = dict(os.environ, CMDARE_HOME=str(tmp_path), CMDARE_DB_URL=url)
+    out = subprocess.run([CMDARE, "runs"], capture_output=True, text=True, env=env, timeout=120).stdout
+    assert "showing 20 of 23 runs; --all / --limit N" in out and "run-22" in out and "run-02" not in out, out
+    out = subprocess.run([CMDARE, "runs", "--all"], capture_output=True, text=True, env=env, timeout=120).stdout
+    assert "run-00" in out and "run-22" in out and "showing" not in out, out
+    out = subprocess.run([CMDARE, "runs", "--limit", "5"], capture_output=True, text=True, env=env, timeout=120).stdout
+    assert "showing 5 of 23 runs" in out, out

@@ -29,6 +29,7 @@ from cmdare.events import (
     StepReport,
     TrainCallback,
 )
+from cmdare.measure.part_rows import counts_of, end_part, start_part
 from cmdare.measure.store import Store, open_store
 from cmdare.measure.store.schema import Event, Run, Server, Staleness
 
@@ -149,6 +150,7 @@ class StoreRecorder(TrainCallback):
                 run.config, run.status, run.ended_at = cfg, "running", None
                 run.code_version, run.emulated = info.code_version, info.emulated
                 run.resumed_from_step = info.resumed_from_step
+            start_part(s, info, self._before_resume.get(info.run_id), run)
 
     def on_step(self, report: StepReport) -> None:
         row = {
@@ -260,23 +262,21 @@ class StoreRecorder(TrainCallback):
                 run = Run(run_id=summary.run_id, config={}, started_at=summary.time - summary.wall_s)
                 s.add(run)
             before = self._before_resume.pop(summary.run_id, None)
+            totals = end_part(s, summary)
             if before is not None and summary.status != "finished" and summary.global_step <= run.resumed_from_step:
                 for name, value in before.items():  # a failed resume: the run's recorded result stands
                     setattr(run, name, value)
+                run.cost_usd = totals["cost_usd"]  # what the attempt cost is the run's cost too
+                run.summary = _jsonable({**(run.summary or {}), **counts_of(totals)})
                 s.add(Event(run_id=summary.run_id, time=summary.time, kind="resume_failed",
                             global_step=summary.global_step, details={"status": summary.status}))
                 return
             run.status, run.ended_at, run.final_step = summary.status, summary.time, summary.global_step
             run.final_accuracy, run.final_loss = summary.final_accuracy, summary.final_loss
-            run.steps_per_s, run.cost_usd = summary.steps_per_s, summary.cost_usd
-            run.summary = _jsonable(
-                {
-                    "revocations": summary.revocations,
-                    "replacements": summary.replacements,
-                    "wall_s": summary.wall_s,
-                    **summary.details,
-                }
-            )
+            run.steps_per_s = totals["steps_per_s"] if totals["steps_per_s"] is not None else summary.steps_per_s
+            run.cost_usd = totals["cost_usd"]
+            details = {k: v for k, v in summary.details.items() if k not in ("parts", "totals")}
+            run.summary = _jsonable({**details, **counts_of(totals)})
 
     # -- writing -----------------------------------------------------------------------------------
     def _add(self, table: str, row: dict[str, Any]) -> None:

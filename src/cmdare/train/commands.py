@@ -209,9 +209,12 @@ def train_command(
     console.print(speed_line(summary), highlight=False)
     emulated = " (emulated servers, catalog prices)" if summary.details.get("emulated") else ""
     clock = "emulated cloud" if summary.details.get("clock") == "emulated" else "cluster"
-    console.print(f"servers: {summary.revocations} revoked, {summary.replacements} replaced, "
-                  f"{summary.details.get('time_lost_s', 0.0):.1f} s of {clock} time lost; "
-                  f"cost so far ${summary.cost_usd:.4f}{emulated}")
+    parts = summary.details.get("totals", {}).get("parts", 1)
+    console.print(f"servers{', this part' if parts > 1 else ''}: {summary.revocations} revoked, "
+                  f"{summary.replacements} replaced, {summary.details.get('time_lost_s', 0.0):.1f} s of {clock} time "
+                  f"lost; cost {'of this part' if parts > 1 else 'so far'} ${summary.cost_usd:.4f}{emulated}")
+    if parts > 1:
+        console.print(totals_line(summary, clock), highlight=False)
     if spec.ps_transient or summary.details.get("steps_lost"):
         console.print(f"parameter servers: {summary.details.get('shards_evacuated', 0)} shards evacuated "
                       f"({summary.details.get('shards_parked', 0)} parked until their replacement was up), "
@@ -244,6 +247,22 @@ def speed_line(summary: RunSummary) -> str:
     since = f" (from step {first})" if first else ""
     return (f"training: {trained} steps{since} at {summary.steps_per_s:.1f} steps/s = {train_s:.1f} s; "
             f"start-up, checkpoints and the end {max(0.0, summary.wall_s - train_s):.1f} s")
+
+
+def totals_line(summary: RunSummary, clock: str) -> str:
+    """The run in all, over its parts (a run and its resumes): each part's steps, and the sums."""
+    from cmdare.measure.run_parts import UNKNOWN
+
+    t = summary.details["totals"]
+    spans = ", ".join(f"{p['from_step']}-{p['to_step'] if p['to_step'] is not None else '?'}"
+                      for p in summary.details.get("parts", []))
+    wall = f" in {t['wall_s']:.1f} s" if t["wall_s"] is not None else ""
+    why = {p["part"]: "trained before cmdare kept parts" if p["status"] == UNKNOWN else p["status"]
+           for p in summary.details.get("parts", [])}
+    missing = "".join(f"; part {n}'s cost and counts not known ({why.get(n, '?')})" for n in t["unknown_parts"])
+    return (f"in all, {t['parts']} parts (steps {spans}): {t['steps_trained']} steps trained{wall}; "
+            f"{t['revocations'] or 0} revoked, {t['replacements'] or 0} replaced, {t['time_lost_s'] or 0.0:.1f} s of "
+            f"{clock} time lost; cost ${t['cost_usd'] or 0.0:.4f}{missing}")
 
 
 class RunNotices(TrainCallback):

@@ -6,6 +6,11 @@ the end of the run; a loss not replaced by policy (``--replace none``), its dete
 
 The coordinator reports steps and events; this callback turns them into the figures of the run's
 summary and the speed before a loss that loss events carry.
+
+A resumed run is the same run in another part (:mod:`cmdare.measure.run_parts`): this callback reads the parts
+before this one from the run's storage when the part starts, writes them with this one (``running``) at once, so
+a part whose driver is killed leaves a trace, and writes this part's figures at its end. The summary's figures
+are this part's; ``details["parts"]`` lists every part and ``details["totals"]`` holds the run's in all (sums).
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from collections.abc import Sequence
 
 from cmdare.cloud.local import Server
 from cmdare.cloud.servers import cost_usd
-from cmdare.events import EventReport, RunSummary, StepReport, TrainCallback, is_revocation
+from cmdare.events import EventReport, RunInfo, RunSummary, StepReport, TrainCallback, is_revocation
+from cmdare.measure.run_parts import ENDLESS, UNKNOWN, RunPart, parts_from, run_totals
 
 __all__ = ["RunMetrics", "SPEED_WINDOW_S"]
 
@@ -41,6 +47,33 @@ class RunMetrics(TrainCallback):
         self.steps_lost = 0  # rolled back to a checkpoint when a shard died
         self.rollbacks = 0  # rolled back to a checkpoint after a non-finite loss (--on-diverge rollback)
         self.steps_rolled_back = 0
+        self.parts: list[RunPart] = []  # the run's parts, this one last (set when the run starts)
+        self._storage: str | None = None
+
+    def on_run_start(self, info: RunInfo) -> None:
+        """This part of the run: after the parts its storage lists (a resume), or the first; written at once."""
+        from cmdare.train.run_control import read_parts, read_status, write_parts
+
+        self._storage = info.config.get("checkpoint_dir")
+        earlier: list[RunPart] = []
+        if self._storage and info.resumed_from_step > 0:
+            earlier = parts_from(read_parts(self._storage))
+            if not earlier:  # a run from before parts were kept: what it trained is all that is known
+                earlier = [RunPart(1, None, UNKNOWN, 0, info.resumed_from_step, emulated=info.emulated)]
+            for part in earlier:
+                if part.status == "running":  # its driver never reported an end: killed, or its machine lost
+                    _close_endless(part, read_status, self._storage)
+        self.parts = [*earlier, RunPart(len(earlier) + 1, info.started_at, "running", info.resumed_from_step,
+                                        emulated=info.emulated)]
+        if self._storage:
+            write_parts(self._storage, [p.to_dict() for p in self.parts])
+
+    def on_run_end(self, summary: RunSummary) -> None:
+        """This part's figures into the run's storage (the next resume adds its part after them)."""
+        from cmdare.train.run_control import write_parts
+
+        if self._storage and summary.details.get("parts"):
+            write_parts(self._storage, summary.details["parts"])
 
     def start_chunk(self, started_at: float, global_step: int) -> None:
         """The first chunk of the run started at ``started_at`` at ``global_step`` (start-up excluded)."""
@@ -107,11 +140,36 @@ class RunMetrics(TrainCallback):
         # a replacement asked for and never joined: its slot was empty from the loss to the end
         lost_worker_s = self.lost_worker_s + sum(max(0.0, end - t) for t in self._open_losses.values())
         cost = sum(cost_usd(s.spec, s.uptime_s(now)) for s in servers if s.joined_at is not None or not s.alive)
+        time_lost_s = lost_worker_s / max(1, planned_workers)
+        if not self.parts:  # a run whose start this callback did not hear: one part
+            self.parts = [RunPart(1, t_start, emulated=emulated)]
+        part = self.parts[-1]
+        part.status, part.to_step, part.ended_at, part.wall_s = status, global_step, now, now - t_start
+        part.steps_per_s, part.cost_usd, part.time_lost_s = self.mean_speed(), cost, time_lost_s
+        part.revocations, part.replacements = self.revocations, self.replacements
+        parts = [p.to_dict() for p in self.parts]
         return RunSummary(run_id, now, status, global_step, now - t_start, self.mean_speed(), accuracy, loss,
                           self.revocations, self.replacements, cost,
                           details={"checkpoint_dir": checkpoint_dir, "startup_s": (self.first_step_at or now) - t_start,
-                                   "time_lost_s": lost_worker_s / max(1, planned_workers), "emulated": emulated,
+                                   "time_lost_s": time_lost_s, "emulated": emulated,
                                    "servers": len(servers), "failed_checkpoints": failed_checkpoints,
                                    "shards_evacuated": self.shards_evacuated, "shards_parked": self.shards_parked,
                                    "steps_lost": self.steps_lost, "rollbacks": self.rollbacks,
-                                   "steps_rolled_back": self.steps_rolled_back})
+                                   "steps_rolled_back": self.steps_rolled_back, "part": part.part, "parts": parts,
+                                   "totals": run_totals(self.parts)})
+
+
+def _close_endless(part: RunPart, read_status, storage: str) -> None:
+    """A part that never reported its end: stopped without one, at the step of its last heartbeat (if that
+    heartbeat is its own)."""
+    from cmdare.errors import DataNotFoundError, StorageError
+
+    part.status = ENDLESS
+    try:
+        beat = read_status(storage)
+    except (DataNotFoundError, StorageError, OSError):
+        return
+    at = float(beat.get("time", 0.0))
+    if at >= (part.started_at or 0.0) and isinstance(beat.get("global_step"), int):
+        part.to_step, part.ended_at = beat["global_step"], at
+        part.wall_s = at - part.started_at if part.started_at is not None else None

@@ -1,6 +1,8 @@
 """``cmdare report run RUN_ID``: one run's throughput over time, events, cost so far, each worker's server
 (GPU type, price), speed and staleness, push staleness and parameter-shard load (service, queueing and
-worker-observed wait per push)."""
+worker-observed wait per push), and its parts (a run and its resumes, :mod:`cmdare.measure.run_parts`): the
+summary's cost, counts, steps and time are the run's in all, the sums over its parts. A run of your own model
+shows its test loss and metrics where a built-in dataset's shows its accuracy."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ import numpy as np
 
 from cmdare.errors import DataNotFoundError, UserInputError
 from cmdare.events import is_replacement, is_revocation
+from cmdare.measure.part_rows import part_rows, row_part
 from cmdare.measure.reports.base import Report
 from cmdare.measure.reports.run_workers import workers_table
+from cmdare.measure.run_parts import run_totals
 from cmdare.measure.store import Store
 from cmdare.measure.store.schema import Run
 
@@ -32,9 +36,9 @@ EVENT_WORDS = {"revocation": "server revoked", "worker_lost": "worker lost", "no
                "replacement_joined": "replacement joined", "chief_change": "new chief", "ps_move": "blocks moved"}
 
 
-def _cost_usd(servers: Any, run: Run, now: float) -> float | None:
-    if run.cost_usd:
-        return float(run.cost_usd)
+def _cost_usd(servers: Any, run: Run, now: float, parts_cost: float | None = None) -> float | None:
+    if parts_cost or run.cost_usd:
+        return float(parts_cost or run.cost_usd)
     priced = servers[servers.price_per_hour_usd.notna()] if not servers.empty else servers
     if priced.empty:
         return None
@@ -136,6 +140,9 @@ def build(store: Store, run_id: str | None = None) -> Report:
         timeline["t_s"] = timeline.t_s - t0
         timeline = timeline.drop(columns="bin")
     kinds = events.kind.value_counts().to_dict() if len(events) else {}
+    with store.session() as s:
+        parts = [row_part(r) for r in part_rows(s, run_id)]
+    totals = run_totals(parts) if parts else None
     summary = {
         "run_id": run.run_id,
         "model": run.model,
@@ -144,19 +151,24 @@ def build(store: Store, run_id: str | None = None) -> Report:
         "emulated": run.emulated,
         "emulated_servers": int(servers.emulated.astype(bool).sum()) if len(servers) else 0,
         "global_step": int(run.final_step or (steps.global_step.max() if len(steps) else 0)),
-        "wall_s": float(now - t0),
-        "steps_per_s": run.steps_per_s,
-        "revocations": int(sum(is_revocation(e.kind, e.details) for e in events.itertuples())) if len(events) else 0,
-        "replacements": int(sum(n for k, n in kinds.items() if is_replacement(k))),
+        "parts": len(parts) or 1,
+        "steps_trained": totals["steps_trained"] if totals else None,
+        "wall_s": float(totals["wall_s"]) if totals and totals["wall_s"] is not None else float(now - t0),
+        "steps_per_s": totals["steps_per_s"] if totals and totals["steps_per_s"] is not None else run.steps_per_s,
+        "revocations": _count(totals, "revocations", int(sum(is_revocation(e.kind, e.details)
+                                                             for e in events.itertuples())) if len(events) else 0),
+        "replacements": _count(totals, "replacements", int(sum(n for k, n in kinds.items() if is_replacement(k)))),
         "checkpoints": len(ckpts),
-        "final_accuracy": run.final_accuracy
-        if run.final_accuracy is not None
-        else (float(evals.accuracy.iloc[-1]) if len(evals) else None),
-        "cost_usd": _cost_usd(servers, run, now),
+        **_test_results(run, evals),
+        "cost_usd": _cost_usd(servers, run, now, totals["cost_usd"] if totals else None),
         "staleness_mean": float(stale_df["mean"].iloc[-1]) if len(stale_df) else None,
         "lr_changes": int(kinds.get("lr_change", 0)),
     }
+    if totals and totals["unknown_parts"]:
+        summary["parts_not_priced"] = ", ".join(map(str, totals["unknown_parts"]))
+    summary = {k: v for k, v in summary.items() if v is not None}  # your own task: no accuracy; an old run: no parts
     summary_df = pd.DataFrame({"field": list(summary), "value": [str(v) for v in summary.values()]})
+    parts_df = pd.DataFrame([p.to_dict() for p in parts]).drop(columns=["emulated"], errors="ignore")
     notes = _emulation_notes(run, servers)
     event_df = (
         events[["time", "kind", "global_step", "worker_id", "server_id"]]
@@ -217,12 +229,32 @@ def build(store: Store, run_id: str | None = None) -> Report:
     return Report(
         "run",
         f"Run {run_id}",
-        {"summary": summary_df, "timeline": timeline, "events": event_df,
+        {"summary": summary_df, "parts": parts_df, "timeline": timeline, "events": event_df,
          "workers": workers_df, "staleness": stale_df, "shards": shard_df},
         notes,
         plot,
         figsize=(15, 4.5) if len(stale_hist) else (11, 4.5),
     )
+
+
+def _count(totals: dict[str, Any] | None, name: str, from_events: int) -> int:
+    """A count of the run in all: the sum over its parts, or (a run recorded before parts were kept, or whose
+    parts do not know it) what its events say."""
+    return int(totals[name]) if totals and totals[name] is not None else from_events
+
+
+def _test_results(run: Run, evals: Any) -> dict[str, Any]:
+    """The run's final test results: accuracy where the task measures one (a built-in dataset), else None; the
+    test loss, and the metrics of your own task (``test_metrics``), from the run's end or its last evaluation."""
+    def last(column: str) -> float | None:
+        known = evals[column].dropna() if len(evals) else evals
+        return float(known.iloc[-1]) if len(known) else None
+
+    accuracy = run.final_accuracy if run.final_accuracy is not None else last("accuracy")
+    loss = run.final_loss if run.final_loss is not None else last("loss")
+    metrics = (run.summary or {}).get("test_metrics") or {}
+    shown = ", ".join(f"{k} {float(v):.4g}" for k, v in metrics.items() if isinstance(v, int | float))
+    return {"final_accuracy": accuracy, "final_loss": loss, "test_metrics": shown or None}
 
 
 #: A run still ``running`` in the store with nothing recorded for this long stopped without an end (killed, or

@@ -73,6 +73,33 @@ class Run(Base):
     import_id: Mapped[int | None] = mapped_column(ForeignKey("imports.id"))
 
 
+class RunPartRow(Base):
+    """One part of a run: its first ``cmdare train`` or a ``--resume`` of it (:mod:`cmdare.measure.run_parts`).
+
+    The run's figures in all (``runs.cost_usd``, its summary's revocations and replacements) are the sums over
+    its parts; a column left NULL is not known (the part is running, or stopped without an end).
+    """
+
+    __tablename__ = "run_parts"
+    __table_args__ = (UniqueConstraint("run_id", "part", name="uq_run_parts_run_part"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(128), index=True)
+    part: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(32), default="running")
+    from_step: Mapped[int] = mapped_column(BigInteger, default=0)
+    to_step: Mapped[int | None] = mapped_column(BigInteger)
+    ended_at: Mapped[float | None] = mapped_column(Float)
+    wall_s: Mapped[float | None] = mapped_column(Float)
+    steps_per_s: Mapped[float | None] = mapped_column(Float)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    revocations: Mapped[int | None] = mapped_column(Integer)
+    replacements: Mapped[int | None] = mapped_column(Integer)
+    time_lost_s: Mapped[float | None] = mapped_column(Float)
+    emulated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+
 class Server(Base):
     """A server (VM or local Ray node): type, price, phase timestamps and why it ended.
 
