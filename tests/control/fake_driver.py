@@ -50,6 +50,8 @@ class FakeDriver:
     stuck: bool = False  # the world stops answering (a dead Ray node)
     failing_uploads: set[int] = field(default_factory=set)  # steps whose checkpoint upload fails (a full disk)
     stalled_uploads: set[int] = field(default_factory=set)  # steps whose upload never ends
+    loss_at: Callable[[int], float] | None = None  # the training loss chunks report, by global step (None: none)
+    test_loss: dict[int, float] = field(default_factory=dict)  # an evaluation's test loss, by its step (else 1.0)
     real_time: bool = False  # cloud time is this driver's clock (a real cluster): every event brings it
     wall: float = 0.0
     step: int = 0
@@ -162,7 +164,8 @@ class FakeDriver:
         self._since_report[w.worker_id] = n
         if n >= self.chunk_steps or self.step >= self.fence:
             self._since_report[w.worker_id] = 0
-            self.feed(E.ChunkDone(wall=self.wall, worker_id=w.worker_id, global_step=self.step, steps=n))
+            self.feed(E.ChunkDone(wall=self.wall, worker_id=w.worker_id, global_step=self.step, steps=n,
+                                  loss=self.loss_at(self.step) if self.loss_at else None))
         if (self.step >= self.fence or w.halting) and w.training:
             self._stop(w)
         if hook is not None:
@@ -176,7 +179,8 @@ class FakeDriver:
             w.training = w.halting = False
             n = self._since_report.pop(w.worker_id, 0)
             if n:
-                self.feed(E.ChunkDone(wall=self.wall, worker_id=w.worker_id, global_step=self.step, steps=n))
+                self.feed(E.ChunkDone(wall=self.wall, worker_id=w.worker_id, global_step=self.step, steps=n,
+                                      loss=self.loss_at(self.step) if self.loss_at else None))
             self.feed(E.WorkerStopped(wall=self.wall, worker_id=w.worker_id, global_step=self.step))
 
     # -- what the tests do to the world ---------------------------------------------------------------
@@ -264,7 +268,8 @@ class FakeDriver:
             if hook is not None:
                 hook(self)
             ok = self.workers[c.worker_id].alive
-            self.feed(E.DutyDone(wall=self.wall, kind=c.kind, worker_id=c.worker_id, step=c.step, ok=ok))
+            loss = self.test_loss.get(c.step, 1.0) if c.kind == "eval" else None
+            self.feed(E.DutyDone(wall=self.wall, kind=c.kind, worker_id=c.worker_id, step=c.step, ok=ok, loss=loss))
             if ok and c.kind == "checkpoint" and step in self.failing_uploads:
                 self.feed(E.CheckpointFailed(wall=self.wall, step=step, error="No space left on device"))
             elif ok and c.kind == "checkpoint" and step not in self.stalled_uploads:

@@ -86,3 +86,54 @@ def test_a_rollback_with_lr_scale_1_keeps_the_learning_rate():
 def test_bad_rollback_settings_are_refused(bad):
     with pytest.raises(UserInputError):
         RunConfig(steps=10, workers=1, **bad)
+
+
+# -- divergence while the loss is finite (issue 42) -----------------------------------------------------------------
+
+
+def test_a_loss_that_explodes_but_stays_finite_is_divergence():
+    """A regression's loss grew to 7.5e15 and the run ended 'finished': a loss 100x over its level diverged."""
+    d = make(steps=300, checkpoint_every=50, driver_kw={"loss_at": lambda step: 2.0 if step < 120 else 3.0e5})
+    # (the first chunk past step 120 ends at step 123)
+    end = d.run()
+    assert end.status == "failed" and d.stored == [50, 100]
+    assert end.message.startswith("training diverged: worker 0's loss is 3e+05, over 100x its level of 2 at step 123"
+                                  " (try a lower --lr, or --on-diverge rollback)"), end.message
+
+
+def test_a_spike_below_the_bound_and_a_loss_that_falls_are_not_divergence():
+    loss = {**{s: 2.3 * 0.98 ** s for s in range(301)}, 150: 150.0}  # a spike 65x the first loss: trains on
+    d = make(steps=300, checkpoint_every=50, driver_kw={"loss_at": loss.__getitem__})
+    d.run()
+    finished(d)
+
+
+def test_non_finite_parameters_under_a_finite_loss_roll_back():
+    d = make(steps=300, checkpoint_every=50, max_rollbacks=1)
+    d.on_step[120] = lambda d: d.feed(E.ChunkDone(wall=d.wall, worker_id=1, global_step=d.step, steps=1, loss=0.5,
+                                                  params_finite=False))
+    end = d.run()
+    finished(d)
+    assert end.status == "finished" and [c.reason for c in d.of(C.Restore)] == ["diverged"]
+    assert d.steps_lost == 20
+
+
+def test_a_worker_that_met_a_nan_loss_names_the_step_it_met_it_at():
+    d = make(steps=300, checkpoint_every=50)
+    d.on_step[57] = lambda d: d.feed(E.ChunkDone(wall=d.wall, worker_id=1, global_step=60, steps=0,
+                                                 loss=float("nan"), diverged_at=57))
+    end = d.run()
+    assert end.message.startswith("training diverged: worker 1's loss is nan at step 57 ")
+
+
+def test_an_exploded_test_loss_rolls_back_and_a_final_one_never_ends_finished():
+    d = make(steps=300, checkpoint_every=50, eval_every=100, max_rollbacks=1,
+             driver_kw={"loss_at": lambda step: 1.0, "test_loss": {200: 5.0e4}})
+    d.run()
+    finished(d)
+    assert [c.reason for c in d.of(C.Restore)] == ["diverged"]
+    d = make(steps=300, checkpoint_every=50, eval_every=100, max_rollbacks=1,
+             driver_kw={"loss_at": lambda step: 1.0, "test_loss": {300: float("nan")}})
+    end = d.run()
+    assert end.status == "failed"
+    assert end.message.startswith("training diverged: worker 0's test loss is nan at step 300"), end.message

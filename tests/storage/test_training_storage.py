@@ -108,7 +108,8 @@ def test_a_run_whose_final_checkpoint_cannot_be_stored_fails(local_ray, tmp_path
     log = _Log()
     trainer = Trainer(_spec(20, str(tmp_path)), [log], checkpoint_dir=_CheckpointManifestsFail(tmp_path / "flaky"))
     with pytest.raises(TransientError, match=r"the final checkpoint \(step 20\) could not be stored \(cannot write "
-                                             r".*connection reset\); no checkpoint was stored in .*flaky; resume"):
+                                             r".*connection reset\); no checkpoint was stored in .*flaky; there is "
+                                             r"nothing to resume: start the run again"):
         trainer.run()
     assert [e.details["step"] for e in log.events if e.kind == "checkpoint_failed"] == [10, 20]
     assert [e.status for e in log.ends] == ["failed"] and not log.checkpoints

@@ -9,7 +9,7 @@ import torch
 
 from cmdare.ps.optimizer import OptimizerConfig
 from cmdare.tasks import build_task
-from cmdare.tasks.statistics import batch_norm_layers, recompute_batch_norm
+from cmdare.tasks.statistics import batch_norm_layers
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
 from cmdare.train.checkpoint import load_checkpoint

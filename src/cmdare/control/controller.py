@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 
 from cmdare.cloud.servers import ServerSpec
+from cmdare.control.divergence import DivergenceWatch
 from cmdare.control.duties import DutySchedule
 from cmdare.control.emulated_clock import EmulatedClock
 from cmdare.control.event_handlers import RunEventHandlers
@@ -94,7 +95,8 @@ class RunController(RunEnding, RunEventHandlers):
         self.balancing = False  # a Balance is out, not answered yet
         self.liveness = Liveness(config.probe_after_s, config.stuck_after_s)
         self.failed_uploads_in_a_row = 0
-        self.rollbacks = 0  # rollbacks after a non-finite loss
+        self.rollbacks = 0  # rollbacks after a divergence
+        self.divergence = DivergenceWatch()
         self.last_upload_error = ""
         self.final_upload_since: float | None = None  # wall time the end began waiting for the final upload
         self.transitions: list[tuple[float, RunState, RunState]] = []

@@ -8,7 +8,6 @@ ahead when the emulated cluster can only wait for a cloud event.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 from cmdare.control.run_commands import Restore
@@ -38,6 +37,7 @@ from cmdare.control.run_events import (
 from cmdare.control.run_state import Finishing
 
 if TYPE_CHECKING:
+    from cmdare.control.divergence import DivergenceWatch
     from cmdare.control.duties import DutySchedule
     from cmdare.control.emulated_clock import EmulatedClock
     from cmdare.control.liveness import Liveness
@@ -67,6 +67,7 @@ class RunEventHandlers:
     wall: float
     balancing: bool
     rollbacks: int
+    divergence: DivergenceWatch
 
     # provided by the controller
     def rate(self) -> float:
@@ -133,8 +134,9 @@ class RunEventHandlers:
 
     def _on_ChunkDone(self, ev: ChunkDone) -> None:
         self._progress(ev.global_step)
-        if ev.loss is not None and not math.isfinite(ev.loss):
-            self._diverged(ev)
+        why = self.divergence.training(ev.loss, ev.params_finite)
+        if why is not None:
+            self._diverged(ev.worker_id, why, ev.diverged_at if ev.diverged_at is not None else int(ev.global_step))
             return
         rec = self.workers.rec(ev.worker_id)
         if rec is not None and rec.active and ev.steps:
@@ -142,12 +144,13 @@ class RunEventHandlers:
             if info is not None and info.trained_at is None:
                 self.workers.trained(ev.worker_id, self.now)
 
-    def _diverged(self, ev: ChunkDone) -> None:
-        """A non-finite loss: roll every shard back to the newest stored checkpoint (with a lower learning rate)
-        while rollbacks are left, else end the run. Nothing non-finite is ever stored."""
+    def _diverged(self, worker_id: int, why: str, step: int) -> None:
+        """Training diverged (:mod:`cmdare.control.divergence`: ``why``, seen by worker ``worker_id`` at ``step``):
+        roll every shard back to the newest stored checkpoint (with a lower learning rate) while rollbacks are
+        left, else end the run. Nothing non-finite is ever stored."""
         if self.shards.restore_reason == "diverged":
             return  # the rollback is on its way
-        what = f"worker {ev.worker_id}'s loss is {ev.loss} at step {int(ev.global_step)}"
+        what = f"worker {worker_id}'s {why} at step {step}"
         if self.rollbacks >= self.config.max_rollbacks or isinstance(self.phase, Finishing):
             tried = f" again after {self.rollbacks} rollback(s)" if self.rollbacks else ""
             self._end("failed", f"training diverged{tried}: {what} (try a lower --lr"
@@ -219,6 +222,9 @@ class RunEventHandlers:
         if rec is not None and rec.duties:
             rec.duties -= 1
         duty = self.duties.finished(ev.kind, ev.step, ev.ok, ev.worker_id)
+        if ev.ok and ev.kind == "eval" and (why := self.divergence.test(ev.loss)) is not None:
+            self._diverged(ev.worker_id, why, ev.step)  # a run never ends finished on an exploded model
+            return
         if ev.ok:
             if duty is not None and duty.reason == "notice":
                 self.workers.release(ev.worker_id, self.now)
@@ -255,6 +261,7 @@ class RunEventHandlers:
         if ev.ok and ev.action == "restore" and ev.step is not None:
             if isinstance(command, Restore) and command.reason == "diverged":
                 self.workers.damp_lr(self.config.rollback_lr_scale, self.now)
+                self.divergence.rolled_back()
             self.step = ev.step
             if self.clock is not None:
                 self.clock.rebase(ev.step)

@@ -47,6 +47,8 @@ class RunConfig:
         step_s: emulated cloud seconds per step of one worker, per GPU type (lower case); ``"*"``: any type.
         run_id: named in error messages (how to resume).
         checkpoints: where the run's checkpoints are (named in error messages).
+        resumed_from: the step of the checkpoint a resumed run started from (None: a fresh run); a run that
+            stored nothing since can still be resumed from it.
     """
 
     steps: int
@@ -73,6 +75,7 @@ class RunConfig:
     step_s: Mapping[str, float] = field(default_factory=lambda: {"*": 1.0})
     run_id: str = "run"
     checkpoints: str = ""
+    resumed_from: int | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.workers < 1:
@@ -99,6 +102,7 @@ class RunConfig:
     def resume_hint(self, latest: int | None = None) -> str:
         """Where the run's checkpoint is and what to run to continue it (``latest``: its step, if any)."""
         where = f" in {self.checkpoints}" if self.checkpoints else ""
-        stored = f"the latest checkpoint is step {latest}{where}" if latest is not None else \
-            f"no checkpoint was stored{where}"
-        return f"{stored}; resume with --resume {self.run_id}"
+        latest = latest if latest is not None else self.resumed_from
+        if latest is None:
+            return f"no checkpoint was stored{where}; there is nothing to resume: start the run again"
+        return f"the latest checkpoint is step {latest}{where}; resume with --resume {self.run_id}"

@@ -62,13 +62,18 @@ class Tick(Event):
 class ChunkDone(Event):
     """A chunk of ``steps`` steps of worker ``worker_id`` ended at ``global_step`` (the shards' step after
     its last push); ``refused``: the shards refused its last push (the fence or the target step); ``loss``:
-    the chunk's training loss, where the driver knows it (a non-finite loss ends the run)."""
+    the chunk's training loss, where the driver knows it; ``params_finite``: False when the worker found
+    non-finite parameters; ``diverged_at``: the global step of the parameters with which the worker first met a
+    non-finite loss (it pushed nothing from then on). A diverged chunk acts per ``--on-diverge``
+    (:mod:`cmdare.control.divergence`)."""
 
     worker_id: int
     global_step: float
     steps: int = 0
     refused: bool = False
     loss: float | None = None
+    params_finite: bool = True
+    diverged_at: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,7 +174,8 @@ class ShardLost(Event):
 @dataclass(frozen=True, kw_only=True)
 class DutyDone(Event):
     """The chief's duty ``kind`` (``checkpoint`` or ``eval``) at ``step`` ended: ``ok``, or it failed
-    because the chief died (``shard_lost`` False) or a shard did (True)."""
+    because the chief died (``shard_lost`` False) or a shard did (True); ``loss``: an evaluation's test loss
+    (None: none, or no test data)."""
 
     kind: str
     worker_id: int
@@ -177,6 +183,7 @@ class DutyDone(Event):
     ok: bool = True
     shard_lost: bool = False
     error: str = ""
+    loss: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -115,6 +115,10 @@ class FlatLayout:
                 for start, flat_pos, size in self._pieces[i]:
                     flat_p[start:start + size].copy_(self.flat_params[flat_pos:flat_pos + size])
 
+    def params_finite(self) -> bool:
+        """Whether every parameter in the host flat buffer (the latest pulled) is finite."""
+        return bool(torch.isfinite(self._host_params).all())
+
     def shard_values(self, shard: int) -> np.ndarray:
         """A copy of shard ``shard``'s current parameter values in its buffer order."""
         a, b = self.shard_ranges[shard]

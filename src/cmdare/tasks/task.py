@@ -33,10 +33,12 @@ EVAL_BATCH = 512  # test samples per forward pass of an evaluation
 
 @dataclass(frozen=True)
 class Evaluation:
-    """A model's mean test loss and metrics (``accuracy`` for the built-in datasets)."""
+    """A model's mean test loss and metrics (``accuracy`` for the built-in datasets) over ``samples`` test
+    samples (0: the task has no test data, and the loss is nan)."""
 
     loss: float
     metrics: dict[str, float] = field(default_factory=dict)
+    samples: int = 0
 
     @property
     def accuracy(self) -> float | None:
@@ -102,7 +104,7 @@ class Task:
                 loss_sum += float(self.loss_of(out, y)) * size
                 for name, value in _metrics(self.metric, out, y).items():
                     totals[name] = totals.get(name, 0.0) + value * size
-        return Evaluation(loss_sum / max(n, 1), {k: v / max(n, 1) for k, v in totals.items()})
+        return Evaluation(loss_sum / max(n, 1), {k: v / max(n, 1) for k, v in totals.items()}, n)
 
     def check(self, batch_size: int, num_slots: int, seed: int) -> None:
         """Build the model and run one batch through it, the loss and the metric on this process, so that a

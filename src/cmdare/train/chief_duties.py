@@ -111,14 +111,17 @@ class ChiefDuties:
         run_id = self.emitter.run_id
         if cmd.kind == "eval":
             result, step = res
-            self.last_accuracy, self.last_loss, self.last_metrics = result.accuracy, result.loss, result.metrics
+            loss = result.loss if result.samples else None  # None: no test data
+            self.last_accuracy, self.last_loss, self.last_metrics = result.accuracy, loss, result.metrics
             self.emitter.emit("on_eval", EvalReport(run_id, time.time(), step, cmd.worker_id, result.accuracy,
                                                     result.loss, dict(result.metrics)))
         else:
             ckpt = Checkpoint(snap.step, snap.params, snap.momentum, res, dict(self.meta, chief=cmd.worker_id))
             upload = Upload(snap.step, cmd.worker_id, len(self.infos), snap.stall_s, time.time() - started, started)
             self.uploads.submit(ckpt, upload)
-        return [E.DutyDone(wall=wall, kind=cmd.kind, worker_id=cmd.worker_id, step=cmd.step), *self.collect(wall)]
+        loss = self.last_loss if cmd.kind == "eval" else None
+        return [E.DutyDone(wall=wall, kind=cmd.kind, worker_id=cmd.worker_id, step=cmd.step, loss=loss),
+                *self.collect(wall)]
 
     def collect(self, wall: float, wait: bool = False, timeout_s: float | None = None) -> list[E.Event]:
         """Checkpoints stored (or failed) since the last call, reported; ``wait``: first wait for the uploads in

@@ -23,3 +23,5 @@ class ChunkResult:
     done: bool  # the shards refused a push: the target step is reached
     notice: dict[str, Any] | None = None  # a preemption notice arrived: the worker stopped to leave
     shard_wait_s: tuple[float, ...] = ()  # per shard (placement index): send-to-reply time, summed over pushes
+    params_finite: bool = True  # the parameters it holds at the end are all finite
+    diverged_at: int | None = None  # a non-finite loss met on the parameters of this step: it pushed nothing more

@@ -122,6 +122,10 @@ def train_command(
                                    "scales the learning rate by --rollback-lr-scale and trains on."),
     rollback_lr_scale: float = typer.Option(0.5, "--rollback-lr-scale",
                                             help="Learning-rate multiplier of each rollback (1: unchanged)."),
+    async_momentum: str = typer.Option("compensate", "--async-momentum",
+                                       help="Asynchronous workers add momentum of their own (about 1 - 1/workers): "
+                                       "'compensate' applies --momentum reduced by it (0.9 with 2 workers: 0.4), "
+                                       "'keep' applies --momentum as given."),
     bn_samples: int = typer.Option(512, "--bn-samples",
                                    help="Batch-norm statistics of what the run evaluates, checkpoints and exports: "
                                    "recomputed for that step's parameters from this many training samples; 0 keeps "
@@ -163,6 +167,7 @@ def train_command(
                      lr_policy=lr_policy, elastic_ps=elastic_ps, balance_every=balance_every, straggler=straggler,
                      auto_mitigate=auto_mitigate, ps_bandwidth=ps_bandwidth, overlap=overlap,
                      on_diverge=on_diverge, rollback_lr_scale=rollback_lr_scale, bn_samples=bn_samples,
+                     async_momentum=async_momentum.strip().lower(),
                      storage=storage)
     if resume:
         from cmdare.storage import run_storage
@@ -266,8 +271,9 @@ def totals_line(summary: RunSummary, clock: str) -> str:
 
 
 class RunNotices(TrainCallback):
-    """Prints ``resumed RUN from step N`` when a resumed run starts, storage warnings and failed checkpoint
-    uploads as they happen (on stderr: the first with its error, then a count)."""
+    """Prints ``resumed RUN from step N`` when a resumed run starts, the momentum applied for asynchronous
+    workers, storage warnings and failed checkpoint uploads as they happen (on stderr: the first with its error,
+    then a count)."""
 
     def __init__(self) -> None:
         self.failed_uploads = 0
@@ -280,6 +286,12 @@ class RunNotices(TrainCallback):
             _warn(f"training diverged (a non-finite loss at step {d.get('global_step')}): rolled back to step "
                   f"{d.get('checkpoint_step')}, learning rate x{d.get('lr_scale', 1.0):g} from now on "
                   f"(rollback {d.get('rollback')} of {d.get('max_rollbacks')})")
+        elif report.kind == "async_momentum":
+            d = report.details
+            Console(stderr=True, soft_wrap=True).print(
+                f"asynchronous workers: momentum {d['momentum']:g} applied as {d['applied']:.3g} ({d['workers']} "
+                f"workers add about {1 - 1 / d['workers']:.2g} of their own; --async-momentum keep applies it as "
+                "given)", highlight=False, markup=False)
         elif report.kind == "storage_warning":
             _warn(str(report.details["warning"]))
         elif report.kind == "checkpoint_failed":

@@ -190,8 +190,10 @@ class RayDriver:
         if w is None:  # queued behind the chunk that brought a notice or a revocation: it stopped at once
             return
         self._record(w, res)
+        diverged = res.diverged_at is not None
         events: list[E.Event] = [E.ChunkDone(wall=wall, worker_id=wid, global_step=res.global_step, steps=res.steps,
-                                             refused=res.done, loss=res.loss if res.steps else None)]
+                                             refused=res.done, loss=res.loss if res.steps or diverged else None,
+                                             params_finite=res.params_finite, diverged_at=res.diverged_at)]
         if res.notice is not None:
             self.feeding.discard(wid)
             if w.revoked_at is None:  # a chunk queued behind the one that brought the notice brings it again

@@ -75,7 +75,8 @@ def run_workload(spec: TrainSpec) -> str | WorkloadFeatures:
         return spec.model_name
 
 
-def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool, checkpoints: str = "") -> RunConfig:
+def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool, checkpoints: str = "",
+               resumed_from: int | None = None) -> RunConfig:
     """The controller's view of ``spec``: a real cluster's (wall clock, replacements join when up) or an
     emulated run's (cloud time from training, replacements join when their emulated start-up ends)."""
     return RunConfig(
@@ -89,11 +90,11 @@ def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool, c
         max_rollbacks=spec.max_rollbacks(), rollback_lr_scale=spec.rollback_lr_scale,
         step_s=EmulatedStepTimes(run_workload(spec) if plan.step_s is None else spec.model_name, plan.step_s,
                                  tuple(spec.slot_gpus())), run_id=run_id,
-        checkpoints=checkpoints)
+        checkpoints=checkpoints, resumed_from=resumed_from)
 
 
 def build_controller(spec: TrainSpec, plan: RevocationPlan, source: RevocationSource, run_id: str,
-                     real: bool, checkpoints: str = "") -> RunController:
+                     real: bool, checkpoints: str = "", resumed_from: int | None = None) -> RunController:
     """The run's controller: the membership kernel (replacement, LR and chief policies; the revocation source),
     the PS-server kernel (the cloud's notice lead; the same source when it hits PS servers) and, in local
     emulation, the emulated clock."""
@@ -102,5 +103,5 @@ def build_controller(spec: TrainSpec, plan: RevocationPlan, source: RevocationSo
                               offers=lambda lost: catalog_offers(lost, priced))
     ps_source = source if spec.ps_transient and plan.hits("ps") else NoRevocations()
     ps_kernel = PsServerKernel(ps_source, notice_s=plan.notice_lead_s(spec.cloud), replace=spec.replace != "none")
-    return RunController(run_config(spec, plan, run_id, real, checkpoints), kernel, ps_kernel,
+    return RunController(run_config(spec, plan, run_id, real, checkpoints, resumed_from), kernel, ps_kernel,
                          None if real else EmulatedClock())

@@ -95,10 +95,10 @@ class ShardGroup:
         spec = self.spec
         opts = {"num_cpus": spec.cpus_per_shard, "max_restarts": 0, **self.provider.actor_options(server)}
         if spec.sync:
-            actor = ray.remote(SyncShardActor).options(**opts).remote(k, spec.optimizer, spec.steps,
+            actor = ray.remote(SyncShardActor).options(**opts).remote(k, spec.shard_optimizer(), spec.steps,
                                                                      max(1, self.num_workers))
         else:
-            actor = ray.remote(AsyncShardActor).options(**opts).remote(k, spec.optimizer, spec.steps)
+            actor = ray.remote(AsyncShardActor).options(**opts).remote(k, spec.shard_optimizer(), spec.steps)
         server.actor = actor
         if self.lr_scale != 1.0:
             self.detached.add(actor.set_lr_scale.remote(self.lr_scale))

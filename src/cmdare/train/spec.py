@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from cmdare.errors import UnknownNameError, UserInputError
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 DEFAULT_ROLLBACKS = 3  # --on-diverge rollback
 MAX_ROLLBACKS = 100
+ASYNC_MOMENTUM = ("compensate", "keep")  # --async-momentum
 
 _RATE_UNITS = {"b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30,
                "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8}
@@ -125,6 +126,9 @@ class TrainSpec:
     # Batch-norm statistics of what the run evaluates, checkpoints and exports: recomputed by the chief for the
     # parameters of that step from this many training samples (cmdare.tasks.statistics); 0 keeps the chief's own.
     bn_samples: int = CALIBRATION_SAMPLES
+    # Asynchronous workers add momentum of their own (about 1 - 1/workers): "compensate" applies the optimizer's
+    # momentum reduced by it on the shards (cmdare.ps.optimizer_config.async_momentum); "keep" applies it as given.
+    async_momentum: str = "compensate"
 
     def __post_init__(self) -> None:
         from cmdare.datasets import list_datasets
@@ -178,6 +182,8 @@ class TrainSpec:
         if self.ps_bandwidth is not None:
             parse_rate_bytes_per_s(self.ps_bandwidth)  # validates
         self.max_rollbacks()  # validates
+        if self.async_momentum not in ASYNC_MOMENTUM:
+            raise UnknownNameError("--async-momentum", str(self.async_momentum), ASYNC_MOMENTUM)
         if not 0 < self.rollback_lr_scale <= 1:
             raise UserInputError(f"--rollback-lr-scale must be in (0, 1], got {self.rollback_lr_scale}")
         if str(self.startup) != "model":
@@ -253,6 +259,17 @@ class TrainSpec:
             return int(count) if count else DEFAULT_ROLLBACKS
         raise UserInputError(f"--on-diverge must be stop, rollback or rollback:N (N from 1 to {MAX_ROLLBACKS}), "
                              f"got {self.on_diverge!r}")
+
+    def shard_optimizer(self) -> OptimizerConfig:
+        """The optimizer the shards apply: the given one, with its momentum reduced for asynchronous workers
+        (``async_momentum="compensate"``: see :func:`~cmdare.ps.optimizer_config.async_momentum`; the planned
+        number of workers counts)."""
+        from cmdare.ps.optimizer_config import async_momentum
+
+        if self.sync or self.async_momentum != "compensate" or self.workers <= 1:
+            return self.optimizer
+        momentum = async_momentum(self.optimizer.momentum, self.workers)
+        return replace(self.optimizer, momentum=momentum, nesterov=self.optimizer.nesterov and momentum > 0)
 
     def ps_link_bytes_per_s(self) -> float | None:
         """The emulated PS link bandwidth in bytes/s, or None (no emulation)."""

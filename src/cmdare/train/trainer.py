@@ -183,7 +183,7 @@ class Trainer:
                                       self.decisions)
         self._first_step = step
         self.controller = build_controller(spec, self.plan, self._source, self.run_id, real=not self.emulated_time,
-                                           checkpoints=self.storage.uri)
+                                           checkpoints=self.storage.uri, resumed_from=step if self.resuming else None)
         self.driver = RayDriver(self.controller, spec, self.storage, self.members, self.shard_group, self.duties,
                                 self.placement_changes, self.ps_servers, self.emitter, self.metrics, self.detached,
                                 (params, momentum, step), real=not self.emulated_time)
@@ -220,6 +220,10 @@ class Trainer:
         self.emulated = self.provider.kind != "ray" or not isinstance(self._source, NoRevocations)
         self.emitter.emit("on_run_start", RunInfo(self.run_id, config, t_start, code_version=__version__,
                                                   emulated=self.emulated, resumed_from_step=step))
+        applied = spec.shard_optimizer().momentum
+        if applied != spec.optimizer.momentum:
+            self.emitter.event("async_momentum", details={"momentum": spec.optimizer.momentum, "applied": applied,
+                                                          "workers": spec.workers})
         if joined is not None:
             self.emitter.event("cluster_joined", details={"cluster": joined.describe(), "cmdare": joined.is_cmdare})
         if self.storage_warning:

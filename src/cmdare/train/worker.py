@@ -220,6 +220,7 @@ class Worker:
         t_start = time.perf_counter()
         compute_s = comm_s = loss_sum = 0.0
         steps, staleness, done = 0, [], False
+        diverged_at: int | None = None
         notice = None
         wait_s = [0.0] * len(self.shards)
         sampled = 0  # steps whose per-shard waits were timed
@@ -235,6 +236,9 @@ class Worker:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             self.layout.zero_grads()
             loss = self.task.loss_of(self.model(x), y)
+            if not torch.isfinite(loss):  # diverged: its gradient would make every shard's parameters non-finite
+                diverged_at, loss_sum = self.step, float("nan")
+                break
             if self.pieces is not None:
                 self.ray_pieces = []
                 self.pieces.arm()
@@ -279,7 +283,8 @@ class Worker:
         scale = (steps + done) / sampled if sampled else 0.0  # estimate over every push from the sample
         return ChunkResult(self.worker_id, steps, time.perf_counter() - t_start,
                            loss_sum / steps if steps else float("nan"), compute_s, comm_s, self.step,
-                           tuple(staleness), done, notice, tuple(w * scale for w in wait_s))
+                           tuple(staleness), done, notice, tuple(w * scale for w in wait_s),
+                           params_finite=self.layout.params_finite(), diverged_at=diverged_at)
 
     # -- chief duties ----------------------------------------------------------------------
     @torch.no_grad()
