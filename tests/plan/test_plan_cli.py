@@ -218,3 +218,16 @@ def test_the_planner_doc_validates_with_the_network_the_test_does():
     validation = (Path(__file__).parent / "test_plan_validation.py").read_text("utf-8")
     assert model == "t2t_resnet32" and f'JobSpec("{model}", 64000)' in validation
     assert not re.search(r"`resnet32` = CM-DARE's Tensor2Tensor", doc)
+
+
+def test_the_python_api_reads_the_cloud_in_any_case():
+    """``load_plan_models(cloud="AWS")`` is AWS: its prices, its spot markets and its 120 s notice (GCE's 30 s
+    before), and a simulation of it runs (it ended in ``ServerSpec.cloud must be one of ...``)."""
+    from cmdare.plan import simulate
+    from cmdare.plan.adapters import load_plan_models
+    from cmdare.plan.spec import ClusterSpec, JobSpec, parse_workers
+
+    models = load_plan_models("t2t_resnet32", cloud="AWS")
+    assert models.notice_s == 120.0 and models.prices.cloud == "aws"
+    cluster = ClusterSpec(parse_workers("v100:2", True, "us-east-1"), ps=1, region="us-east-1")
+    assert simulate(JobSpec("t2t_resnet32", 6400), cluster, models, runs=3, seed=0).cost_mean_usd > 0

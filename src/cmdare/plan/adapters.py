@@ -330,6 +330,7 @@ def load_plan_models(
     from cmdare.predict import predict_checkpoint_s
 
     features = resolve_workload(workload, input_shape)
+    cloud = str(cloud).strip().lower()  # "AWS" is aws: its prices, markets and notice lead
     prices = CatalogPrices(load_catalog(catalog) if catalog else None, cloud)
     prices.regions()  # fail early on an unknown cloud
     if interruption_rate is not None and lifetime != "auto":
