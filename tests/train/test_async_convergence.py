@@ -45,3 +45,20 @@ def test_a_users_regression_converges_with_asynchronous_workers_and_revocations(
     assert "momentum 0.9 applied as" in res.stderr
     mse = float(re.search(r"finished: step 300 .* test loss ([0-9.e+-]+)", res.stdout).group(1))
     assert mse < 0.2 * UNTRAINED_MSE, res.stdout
+
+
+@pytest.mark.cluster  # an end-to-end run through the CLI
+def test_a_loss_nan_from_the_first_step_says_where_it_rolled_back_to_and_that_nothing_can_be_resumed(tmp_path):
+    """It printed 'shards restored from the newest checkpoint' and 'rolled back to step 0' with none stored, put
+    the NaN 'at step 50', and ended with 'resume with --resume RUN', which answered 'no checkpoint to resume'."""
+    env = dict(os.environ, CMDARE_HOME=str(tmp_path), PYTHONPATH=str(PROJECT), COLUMNS="200")
+    res = subprocess.run([CMDARE, "train", "--model", "userreg:build", "--dataset", "userreg:data", "--loss",
+                          "userreg:nan_loss", "--workers", "2", "--steps", "100", "--on-diverge", "rollback:2"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("warning: training diverged")]
+    assert len(warnings) == 2 and all("loss is nan at step 0)" in w for w in warnings), warnings
+    assert all("rolled back to the start of the run (step 0: no checkpoint was stored yet)" in w for w in warnings)
+    error = res.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: training diverged again after 2 rollback(s): worker ") and \
+        "loss is nan at step 0 " in error and error.endswith("there is nothing to resume: start the run again"), error

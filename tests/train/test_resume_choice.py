@@ -46,3 +46,17 @@ def test_a_missing_newest_manifest_is_not_resumed_past_silently(run):
     with pytest.raises(CheckpointError, match="step 20 without a manifest"):
         initial_state(SPEC, "run-1", storage, None, resuming=True)
     assert initial_state(SPEC, "run-1", storage, None, resuming=True, resume_step=10)[4] == 10
+
+
+def test_a_fresh_run_under_an_id_that_has_checkpoints_is_refused_and_changes_nothing(run):
+    """The README's snippet ran twice under run_id='waves': the second run's checkpoints rotated the first's out."""
+    from cmdare.errors import UserInputError
+    from cmdare.train import Trainer
+
+    storage, _ = run
+    before = sorted(storage.names("", ""))
+    with pytest.raises(UserInputError, match=r"run run-1 already has checkpoints in .*run-1 \(the newest of step 20\): "
+                                             r"resume it \(--resume run-1, or resume=True\) or give another run id; "
+                                             "nothing was changed"):
+        Trainer(SPEC, run_id="run-1", checkpoint_dir=storage).run()
+    assert sorted(storage.names("", "")) == before

@@ -34,6 +34,7 @@ class DivergenceWatch:
     bound: float = GROWTH_BOUND
     first: float | None = None  # the first chunk loss of this part of the run
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    why: str = ""  # the last divergence, in words (``worker 1's loss is nan at step 57``)
 
     def level(self) -> float | None:
         """The loss level a new loss is measured against (None: none yet, or not a positive loss)."""

@@ -158,12 +158,13 @@ class RunEventHandlers:
                                 f"non-finite is stored; {self._resume_hint()}")
             return
         self.rollbacks += 1
+        self.divergence.why = what
         self.shards.roll_back("diverged")
 
     def rollback_details(self) -> dict[str, Any]:
         """The rollback under way: its number, how many are allowed, the learning-rate factor after it."""
         return {"reason": "diverged", "rollback": self.rollbacks, "max_rollbacks": self.config.max_rollbacks,
-                "lr_scale": self.config.rollback_lr_scale ** self.rollbacks}
+                "lr_scale": self.config.rollback_lr_scale ** self.rollbacks, "why": self.divergence.why}
 
     def _on_WorkerStopped(self, ev: WorkerStopped) -> None:
         self._progress(ev.global_step)

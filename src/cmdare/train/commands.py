@@ -237,7 +237,7 @@ def test_line(summary: RunSummary) -> str:
     """``test accuracy 0.953`` (a built-in dataset), or the test loss and metrics of your own task."""
     if summary.final_accuracy is not None:
         return f"test accuracy {summary.final_accuracy:.3f}"
-    if summary.final_loss is None or summary.final_loss != summary.final_loss:
+    if summary.final_loss is None:
         return "no test data"
     metrics = "".join(f", {k} {v:.4g}" for k, v in summary.details.get("test_metrics", {}).items())
     return f"test loss {summary.final_loss:.4g}{metrics}"
@@ -283,9 +283,10 @@ class RunNotices(TrainCallback):
             console.print(f"resumed {report.run_id} from step {report.details.get('step')}")
         elif report.kind == "shard_restored" and report.details.get("reason") == "diverged":
             d = report.details
-            _warn(f"training diverged (a non-finite loss at step {d.get('global_step')}): rolled back to step "
-                  f"{d.get('checkpoint_step')}, learning rate x{d.get('lr_scale', 1.0):g} from now on "
-                  f"(rollback {d.get('rollback')} of {d.get('max_rollbacks')})")
+            back = f"step {d.get('checkpoint_step')}, the newest stored checkpoint" if d.get("from_checkpoint") else \
+                f"the start of the run (step {d.get('checkpoint_step')}: no checkpoint was stored yet)"
+            _warn(f"training diverged ({d.get('why') or 'a non-finite loss'}): rolled back to {back}, learning rate "
+                  f"x{d.get('lr_scale', 1.0):g} from now on (rollback {d.get('rollback')} of {d.get('max_rollbacks')})")
         elif report.kind == "async_momentum":
             d = report.details
             Console(stderr=True, soft_wrap=True).print(

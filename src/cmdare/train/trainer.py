@@ -156,6 +156,12 @@ class Trainer:
     def _prepare(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], int]:
         """The starting parameters (fresh or resumed); the revocation source (fails fast on a bad model)."""
         self.storage.check_writable()  # a bad --storage fails here, before Ray starts
+        if not self.resuming:
+            stored = CheckpointStore(self.storage).steps()
+            if stored:  # a run of this id trained here before: a fresh start would rotate its checkpoints out
+                raise UserInputError(f"run {self.run_id} already has checkpoints in {self.storage.uri} (the newest "
+                                     f"of step {max(stored)}): resume it (--resume {self.run_id}, or resume=True) "
+                                     "or give another run id; nothing was changed")
         self.infos, params, momentum, buffers, step = initial_state(
             self.spec, self.run_id, self.storage, self.resume_from, self.resuming, self.resume_step)
         write_run_spec(self.storage, self.run_id, self.spec.to_dict())
