@@ -4,16 +4,13 @@ for a trace whose events are all at 0 and ``spot trace not found`` for ``/dev/ze
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from cmdare import cli
+from cli_inprocess import run_cmdare
 from cmdare.measure.spot_traces import (
     DATA_DIR,
     MAX_TRACE_BYTES,
@@ -68,27 +65,8 @@ def test_a_long_trace_is_read_in_one_pass():
     assert lifetimes.size == 50 + (n // 2 - 1) + 199_951 and not cens.any()
 
 
-def run(tmp_path, *args: str) -> tuple[int, str, str]:
-    """The real entry point in this process: (exit status, stdout, stderr)."""
-    old_argv, old_home = sys.argv, os.environ.get("CMDARE_HOME")
-    sys.argv, os.environ["CMDARE_HOME"] = ["cmdare", *args], str(tmp_path / "home")
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-    finally:
-        sys.argv = old_argv
-        if old_home is None:
-            os.environ.pop("CMDARE_HOME", None)
-        else:
-            os.environ["CMDARE_HOME"] = old_home
-    return code, out.getvalue(), err.getvalue()
-
-
 def _fit(tmp_path, trace: Path | str, offering: str = "aws:v100") -> tuple[int, str, str]:
-    return run(tmp_path, "models", "fit", "lifetimes", "--trace", str(trace), "--offering", offering)
+    return run_cmdare(tmp_path / "home", "models", "fit", "lifetimes", "--trace", str(trace), "--offering", offering)
 
 
 @pytest.mark.parametrize(("offering", "message"), [

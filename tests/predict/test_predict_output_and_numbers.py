@@ -4,40 +4,13 @@ step-time ... --output /proc/x.csv` ignored --output and exited 0)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
-import sys
-
 import pytest
 
-from cmdare import cli
+from cli_inprocess import one_error, run_cmdare
 
 
 def run(tmp_path, *args: str) -> tuple[int, str, str]:
-    """The real entry point ``cmdare.cli.main`` in this process: (exit status, stdout, stderr). An exception that
-    main() does not turn into an ``error:`` line propagates and fails the test."""
-    old_argv, old_home = sys.argv, os.environ.get("CMDARE_HOME")
-    sys.argv, os.environ["CMDARE_HOME"] = ["cmdare", *args], str(tmp_path / "home")
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-    finally:
-        sys.argv = old_argv
-        if old_home is None:
-            os.environ.pop("CMDARE_HOME", None)
-        else:
-            os.environ["CMDARE_HOME"] = old_home
-    return code, out.getvalue(), err.getvalue()
-
-
-def one_error(result: tuple[int, str, str], fragment: str) -> bool:
-    code, _, err = result
-    lines = err.strip().splitlines()
-    return code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
+    return run_cmdare(tmp_path / "home", *args)
 
 
 @pytest.mark.parametrize(("args", "fragment"), [
