@@ -26,7 +26,20 @@ if TYPE_CHECKING:
 
     from cmdare.datasets.base import Dataset
 
-__all__ = ["BatchStream", "MapSamples", "epoch_permutation", "take_batch"]
+__all__ = ["BatchError", "BatchStream", "MapSamples", "epoch_permutation", "take_batch"]
+
+
+class BatchError(UserInputError):
+    """A batch of the user's data could not be made: ``label`` names the dataset (``--dataset mypkg.data:make``),
+    ``detail`` says what failed (an item that raised or is None, items that do not collate, a length too large to
+    shuffle). The training step adds where it happened."""
+
+    def __init__(self, label: str, detail: str):
+        super().__init__(label, detail)
+        self.label, self.detail = label, detail
+
+    def __str__(self) -> str:
+        return f"{self.label}: {self.detail}"
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
@@ -58,15 +71,59 @@ class MapSamples:
         return len(self.dataset)
 
     def batch(self, idx: torch.Tensor) -> tuple[Any, Any]:
-        """Items ``idx`` collated into ``(inputs, targets)``."""
+        """Items ``idx`` collated into ``(inputs, targets)``.
+
+        Raises:
+            BatchError: an item raised or is None, the items do not collate, or a batch is no pair.
+        """
         from torch.utils.data import default_collate
 
-        items = [self.dataset[i] for i in idx.tolist()]
-        batch = (self.collate or default_collate)(items)
+        from cmdare.workloads.user_code import describe
+
+        items = []
+        for i in idx.tolist():
+            try:
+                item = self.dataset[i]
+            except (Exception, SystemExit) as err:  # noqa: BLE001 - the user's __getitem__: one line
+                raise BatchError(self.label, f"item {i} raised {describe(err)}") from None
+            if item is None:
+                raise BatchError(self.label, f"item {i} is None, not an (input, target) pair")
+            items.append(item)
+        try:
+            batch = (self.collate or default_collate)(items)
+        except (Exception, SystemExit) as err:  # noqa: BLE001 - items of different shapes or types: one line
+            which = _mismatch(items, idx.tolist()) or f"items {_some(idx)}"
+            raise BatchError(self.label, f"{which} could not be collated into a batch ({describe(err)})") from None
         if not isinstance(batch, tuple | list) or len(batch) != 2:
-            raise UserInputError(f"{self.label}: an item must be an (input, target) pair; a batch of them collated "
-                                 f"to {type(batch).__name__}")
+            raise BatchError(self.label, "an item must be an (input, target) pair; a batch of them collated "
+                             f"to {type(batch).__name__}")
         return batch[0], batch[1]
+
+
+def _mismatch(items: list[Any], indices: list[int]) -> str | None:
+    """``item 3's input has shape (16,), item 7's (8,)``: the first item whose input or target differs in shape
+    from the batch's first item (None: their shapes agree)."""
+    def shapes(item: Any) -> tuple[Any, Any] | None:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            return None
+        return tuple(getattr(item[0], "shape", ())), tuple(getattr(item[1], "shape", ()))
+
+    first = shapes(items[0])
+    for i, item in zip(indices[1:], items[1:], strict=True):
+        other = shapes(item)
+        if first is None or other is None:
+            return None
+        for part, a, b in (("input", first[0], other[0]), ("target", first[1], other[1])):
+            if a != b:
+                return f"item {i}'s {part} has shape {b}, item {indices[0]}'s {a}: items"
+    return None
+
+
+def _some(idx: torch.Tensor, shown: int = 4) -> str:
+    """The first indices of a batch: ``3, 17, 40, 2, ... (32 items)``."""
+    values = idx.tolist()
+    more = f", ... ({len(values)} items)" if len(values) > shown else ""
+    return ", ".join(map(str, values[:shown])) + more
 
 
 class BatchStream(Iterator[tuple["torch.Tensor", "torch.Tensor"]]):
@@ -156,7 +213,14 @@ class BatchStream(Iterator[tuple["torch.Tensor", "torch.Tensor"]]):
 
         epoch, b = divmod(position, self.batches_per_epoch)
         if epoch != self._epoch_cached:
-            perm = epoch_permutation(self.num_samples, self.seed, epoch)
+            try:
+                perm = epoch_permutation(self.num_samples, self.seed, epoch)
+            except (MemoryError, ValueError) as err:  # a __len__ of 1e12: 7.3 TiB of indices
+                from cmdare.workloads.user_code import describe
+
+                label = self.samples.label if isinstance(self.samples, MapSamples) else "the dataset"
+                raise BatchError(label, f"its length {self.num_samples:,} is too large to shuffle in memory "
+                                 f"({describe(err)})") from None
             self._shard = torch.from_numpy(perm[self.worker_index :: self.num_workers].astype(np.int64))
             self._epoch_cached = epoch
         assert self._shard is not None

@@ -8,7 +8,11 @@
 
 Both give the same interface, and the engine uses only it: a worker's batches come from
 :meth:`Task.stream` (the deterministic sharding of :class:`~cmdare.datasets.BatchStream`, for any map-style
-dataset too), its loss from :meth:`Task.loss_of`, the chief's evaluation from :meth:`Task.evaluate`.
+dataset too), each training step's loss from :meth:`Task.step_loss` and its gradient from :meth:`Task.backward`,
+the chief's evaluation from :meth:`Task.evaluate`. Each calls the user's code so that whatever it raises (or a
+``sys.exit``) is one :class:`~cmdare.errors.UserInputError` naming the part (``--model``, ``--dataset``,
+``--loss``, ``--metric``) and the step; :meth:`Task.check` runs one whole step on the driver before anything
+starts, each call bounded in time (:mod:`cmdare.workloads.user_code`).
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cmdare.datasets import BatchStream, MapSamples, list_datasets, load_dataset
-from cmdare.datasets.sharding import take_batch
+from cmdare.datasets.sharding import BatchError, take_batch
 from cmdare.errors import UnknownNameError, UserInputError
 from cmdare.tasks.parts import loss_function, metric_function, part_name, resolve_part
 from cmdare.workloads.import_path import call_with, is_import_path
+from cmdare.workloads.user_code import describe, run_bounded
 
 if TYPE_CHECKING:
     import torch
@@ -57,6 +62,12 @@ class Task:
     loss: Callable[[Any, Any], Any]
     metric: Callable[[Any, Any], Any] | None
     loss_label: str = "the loss"
+    metric_label: str = "the metric"
+
+    @property
+    def model_label(self) -> str:
+        """``--model NAME``: how errors name the model."""
+        return f"--model {self.model_name}"
 
     def stream(self, slot: int, num_slots: int, batch_size: int, seed: int, start_batch: int = 0) -> BatchStream:
         """Data slot ``slot``'s batches (a pure function of the arguments: a resume continues the same order)."""
@@ -72,8 +83,8 @@ class Task:
         batches = BatchStream(self.train, 0, 1, batch_size, seed + CALIBRATION_SEED)
         return recompute_batch_norm(model, batches, count, device, seed)
 
-    def loss_of(self, output: Any, target: Any) -> torch.Tensor:
-        """The batch's loss, refused unless it is a scalar tensor.
+    def loss_of(self, output: Any, target: Any, at: str = "") -> torch.Tensor:
+        """The batch's loss, refused unless it is a floating-point scalar tensor (``at``: `` at step N``).
 
         Raises:
             UserInputError: the loss returned something else.
@@ -81,13 +92,68 @@ class Task:
         import torch
 
         loss = self.loss(output, target)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
-            raise UserInputError(f"{self.loss_label} returned {what}, not a scalar: reduce it (e.g. .mean())")
+            raise UserInputError(f"{self.loss_label}{at} returned {what}, not a scalar: reduce it (e.g. .mean())")
+        if not loss.is_floating_point():
+            raise UserInputError(f"{self.loss_label}{at} returned a scalar of dtype "
+                                 f"{str(loss.dtype).removeprefix('torch.')}, an integer tensor: a loss to train on is "
+                                 "a floating-point tensor computed from the model's output (it has a gradient)")
         return loss.reshape(())
 
+    def step_loss(self, model: torch.nn.Module, stream: BatchStream, device: Any, step: int) -> torch.Tensor:
+        """One training step's loss: the next batch of ``stream`` moved to ``device``, the forward pass, the loss.
+
+        Raises:
+            UserInputError: the data, the model or the loss failed (one line naming it and ``step``).
+        """
+        at = f" at step {step}"
+        x, y = self._batch(stream, at)
+        x, y = _to(x, device), _to(y, device)
+        out = self._call(lambda: model(x), f"{self.model_label}{at}: the forward pass failed on a batch of the "
+                                            "dataset")
+        return self._call(lambda: self.loss_of(out, y, at), f"{self.loss_label}{at} failed")
+
+    def backward(self, model: torch.nn.Module, loss: torch.Tensor, step: int | None = None) -> None:
+        """``loss.backward()``; a loss with no gradient is said in words (a model whose parameters are all frozen,
+        or a loss that does not depend on the output).
+
+        Raises:
+            UserInputError: no gradient, or the backward pass failed (one line naming the part and ``step``).
+        """
+        at = "" if step is None else f" at step {step}"
+        if not loss.requires_grad:
+            if not any(p.requires_grad for p in model.parameters()):
+                raise UserInputError(f"{self.model_label}{at}: none of its parameters requires a gradient "
+                                     "(requires_grad=False): there is nothing to train")
+            raise UserInputError(f"{self.loss_label}{at} returned a loss with no gradient: it does not depend on the "
+                                 "model's output (compute it from the output with torch operations)")
+        self._call(loss.backward, f"{self.model_label}{at}: the backward pass failed")
+
+    def time_step(self, model: torch.nn.Module, batch_size: int, seed: int, repeats: int = 3) -> float:
+        """Seconds one training step of ``model`` takes on this process (forward, loss, backward on a batch of
+        ``batch_size``; the median of ``repeats`` after one to warm up), torch's random state left as it was."""
+        import time
+
+        import torch
+
+        stream = self.stream(0, 1, batch_size, seed)
+        times = []
+        with torch.random.fork_rng(devices=[]):
+            model.train()
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                self.backward(model, self.step_loss(model, stream, "cpu", 0))
+                times.append(time.perf_counter() - t0)
+        model.zero_grad(set_to_none=True)
+        return sorted(times[1:])[len(times[1:]) // 2]
+
     def evaluate(self, model: torch.nn.Module, device: Any, max_samples: int | None = None) -> Evaluation:
-        """``model``'s mean loss and metrics over the test data (its first ``max_samples``), batch by batch."""
+        """``model``'s mean loss and metrics over the test data (its first ``max_samples``), batch by batch.
+
+        Raises:
+            UserInputError: the test data, the model, the loss or the metric failed (one line naming it).
+        """
         import torch
 
         if self.test is None:
@@ -96,28 +162,37 @@ class Task:
         n = min(n, max_samples) if max_samples else n
         totals: dict[str, float] = {}
         loss_sum = 0.0
+        at = " on the test data"
         with torch.no_grad():
             for lo in range(0, n, EVAL_BATCH):
-                x, y = take_batch(self.test, torch.arange(lo, min(n, lo + EVAL_BATCH)))
+                idx = torch.arange(lo, min(n, lo + EVAL_BATCH))
+                x, y = self._call(lambda i=idx: take_batch(self.test, i), f"{_data_label(self.test)}: a batch failed")
                 x, y = _to(x, device), _to(y, device)
-                out, size = model(x), min(n, lo + EVAL_BATCH) - lo
-                loss_sum += float(self.loss_of(out, y)) * size
-                for name, value in _metrics(self.metric, out, y).items():
-                    totals[name] = totals.get(name, 0.0) + value * size
+                out = self._call(lambda x=x: model(x), f"{self.model_label}{at}: the forward pass failed")
+                loss = self._call(lambda o=out, t=y: self.loss_of(o, t, at), f"{self.loss_label}{at} failed")
+                loss_sum += float(loss) * len(idx)
+                for name, value in self._call(lambda o=out, t=y: _metrics(self.metric, o, t),
+                                              f"{self.metric_label}{at} failed").items():
+                    totals[name] = totals.get(name, 0.0) + value * len(idx)
         return Evaluation(loss_sum / max(n, 1), {k: v / max(n, 1) for k, v in totals.items()}, n)
 
     def check(self, batch_size: int, num_slots: int, seed: int) -> None:
-        """Build the model and run one batch through it, the loss and the metric on this process, so that a
-        mistake in the user's code is one line here rather than a failing worker later.
+        """Build the model and run one training step's batch through it, the loss, the backward pass and the
+        metric on this process, each call bounded in time, so that a mistake in the user's code is one line here
+        rather than a failing worker later.
 
         Raises:
-            UserInputError: a slot gets no whole batch, the model's parameters are not float32, the forward
-                pass, the loss or the metric fails, or the loss is not a scalar.
+            UserInputError: a slot gets no whole batch, the model's parameters are not float32, the data, the
+                forward pass, the loss, the backward pass or the metric fails (or does not return in time), or
+                the loss is not a floating-point scalar with a gradient.
         """
         import torch
         import torch.nn.functional as F
 
-        x, y = next(self.stream(0, num_slots, batch_size, seed))
+        stream = self.stream(0, num_slots, batch_size, seed)
+        data = _data_label(self.train)
+        x, y = run_bounded(lambda: self._call(lambda: next(stream), f"{data}: its first batch failed", interrupt=True),
+                           f"{data}: its first batch")
         if self.loss is F.cross_entropy and isinstance(y, torch.Tensor) and y.is_floating_point():
             raise UserInputError("the dataset's targets are floating-point numbers and the default loss, "
                                  "cross-entropy, wants class labels: pass your loss (e.g. --loss "
@@ -126,22 +201,44 @@ class Task:
         odd = [(n, p.dtype) for n, p in model.named_parameters() if p.dtype != torch.float32]
         if odd:
             name, dtype = odd[0]
-            raise UserInputError(f"--model {self.model_name}: parameter {name} is {str(dtype).removeprefix('torch.')}; "
+            raise UserInputError(f"{self.model_label}: parameter {name} is {str(dtype).removeprefix('torch.')}; "
                                  "the parameter shards hold float32 only: build the model in float32 (model.float())")
+        out = run_bounded(lambda: self._call(lambda: model(x), f"{self.model_label}: the forward pass failed on a "
+                                             "batch of the dataset", interrupt=True),
+                          f"{self.model_label}: the forward pass on a batch of the dataset")
+        loss = run_bounded(lambda: self._call(lambda: self.loss_of(out, y), f"{self.loss_label} failed on a batch",
+                                              interrupt=True), self.loss_label)
+        run_bounded(lambda: self._call(lambda: self.backward(model, loss), "the backward pass failed", interrupt=True),
+                    f"{self.model_label}: the backward pass")
+        detached = out.detach() if isinstance(out, torch.Tensor) else out
+        run_bounded(lambda: self._call(lambda: _metrics(self.metric, detached, y), f"{self.metric_label} failed on a "
+                                       "batch", interrupt=True), self.metric_label)
+
+    def _batch(self, stream: BatchStream, at: str) -> tuple[Any, Any]:
+        """``next(stream)``; a failure of the user's data names the dataset and where."""
         try:
-            with torch.no_grad():
-                out = model(x)
-        except Exception as err:  # noqa: BLE001 - the user's forward pass failed on the user's data: one line
-            raise UserInputError(f"--model {self.model_name}: the forward pass failed on a batch of the dataset "
-                                 f"({type(err).__name__}: {_first_line(err)})") from None
-        try:
-            self.loss_of(out, y)
-            _metrics(self.metric, out, y)
+            return next(stream)
+        except BatchError as err:
+            raise UserInputError(f"{err.label}{at}: {err.detail}") from None
         except UserInputError:
             raise
-        except Exception as err:  # noqa: BLE001 - the user's loss or metric failed: one line
-            raise UserInputError(f"{self.loss_label} or the metric failed on a batch ({type(err).__name__}: "
-                                 f"{_first_line(err)})") from None
+        except (Exception, SystemExit) as err:  # noqa: BLE001 - the user's data: one line
+            raise UserInputError(f"{_data_label(stream.samples)}{at}: batch {stream.position - 1} failed "
+                                 f"({describe(err)})") from None
+
+    @staticmethod
+    def _call(fn: Callable[[], Any], failed: str, interrupt: bool = False) -> Any:
+        """``fn()``; what the user's code raises (``SystemExit`` too; ``KeyboardInterrupt`` with ``interrupt``:
+        raised in a helper thread, it is the code's own) becomes one line: ``failed (Error: message)``; an
+        error already said in words (a ``UserInputError``) stays as it is."""
+        kinds: tuple[type[BaseException], ...] = (Exception, SystemExit, KeyboardInterrupt) if interrupt else (
+            Exception, SystemExit)
+        try:
+            return fn()
+        except UserInputError:
+            raise
+        except kinds as err:  # noqa: BLE001 - the user's code failed: one line
+            raise UserInputError(f"{failed} ({describe(err)})") from None
 
 
 def is_builtin_dataset(dataset: Any) -> bool:
@@ -165,12 +262,14 @@ def build_task(model: Any, dataset: Any, *, loss: Any = None, metric: Any = None
     loss_fn = loss_function(loss)
     loss_label = f"--loss {part_name(loss)}" if loss is not None else "the loss (cross-entropy)"
     metric_fn = metric_function(metric)
+    labels = {"loss_label": loss_label, "metric_label": f"--metric {part_name(metric)}" if metric is not None
+              else "the metric (accuracy)" if is_builtin_dataset(dataset) else "the metric"}
     name = part_name(model)
     if is_builtin_dataset(dataset):
         data = load_dataset(dataset, data_dir, image_size=image_size, channels=channels, seed=seed)
         classes, in_channels = data.num_classes, data.input_shape[0]
         return Task(name, lambda: _model(model, name, classes, in_channels), (data.train_x, data.train_y),
-                    (data.test_x, data.test_y), loss_fn, metric_fn if metric is not None else _accuracy, loss_label)
+                    (data.test_x, data.test_y), loss_fn, metric_fn if metric is not None else _accuracy, **labels)
     if isinstance(dataset, str) and not is_import_path(dataset):
         raise UnknownNameError("dataset", dataset, list_datasets())
     train, test = _user_data(dataset, data_dir, seed)
@@ -183,8 +282,8 @@ def build_task(model: Any, dataset: Any, *, loss: Any = None, metric: Any = None
 
         x, _ = train.batch(torch.arange(1))
         return Task(name, lambda: build_model(model, classes, int(x.shape[1])), train, test, loss_fn, metric_fn,
-                    loss_label)
-    return Task(name, lambda: _model(model, name, None, None), train, test, loss_fn, metric_fn, loss_label)
+                    **labels)
+    return Task(name, lambda: _model(model, name, None, None), train, test, loss_fn, metric_fn, **labels)
 
 
 def _model(model: Any, name: str, classes: int | None, in_channels: int | None) -> torch.nn.Module:
@@ -227,9 +326,13 @@ def _samples(obj: Any, label: str, split: str) -> MapSamples:
     if not _map_style(obj):
         raise UserInputError(f"{label}: the {split} data is a {type(obj).__name__}, not a map-style dataset "
                              "(a torch.utils.data.Dataset with __len__ and __getitem__)")
-    if len(obj) == 0:
+    try:
+        n = len(obj)
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - the user's __len__ failed: one line
+        raise UserInputError(f"{label}: the {split} dataset's __len__ failed ({describe(err)})") from None
+    if n == 0:
         raise UserInputError(f"{label}: the {split} dataset is empty (length 0)")
-    return MapSamples(obj, collate, label)
+    return MapSamples(obj, collate, label if split == "training" else f"{label} (its {split} data)")
 
 
 def _map_style(obj: Any) -> bool:
@@ -267,5 +370,6 @@ def _metrics(metric: Callable[[Any, Any], Any] | None, out: Any, target: Any) ->
                              "(the batch mean)") from None
 
 
-def _first_line(err: BaseException) -> str:
-    return str(err).splitlines()[0] if str(err) else ""
+def _data_label(data: Any) -> str:
+    """How errors name ``data``: a user's dataset by its option (``--dataset mypkg.data:make``)."""
+    return data.label if isinstance(data, MapSamples) else "the dataset"

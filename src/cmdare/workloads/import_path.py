@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cmdare.errors import UserInputError
+from cmdare.workloads.user_code import UserCodeTimeout, describe, run_bounded
 
 __all__ = ["build_from_path", "call_with", "is_import_path", "load_factory", "load_object", "where"]
 
@@ -42,9 +43,8 @@ def load_object(path: str, option: str = "--model") -> Any:
     module_name, _, attr = path.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
-    except Exception as err:  # noqa: BLE001 - any import failure of user code is the user's to see, in one line
-        raise UserInputError(f"{option} {path}: cannot import {module_name} {where()} "
-                             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - any failure of user code (sys.exit too), in one line
+        raise UserInputError(f"{option} {path}: cannot import {module_name} {where()} ({describe(err)})") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise UserInputError(f"{option} {path}: {module_name} has no {attr} {where()}")
@@ -66,10 +66,12 @@ def load_factory(path: str, option: str = "--model") -> Callable[..., Any]:
 
 def call_with(factory: Callable[..., Any], label: str, **available: Any) -> Any:
     """``factory(**kwargs)`` with those of ``available`` its signature takes (all of them for ``**kwargs``);
-    ``label`` (``--model mypkg.models:build``) names it when it raises.
+    ``label`` (``--model mypkg.models:build``) names it when it fails. It runs bounded in time
+    (:func:`~cmdare.workloads.user_code.run_bounded`).
 
     Raises:
-        UserInputError: the factory raised (one line: the error's type and first line, and the node).
+        UserInputError: the factory raised, called ``sys.exit``, raised ``KeyboardInterrupt`` or did not return
+            in time (one line: what happened, and the node).
     """
     try:
         params = inspect.signature(factory).parameters
@@ -78,10 +80,12 @@ def call_with(factory: Callable[..., Any], label: str, **available: Any) -> Any:
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in available.items() if takes_all or k in params}
     try:
-        return factory(**kwargs)
-    except Exception as err:  # noqa: BLE001 - the user's factory failed: say so in one line
-        raise UserInputError(f"{label}: the factory raised {type(err).__name__}: "
-                             f"{str(err).splitlines()[0] if str(err) else ''} {where()}") from None
+        return run_bounded(lambda: factory(**kwargs), f"{label}: the factory {where()}")
+    except UserCodeTimeout:
+        raise
+    except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - raised in the helper thread: the
+        how = "called" if isinstance(err, SystemExit) else "raised"  # factory's own, never a Ctrl-C
+        raise UserInputError(f"{label}: the factory {how} {describe(err)} {where()}") from None
 
 
 def build_from_path(path: str, num_classes: int, in_channels: int) -> Any:
