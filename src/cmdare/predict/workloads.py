@@ -190,17 +190,24 @@ def profiled_features(name: str, input_shape: tuple[int, ...] = CIFAR_SHAPE) -> 
     momentum (float32), as the measured networks' checkpoints hold."""
     from cmdare.workloads.profile import profile_model
 
-    return _features(name, profile_model(name, input_shape))
+    return profile_features(name, profile_model(name, input_shape))
 
 
-def module_features(name: str, module: Any, input_shape: tuple[int, ...]) -> WorkloadFeatures:
-    """Features of a built ``module`` (your model, as a run builds it) at one sample's ``input_shape``."""
+def module_features(name: str, module: Any, input_shape: tuple[int, ...], sample: Any = None) -> WorkloadFeatures:
+    """Features of a built ``module`` (your model, as a run builds it) at one sample's ``input_shape``; with
+    ``sample`` (a batch of one sample of its data), profiled on that dtype, or on that sample where the meta
+    trace fails (:func:`cmdare.workloads.profile_model`).
+
+    Raises:
+        ProfileError: no forward pass of the model could be counted.
+    """
     from cmdare.workloads.profile import profile_model
 
-    return _features(name, profile_model(module, input_shape))
+    return profile_features(name, profile_model(module, input_shape, sample=sample))
 
 
-def _features(name: str, p: Any) -> WorkloadFeatures:
+def profile_features(name: str, p: Any) -> WorkloadFeatures:
+    """The features of a :class:`~cmdare.workloads.WorkloadProfile`, as the performance models use them."""
     checkpoint_mb = 2 * 4 * p.num_params / 1e6  # parameters and momentum, float32; to 10 kB as published, a tiny
     checkpoint_mb = round(checkpoint_mb, 2) if checkpoint_mb >= 0.01 else checkpoint_mb  # model's kept exact
     return WorkloadFeatures(name, name, float(p.flops_per_sample_train), p.num_params, p.num_tensors,

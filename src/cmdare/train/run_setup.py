@@ -3,6 +3,7 @@ policy kernels and, in local emulation, the emulated clock."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,6 @@ from cmdare.control import (
     RunConfig,
     RunController,
 )
-from cmdare.errors import CmdareError
 from cmdare.train.gpu_speeds import catalog_offers, step_time_s
 from cmdare.train.spec import TrainSpec
 
@@ -58,21 +58,38 @@ class EmulatedStepTimes(Mapping[str, float]):
         return len(self._known)
 
 
-def run_workload(spec: TrainSpec) -> str | WorkloadFeatures:
+def run_workload(spec: TrainSpec) -> tuple[str | WorkloadFeatures, float | None]:
     """What the step-time model predicts the run's steps for: the model's name on a built-in dataset (the zoo's
-    networks at their measured or profiled features); your own model profiled on one sample of your data."""
+    networks at their measured or profiled features); your own model profiled on one sample of your data (traced
+    with its dtype, or counted on that real sample where the trace fails). A model that cannot be profiled at
+    all has its step time measured on this machine: the second value, the emulated seconds per step (else None).
+    Either fallback is said on stderr in one line."""
     from cmdare.tasks import is_builtin_dataset
 
     if is_builtin_dataset(spec.dataset):
-        return spec.model_name
-    from cmdare.predict.workloads import module_features
+        return spec.model_name, None
+    from cmdare.predict.workloads import profile_features
+    from cmdare.workloads.profile import SAMPLE, ProfileError, profile_model
 
     task = spec.task()
     x, _ = next(task.stream(0, 1, 1, spec.seed))
+    model = task.build()
+    shape = tuple(x.shape[1:]) if hasattr(x, "shape") else ()  # an input that is no tensor: the sample tells
     try:
-        return module_features(spec.model_name, task.build(), tuple(x.shape[1:]))
-    except CmdareError:  # the profiler cannot follow this network: the default step time
-        return spec.model_name
+        profile = profile_model(model, shape, sample=x)
+    except ProfileError as err:
+        step_s = task.time_step(model, spec.batch_size, spec.seed)
+        _note(f"--model {spec.model_name} cannot be profiled ({err}): its step time was measured instead, "
+              f"{step_s:.4g} s on this machine, and emulated servers of every GPU type take that long a step")
+        return spec.model_name, step_s
+    if profile.basis == SAMPLE:
+        _note(f"--model {spec.model_name} cannot be traced on the meta device (without arithmetic): its FLOPs "
+              "were counted on a real sample of its data")
+    return profile_features(spec.model_name, profile), None
+
+
+def _note(text: str) -> None:
+    print(f"note: {' '.join(text.split())}", file=sys.stderr, flush=True)
 
 
 def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool, checkpoints: str = "",
@@ -88,9 +105,16 @@ def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool, c
         replacement_timeout_s=spec.replacement_timeout_s if real else None, start_timeout_s=START_TIMEOUT_S,
         probe_after_s=max(PROBE_AFTER_S, 40 * spec.chunk_s), stuck_after_s=STUCK_AFTER_S,
         max_rollbacks=spec.max_rollbacks(), rollback_lr_scale=spec.rollback_lr_scale,
-        step_s=EmulatedStepTimes(run_workload(spec) if plan.step_s is None else spec.model_name, plan.step_s,
-                                 tuple(spec.slot_gpus())), run_id=run_id,
+        step_s=_step_times(spec, plan), run_id=run_id,
         checkpoints=checkpoints, resumed_from=resumed_from)
+
+
+def _step_times(spec: TrainSpec, plan: RevocationPlan) -> EmulatedStepTimes:
+    """``step=`` of ``--revocations`` for every GPU type; else the step-time model's for the run's workload,
+    or the step time measured here for a model that cannot be profiled."""
+    workload, measured_s = run_workload(spec) if plan.step_s is None else (spec.model_name, None)
+    return EmulatedStepTimes(workload, plan.step_s if plan.step_s is not None else measured_s,
+                             tuple(spec.slot_gpus()))
 
 
 def build_controller(spec: TrainSpec, plan: RevocationPlan, source: RevocationSource, run_id: str,

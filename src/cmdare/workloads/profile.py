@@ -1,11 +1,12 @@
 """Workload profiler: FLOPs, parameters, tensor sizes and checkpoint bytes of a model.
 
-FLOPs are counted with forward hooks on ``Conv2d``, ``Linear`` and ``BatchNorm`` modules, one
-multiply-add = 2 FLOPs: a convolution counts ``2 * (C_in / groups) * k_h * k_w`` per output element
-(+1 with a bias), a linear layer ``2 * in_features`` per output (+1 with a bias), a batch norm 2 per
-element (its folded scale and shift). Activations, pooling, residual additions and the Shake-Shake
-mix are not counted (they are a few percent at most). The hooked forward runs on the ``meta``
-device and named models are built there, so profiling even the largest model costs no arithmetic.
+FLOPs are counted per layer, one multiply-add = 2 FLOPs (:mod:`cmdare.workloads.flops`: convolutions, linear,
+batch-norm, recurrent and attention layers by formula, any other matrix product by torch's flop counter). The
+forward runs on the ``meta`` device and named models are built there, so profiling even the largest model costs
+no arithmetic. A model the meta trace cannot follow (``.item()`` on a mask, control flow on values, an
+operation with no meta kernel) is counted on one real sample instead: a sample of its data where the caller has
+one, else zeros of the input shape (as float32, then as int64 token ids); :attr:`WorkloadProfile.basis` says
+which, and :class:`ProfileError` what failed when nothing could be counted.
 
 Training FLOPs use the usual convention backward ~= 2 x forward, so ``flops_per_sample_train =
 3 * flops_per_sample_forward``. (Tensor2Tensor's "Model FLOPs" in the CM-DARE data follow the same
@@ -27,13 +28,17 @@ from typing import TYPE_CHECKING, Any
 from cmdare.errors import UserInputError
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from cmdare.workloads.specs import ModelSpec
 
-__all__ = ["WorkloadProfile", "count_flops_forward", "profile_model"]
+__all__ = ["ProfileError", "WorkloadProfile", "count_flops_forward", "profile_model"]
 
 _MIB = float(2**20)
+
+#: How a profile's FLOPs were counted (:attr:`WorkloadProfile.basis`).
+META, SAMPLE, ZEROS = "meta", "sample", "zeros"
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,9 @@ class WorkloadProfile:
     avg_tensor_mb: float
     max_tensor_mb: float
     checkpoint_bytes: int
+    # how the FLOPs were counted: "meta" (traced, no arithmetic), "sample" (one real sample of the model's data),
+    # "zeros" (a real input of zeros of the shape: the meta trace could not follow the model)
+    basis: str = META
 
     @property
     def param_bytes(self) -> int:
@@ -66,6 +74,10 @@ class WorkloadProfile:
     def from_dict(cls, data: dict[str, Any]) -> WorkloadProfile:
         """The profile :meth:`to_dict` wrote."""
         return cls(**{**data, "input_shape": tuple(data["input_shape"])})
+
+
+class ProfileError(UserInputError):
+    """Raised when no forward pass of a model could be counted: the message says what the last try raised."""
 
 
 class _ByteCounter(io.RawIOBase):
@@ -101,15 +113,16 @@ def _check_shape(input_shape: Any, image: bool = True) -> tuple[int, ...]:
     return shape
 
 
-def count_flops_forward(model: nn.Module, input_shape: tuple[int, int, int]) -> int:
-    """Forward FLOPs for one sample (see the module docstring for what counts).
+def count_flops_forward(model: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Forward FLOPs for one float32 sample of ``input_shape`` (see :mod:`cmdare.workloads.flops`), traced on
+    the ``meta`` device: a model not already there is copied there first, so the caller's model is untouched
+    and nothing is computed."""
+    import torch
 
-    A model not already on the ``meta`` device is copied there first, so the caller's model is
-    untouched and nothing is computed.
-    """
+    from cmdare.workloads.flops import count_forward
 
     meta = model if _on_meta(model) else copy.deepcopy(model).to("meta")
-    return _count_on_meta(meta, input_shape)
+    return count_forward(meta, torch.empty((1, *input_shape), device="meta"))
 
 
 def _on_meta(model: nn.Module) -> bool:
@@ -117,47 +130,66 @@ def _on_meta(model: nn.Module) -> bool:
     return bool(tensors) and all(t.is_meta for t in tensors)
 
 
-def _count_on_meta(meta: nn.Module, input_shape: tuple[int, int, int]) -> int:
+def _count_module(model: nn.Module, shape: tuple[int, ...], sample: Any = None) -> tuple[int, str]:
+    """FLOPs of one sample and how they were counted (``basis``): traced on the meta device with the input's
+    dtype (the sample's; else float32, then int64 token ids), else run for real on a copy of the model on one
+    sample (``sample``; else zeros of ``shape``, float32 then int64), with torch's random state left as it was.
+
+    Raises:
+        ProfileError: every try failed (the message names the real run's failure).
+    """
     import torch
-    from torch import nn
 
-    total = 0
+    from cmdare.workloads.flops import count_forward
 
-    def conv_hook(mod: nn.Conv2d, _inp: Any, out: torch.Tensor) -> None:
-        nonlocal total
-        k = mod.kernel_size[0] * mod.kernel_size[1] * (mod.in_channels // mod.groups)
-        total += out.numel() * (2 * k + (1 if mod.bias is not None else 0))
+    if sample is not None:
+        metas = [_meta_like(sample)] if isinstance(sample, torch.Tensor) else []
+        reals = [(sample, SAMPLE, "a real sample of its data")]
+    else:
+        metas = [torch.empty((1, *shape), dtype=t, device="meta") for t in (torch.float32, torch.int64)]
+        reals = [(torch.zeros((1, *shape), dtype=t), ZEROS, f"a real {str(t).removeprefix('torch.')} input of zeros")
+                 for t in (torch.float32, torch.int64)]
+    failures: list[tuple[str, BaseException]] = []
+    for x in metas:
+        try:
+            meta = model if _on_meta(model) else copy.deepcopy(model).to("meta")
+            return count_forward(meta, x), META
+        except Exception as err:  # noqa: BLE001 - the user's network does not trace: try for real
+            failures.append(("the meta device", err))
+    if _on_meta(model):
+        raise ProfileError(_failure(failures))
+    with torch.random.fork_rng(devices=[]):
+        for x, basis, label in reals:
+            try:
+                return count_forward(copy.deepcopy(model), x), basis
+            except Exception as err:  # noqa: BLE001 - the user's network fails on this input: say so
+                failures.append((label, err))
+    raise ProfileError(_failure(failures))
 
-    def linear_hook(mod: nn.Linear, _inp: Any, out: torch.Tensor) -> None:
-        nonlocal total
-        total += out.numel() * (2 * mod.in_features + (1 if mod.bias is not None else 0))
 
-    def bn_hook(_mod: nn.Module, _inp: Any, out: torch.Tensor) -> None:
-        nonlocal total
-        total += 2 * out.numel()
+def _meta_like(sample: torch.Tensor) -> torch.Tensor:
+    import torch
 
-    handles = []
-    for mod in meta.modules():
-        if isinstance(mod, nn.Conv2d):
-            handles.append(mod.register_forward_hook(conv_hook))
-        elif isinstance(mod, nn.Linear):
-            handles.append(mod.register_forward_hook(linear_hook))
-        elif isinstance(mod, nn.modules.batchnorm._BatchNorm):
-            handles.append(mod.register_forward_hook(bn_hook))
-    was_training = meta.training
-    meta.eval()
-    try:
-        with torch.no_grad():
-            meta(torch.empty((1, *input_shape), device="meta"))
-    finally:
-        meta.train(was_training)
-        for h in handles:
-            h.remove()
-    return int(total)
+    return torch.empty(sample.shape, dtype=sample.dtype, device="meta")
+
+
+def _failure(failures: list[tuple[str, BaseException]]) -> str:
+    """What failed, in one line: the real run's error (one that is not about the input's dtype where there is
+    one), else the meta trace's."""
+    real = [(label, err) for label, err in failures if not label.startswith("the meta device")] or failures
+    label, err = next(((lb, e) for lb, e in real if not _dtype_complaint(e)), real[0])
+    first = str(err).splitlines()[0] if str(err) else ""
+    return f"its forward pass fails on {label} ({type(err).__name__}: {first})"
+
+
+def _dtype_complaint(err: BaseException) -> bool:
+    text = str(err)
+    return "scalar type" in text or "dtype" in text or "Long, Int" in text
 
 
 def _profile_module(
-    name: str, model: nn.Module, shape: tuple[int, int, int], num_classes: int, flops_forward: int | None = None
+    name: str, model: nn.Module, shape: tuple[int, ...], num_classes: int, flops_forward: int | None = None,
+    sample: Any = None,
 ) -> WorkloadProfile:
     import torch
 
@@ -166,7 +198,7 @@ def _profile_module(
     num_params = sum(p.numel() for p in params)
     sink = _ByteCounter()
     torch.save(model.state_dict(), sink)
-    fwd = count_flops_forward(model, shape) if flops_forward is None else flops_forward
+    fwd, basis = (flops_forward, META) if flops_forward is not None else _count_module(model, shape, sample)
     return WorkloadProfile(
         name=name,
         input_shape=shape,
@@ -178,6 +210,7 @@ def _profile_module(
         avg_tensor_mb=(sum(sizes_bytes) / len(params) / _MIB) if params else 0.0,
         max_tensor_mb=(max(sizes_bytes) / _MIB) if params else 0.0,
         checkpoint_bytes=sink.num_bytes,
+        basis=basis,
     )
 
 
@@ -185,39 +218,45 @@ def _profile_module(
 def _profile_by_name(name: str, shape: tuple[int, int, int], num_classes: int) -> WorkloadProfile:
     import torch
 
+    from cmdare.workloads.flops import count_forward
     from cmdare.workloads.registry import build_model
 
     # Build on the meta device (no initialisation cost, no RNG use), count FLOPs there, then give the
     # model real but uninitialised CPU storage: the state_dict then has exactly the trained model's bytes.
     with torch.device("meta"):
         model = build_model(name, num_classes=num_classes, in_channels=shape[0])
-    fwd = _count_on_meta(model, shape)
+    fwd = count_forward(model, torch.empty((1, *shape), device="meta"))
     model = model.to_empty(device="cpu")
     return _profile_module(name, model, shape, num_classes, flops_forward=fwd)
 
 
 def profile_model(
-    name_or_module: str | nn.Module, input_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10
+    name_or_module: str | nn.Module, input_shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10,
+    *, sample: Any = None,
 ) -> WorkloadProfile:
     """Profile a registered model by name (cached) or a given module (not cached).
 
     Args:
         name_or_module: a name from :func:`~cmdare.workloads.list_models` or a ``torch.nn.Module``.
-        input_shape: ``(C, H, W)`` of one sample; ``C`` is also the model's ``in_channels``.
+        input_shape: ``(C, H, W)`` of one sample; ``C`` is also the model's ``in_channels``. Your own model
+            (an import path or a module): any shape of one sample.
         num_classes: classifier outputs (for a name; a module keeps its own).
+        sample: for a module, a batch of one sample of its data (whatever its forward takes): traced with
+            that dtype, and run for real on it where the trace fails (:attr:`WorkloadProfile.basis`).
 
     Returns:
         A frozen :class:`WorkloadProfile`.
 
     Raises:
         UnknownNameError: unknown model name.
-        UserInputError: a malformed ``input_shape`` (needs C, H, W with H, W >= 8).
+        UserInputError: a malformed ``input_shape`` (needs C, H, W with H, W >= 8 for the zoo).
+        ProfileError: no forward pass of the model could be counted (the message says why).
     """
     from cmdare.workloads.import_path import is_import_path
 
     if not isinstance(name_or_module, str):
-        shape = _check_shape(input_shape, image=False)
-        return _profile_module(type(name_or_module).__name__, name_or_module, shape, num_classes)
+        shape = () if sample is not None and not input_shape else _check_shape(input_shape, image=False)
+        return _profile_module(type(name_or_module).__name__, name_or_module, shape, num_classes, sample=sample)
     from cmdare.workloads.families import builtin_model_names
     from cmdare.workloads.registry import check_model_name
     from cmdare.workloads.specs import MODELS
@@ -234,16 +273,15 @@ def profile_model(
 
 
 @functools.lru_cache(maxsize=64)
-def _path_profile(path: str, shape: tuple[int, int, int], num_classes: int) -> WorkloadProfile:
+def _path_profile(path: str, shape: tuple[int, ...], num_classes: int) -> WorkloadProfile:
     from cmdare.workloads.registry import build_model
 
     model = build_model(path, num_classes, shape[0])
     try:
         return _profile_module(path, model, shape, num_classes)
-    except Exception as err:  # noqa: BLE001 - the user's network does not take this input: one line
-        first = str(err).splitlines()[0] if str(err) else ""
-        raise UserInputError(f"--model {path}: cannot profile it on input of shape {','.join(map(str, shape))} "
-                             f"({type(err).__name__}: {first}); give the shape of one sample, --input-shape") from None
+    except ProfileError as err:  # the user's network does not take this input: one line, naming what failed
+        raise ProfileError(f"--model {path}: cannot profile it on input of shape {','.join(map(str, shape))}: "
+                           f"{err}; give the shape of one sample, --input-shape") from None
 
 
 @functools.lru_cache(maxsize=256)
