@@ -22,6 +22,7 @@ from cmdare.ps.placement import Placement
 from cmdare.ps.shard_state import complement
 from cmdare.ps.tcp_channel import TcpChannelClient
 from cmdare.tasks import Evaluation
+from cmdare.tasks.seeding import seed_worker
 from cmdare.train.chunk_result import ChunkResult
 from cmdare.train.overlap import GradientPieces, pieced_shard
 from cmdare.train.shard_channels import open_channels
@@ -81,7 +82,7 @@ class Worker:
             torch.set_num_threads(threads)
         self.spec = spec
         self.device = pick_device()
-        torch.manual_seed(spec.seed)
+        torch.manual_seed(spec.seed)  # every worker builds the same initial model
         self.task = spec.task()
         self.model = self.task.build().to(self.device)
 
@@ -90,6 +91,7 @@ class Worker:
         """Become member ``worker_id`` of data slot ``slot``: its batch stream, the shards, the notice watchers."""
         spec = self.spec
         self.worker_id, self.slot, self.num_slots = worker_id, slot, num_slots
+        seed_worker(spec.seed, slot)  # then draws its dropout masks from a stream of its own (seed, data slot)
         # Resume where the data stream was: in synchronous mode every worker consumed one batch per global
         # step; asynchronously the workers share the steps, about step / num_slots batches each.
         self.stream = self.task.stream(slot, num_slots, spec.batch_size, spec.seed,
