@@ -72,7 +72,8 @@ def test_a_causal_transformer_is_counted_on_a_real_sample_and_leaves_model_and_r
 
 
 def test_layers_counted_by_formula_agree_with_torchs_counter_on_the_meta_device():
-    """A GRU and a batch-first attention layer: our formulas equal torch's matrix products, biases aside."""
+    """A GRU, a batch-first attention layer and functional attention: our formulas equal torch's matrix products,
+    biases aside."""
     from torch.utils.flop_counter import FlopCounterMode
 
     gru = nn.GRU(10, 16, num_layers=2, bias=False, bidirectional=True)
@@ -94,6 +95,13 @@ def test_layers_counted_by_formula_agree_with_torchs_counter_on_the_meta_device(
 
     flops = count_forward(Cross(), kv)
     assert flops == 5 * 16 * 2 * 16 + 2 * 9 * 16 * 2 * 16 + 2 * 2 * 5 * 9 * 16 + 5 * 16 * 2 * 16
+
+    class Functional(nn.Module):  # attention called directly: torch counts it on meta, we on a real CPU sample
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
+
+    heads = torch.randn(1, 2, 12, 16)
+    assert count_forward(Functional(), heads) == count_forward(Functional(), heads.to("meta")) == 8 * 12 * 12 * 16
 
 
 def test_a_model_that_cannot_be_profiled_raises_one_line_naming_what_failed():

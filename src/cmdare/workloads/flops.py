@@ -12,9 +12,9 @@ Counted per module with forward hooks:
   ``2 * 2 * L * S * E``, and the output projection.
 
 Everything else (a matrix product or a convolution in a functional call, ``F.scaled_dot_product_attention``,
-another module's arithmetic) is counted by :class:`torch.utils.flop_counter.FlopCounterMode`, outside the
-modules above. An embedding is a lookup (no FLOPs); activations, pooling, residual additions and element-wise
-gate functions are not counted (they are a few percent at most).
+another module's arithmetic) is counted by :class:`torch.utils.flop_counter.FlopCounterMode` (with a formula for
+the CPU kernel of attention it lacks), outside the modules above. An embedding is a lookup (no FLOPs);
+activations, pooling, residual additions and element-wise gate functions are not counted (a few percent at most).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def count_forward(model: nn.Module, x: Any) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
     total = 0
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping=_cpu_formulas())
     inside: list[int] = []  # the counter's total when the outermost counted module began (a stack of one)
 
     def counted(flops: Callable[..., int]) -> tuple[Callable[..., None], Callable[..., None]]:
@@ -72,6 +72,24 @@ def count_forward(model: nn.Module, x: Any) -> int:
         for h in handles:
             h.remove()
     return int(total + counter.get_total_flops())
+
+
+def _cpu_formulas() -> dict[Any, Callable[..., int]]:
+    """Formulas of operations torch's counter does not know: the CPU kernel of ``F.scaled_dot_product_attention``
+    (counted on the meta device, where it decomposes into matrix products, but not on a real CPU sample)."""
+    import torch
+
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    return {} if op is None else {op: _sdpa}
+
+
+def _sdpa(query_shape: Any, key_shape: Any, value_shape: Any, *_args: Any, out_shape: Any = None, **_kw: Any) -> int:
+    """``Q K^T`` and the weighted sum of ``V``: ``2 * L * S * (E + E_v)`` per batch and head."""
+    batch = 1
+    for size in query_shape[:-2]:
+        batch *= size
+    q_len, e = query_shape[-2], query_shape[-1]
+    return 2 * batch * q_len * key_shape[-2] * (e + value_shape[-1])
 
 
 def _kind(mod: nn.Module, nn: Any) -> Callable[..., int] | None:
