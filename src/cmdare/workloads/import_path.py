@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cmdare.errors import UserInputError
-from cmdare.workloads.user_code import UserCodeTimeout, describe, run_bounded
+from cmdare.workloads.user_code import UserCodeTimeoutError, describe, run_bounded
 
 __all__ = ["build_from_path", "call_with", "is_import_path", "load_factory", "load_object", "where"]
 
@@ -81,7 +81,7 @@ def call_with(factory: Callable[..., Any], label: str, **available: Any) -> Any:
     kwargs = {k: v for k, v in available.items() if takes_all or k in params}
     try:
         return run_bounded(lambda: factory(**kwargs), f"{label}: the factory {where()}")
-    except UserCodeTimeout:
+    except UserCodeTimeoutError:
         raise
     except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - raised in the helper thread: the
         how = "called" if isinstance(err, SystemExit) else "raised"  # factory's own, never a Ctrl-C

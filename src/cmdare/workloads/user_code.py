@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from cmdare.errors import UserInputError
 
-__all__ = ["DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "UserCodeTimeout", "describe", "run_bounded", "user_code_timeout_s"]
+__all__ = ["DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "UserCodeTimeoutError", "describe", "run_bounded", "user_code_timeout_s"]
 
 T = TypeVar("T")
 
@@ -25,7 +25,7 @@ TIMEOUT_ENV = "CMDARE_USER_CODE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 120.0  # one factory call, or one step of the check; a dataset factory that downloads may need more
 
 
-class UserCodeTimeout(UserInputError):
+class UserCodeTimeoutError(UserInputError):
     """Raised when the user's code did not return within the bound."""
 
 
@@ -60,7 +60,7 @@ def run_bounded(fn: Callable[[], T], what: str | Callable[[], str], timeout_s: f
     what ``fn`` raised (anything, ``SystemExit`` and ``KeyboardInterrupt`` included) is raised here.
 
     Raises:
-        UserCodeTimeout: ``fn`` did not return in time (``what``, or what it returns, names the code).
+        UserCodeTimeoutError: ``fn`` did not return in time (``what``, or what it returns, names the code).
     """
     limit = user_code_timeout_s() if timeout_s is None else timeout_s
     outcome: dict[str, Any] = {}
@@ -76,7 +76,7 @@ def run_bounded(fn: Callable[[], T], what: str | Callable[[], str], timeout_s: f
     thread.join(limit)
     if thread.is_alive():
         name = what() if callable(what) else what
-        raise UserCodeTimeout(f"{name} did not return within {limit:g} s (a loop that never ends? if it needs "
+        raise UserCodeTimeoutError(f"{name} did not return within {limit:g} s (a loop that never ends? if it needs "
                              f"longer, set {TIMEOUT_ENV}=SECONDS)")
     if "error" in outcome:
         raise outcome["error"]
