@@ -50,6 +50,8 @@ def _check(**parts: str) -> str:
                                                   "KeyboardInterrupt on node "),
     ({"model": "mypkg.exits_at_import:build"}, "--model mypkg.exits_at_import:build: cannot import "
                                                "mypkg.exits_at_import on node "),
+    ({"dataset": "mypkg.faults:wrong_test_set"}, "--model mypkg.tasks:build_regressor on the test data: the forward "
+                                                 "pass failed (RuntimeError: mat1 and mat2 shapes cannot be"),
 ])
 def test_the_check_says_each_mistake_in_one_line(parts, message):
     assert message in _check(**parts)

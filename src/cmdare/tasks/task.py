@@ -178,8 +178,8 @@ class Task:
 
     def check(self, batch_size: int, num_slots: int, seed: int) -> None:
         """Build the model and run one training step's batch through it, the loss, the backward pass and the
-        metric on this process, each call bounded in time, so that a mistake in the user's code is one line here
-        rather than a failing worker later.
+        metric, then the evaluation of the first test samples, on this process, each call bounded in time, so that
+        a mistake in the user's code is one line here rather than a failing worker later.
 
         Raises:
             UserInputError: a slot gets no whole batch, the model's parameters are not float32, the data, the
@@ -213,6 +213,11 @@ class Task:
         detached = out.detach() if isinstance(out, torch.Tensor) else out
         run_bounded(lambda: self._call(lambda: _metrics(self.metric, detached, y), f"{self.metric_label} failed on a "
                                        "batch", interrupt=True), self.metric_label)
+        if self.test is not None:  # the chief's evaluation, on the first test samples
+            model.eval()
+            run_bounded(lambda: self._call(lambda: self.evaluate(model, "cpu", max_samples=batch_size),
+                                           f"{self.model_label}: the evaluation failed", interrupt=True),
+                        f"{self.model_label}: the evaluation on the test data")
 
     def _batch(self, stream: BatchStream, at: str) -> tuple[Any, Any]:
         """``next(stream)``; a failure of the user's data names the dataset and where."""

@@ -129,3 +129,11 @@ def constant_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def error_count(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return ((out - y).abs() > 0.5).sum()
+
+
+def wrong_test_set(seed: int = 0):
+    """Training vectors of 8 features; test vectors of 9."""
+    from torch.utils.data import TensorDataset
+
+    train, _ = vectors(seed)
+    return train, TensorDataset(torch.zeros(64, 9), torch.zeros(64))
