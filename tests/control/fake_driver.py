@@ -48,6 +48,7 @@ class FakeDriver:
     ps_up_wall_s: float | None = None  # a replacement PS's process start, if not up_wall_s (inf: never by itself)
     fail_start: dict[int, str] = field(default_factory=dict)  # worker id -> constructor error
     stuck: bool = False  # the world stops answering (a dead Ray node)
+    frozen_shard: bool = False  # a shard stops answering (a stopped process): every push waits on it until a probe
     failing_uploads: set[int] = field(default_factory=set)  # steps whose checkpoint upload fails (a full disk)
     stalled_uploads: set[int] = field(default_factory=set)  # steps whose upload never ends
     loss_at: Callable[[int], float] | None = None  # the training loss chunks report, by global step (None: none)
@@ -62,6 +63,7 @@ class FakeDriver:
     on_step: dict[int, Callable[[FakeDriver], None]] = field(default_factory=dict)
     on_duty: dict[int, Callable[[FakeDriver], None]] = field(default_factory=dict)  # duty step -> hook
     stored: list[int] = field(default_factory=list)
+    probes: list[float] = field(default_factory=list)  # the wall times of the probes asked for
     ended: C.EndRun | None = None
     num_shards: int = 1
     steps_lost: int = 0
@@ -116,7 +118,8 @@ class FakeDriver:
     def run(self, max_wall: float = 1e6) -> C.EndRun | None:
         while self.ended is None and self.wall < max_wall:
             training = [w for w in self.workers.values() if w.training and w.alive and w.up]
-            next_push = self.wall + self.step_wall_s if training and not self.stuck else float("inf")
+            blocked = self.stuck or self.frozen_shard
+            next_push = self.wall + self.step_wall_s if training and not blocked else float("inf")
             next_event = self._queue[0][0] if self._queue else float("inf")
             wake = self.controller.next_wakeup()
             at = min(next_push, next_event, max(wake, self.wall))
@@ -324,7 +327,16 @@ class FakeDriver:
         self.feed(E.PlacementRequested(wall=self.wall, decisions=()))
 
     def _do_Probe(self, c: C.Probe) -> None:
-        if self.stuck:
+        self.probes.append(self.wall)
+        if self.frozen_shard:  # the probe finds it frozen and ends it: the pushes waiting on it fail
+            self.frozen_shard = False
+            for w in self.workers.values():
+                if w.training:
+                    w.training = False
+                    self.feed(E.ChunkFailed(wall=self.wall, worker_id=w.worker_id, shard_lost=True))
+            self.feed(E.ShardLost(wall=self.wall))
+            self.feed(E.ProbeDone(wall=self.wall, ok=False))
+        elif self.stuck:
             self.feed(E.ClusterLost(wall=self.wall, message="the Ray node this run uses was marked dead"))
         else:
             self.feed(E.ProbeDone(wall=self.wall))

@@ -283,6 +283,17 @@ def test_a_silent_cluster_is_probed_and_a_lost_one_ends_the_run():
     assert d.of(C.Probe) and end.status == "failed" and "marked dead" in end.message
 
 
+def test_a_frozen_shard_found_by_a_probe_is_restored_and_not_probed_again_at_once():
+    """A probe that found a frozen shard (and ended it) was followed by another at once, and another: the driver
+    never got back to Ray's results, and the run sat at one step in silence."""
+    d = make(steps=200, checkpoint_every=50, probe_after_s=5.0)
+    d.on_step[130] = lambda d: setattr(d, "frozen_shard", True)
+    end = d.run(max_wall=1000)
+    finished(d)
+    assert end.status == "finished" and [c.reason for c in d.of(C.Restore)] == ["lost"]
+    assert len(d.probes) == 1 and d.steps_lost == 30  # back to the checkpoint of step 100
+
+
 def test_no_progress_though_everything_answers_ends_the_run():
     d = make(steps=200, probe_after_s=2.0, stuck_after_s=20.0)
     d.on_step[30] = lambda d: setattr(d, "step_wall_s", 1e9)  # every worker hangs in its step

@@ -275,7 +275,7 @@ class RunEventHandlers:
             self.shards.request_placement(tuple(ev.decisions))
 
     def _on_ProbeDone(self, ev: ProbeDone) -> None:
-        self.liveness.answered()
+        self.liveness.answered(self.wall)
 
     def _on_ClusterLost(self, ev: ClusterLost) -> None:
         self._end("failed", f"{ev.message}; {self._resume_hint()}")

@@ -38,9 +38,12 @@ class Liveness:
     def progressed(self, wall: float) -> None:
         self.progress_wall = wall
 
-    def answered(self) -> None:
-        """The probe returned."""
+    def answered(self, wall: float) -> None:
+        """The probe returned: its answer is news, what it found (a lost worker or shard) the controller's to act
+        on, so the silence deadline counts again from ``wall``. (Probing again at once, before the loss is acted
+        on, found the same loss again, and again: the driver never got back to Ray's results.)"""
         self.probe_wall = None
+        self.heard_wall = wall
 
     def next_wall(self) -> float:
         """The wall time the next deadline falls at."""

@@ -12,12 +12,12 @@ from cmdare.console import console as make_console
 from cmdare.train.callbacks import EvalReport, EventReport, RunInfo, RunSummary, StepReport, TrainCallback
 
 _SHOWN = {"revocation", "notice", "worker_lost", "replacement_joined", "chief_change", "shard_lost",
-          "shard_restored", "ps_add", "ps_remove"}
+          "shard_unresponsive", "shard_restored", "ps_add", "ps_remove"}
 
 # What an event line says (``step 120: worker 1 revoked``).
 _WORDS = {"revocation": "revoked", "notice": "got a preemption notice", "worker_lost": "lost",
           "replacement_joined": "joined (a replacement)",
-          "shard_lost": "a parameter shard was lost", "shard_restored": "shards restored from the newest checkpoint",
+          "shard_lost": "a parameter shard was lost",
           "ps_add": "a parameter shard added", "ps_remove": "a parameter shard removed",
           "mitigation": "bottleneck mitigation"}
 
@@ -27,6 +27,27 @@ def _number(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:.3f}" if math.isfinite(value) and abs(value) < 1e4 else f"{value:.3g}"
+
+
+def _restored_words(report: EventReport) -> str:
+    """Where a restore took the shards: the newest checkpoint, or the run's start when none was stored."""
+    d = report.details
+    if d.get("from_checkpoint", True):
+        return f"shards restored from the newest checkpoint (step {d.get('checkpoint_step', '?')})"
+    return f"shards restored to the start of the run (step {d.get('checkpoint_step', '?')}: nothing stored yet)"
+
+
+def _event_words(report: EventReport) -> str:
+    """What an event line says after ``step N:``."""
+    if report.kind == "chief_change":
+        return _chief_words(report)
+    if report.kind == "shard_restored":
+        return _restored_words(report)
+    if report.kind == "shard_unresponsive":
+        return (f"parameter shard {report.shard_id} did not answer within {report.details.get('timeout_s', 0):g} s "
+                "(a frozen or hung process): ended, and handled as a lost shard")
+    who = f"worker {report.worker_id} " if report.worker_id is not None else ""
+    return who + _WORDS.get(report.kind, report.kind.replace("_", " "))
 
 
 def _chief_words(report: EventReport) -> str:
@@ -69,10 +90,8 @@ class ProgressCallback(TrainCallback):
             self.progress.console.print(f"joined the Ray cluster at {report.details['cluster']}", highlight=False,
                                         markup=False)
         elif report.kind in _SHOWN or (report.kind == "mitigation" and report.details.get("phase") != "recommendation"):
-            who = f"worker {report.worker_id} " if report.worker_id is not None else ""
-            what = _WORDS.get(report.kind, report.kind.replace("_", " "))
-            said = _chief_words(report) if report.kind == "chief_change" else who + what
-            self.progress.console.print(f"step {report.global_step}: {said}", highlight=False, markup=False)
+            self.progress.console.print(f"step {report.global_step}: {_event_words(report)}", highlight=False,
+                                        markup=False)
 
     def on_run_end(self, summary: RunSummary) -> None:
         # while training the bar shows the recent speed; at the end the run's, as the summary does

@@ -181,8 +181,10 @@ class RayDriver:
                 return  # a chunk of a worker already gone (revoked, left): its failure was expected
             self.feeding.discard(wid)
             if isinstance(classify(err, wid), ShardLostError):
-                self._event(self._stamp(E.ChunkFailed(wall=wall, worker_id=wid, shard_lost=True)),
-                            self._stamp(E.ShardLost(wall=wall, keys=self.ps.dead_keys())))
+                # every shard answering: the one it pushed to was replaced already (by a restore done or under way)
+                dead = self.ps.dead_keys()
+                lost = [E.ShardLost(wall=wall, keys=dead)] if dead else []
+                self._event(*map(self._stamp, [E.ChunkFailed(wall=wall, worker_id=wid, shard_lost=True), *lost]))
             else:
                 self._event(self._stamp(E.ChunkFailed(wall=wall, worker_id=wid, error=type(err).__name__)))
             return
@@ -381,6 +383,9 @@ class RayDriver:
         lost = cluster_lost()
         if lost is not None:
             return [E.ClusterLost(wall=wall, message=lost)]
+        dead = self.ps.dead_keys()  # first: a dead or frozen shard holds every worker that pushes to it
+        if dead:
+            return [E.ShardLost(wall=wall, keys=dead), E.ProbeDone(wall=time.time(), ok=False)]
         actors = {wid: self.workers.workers[wid].actor for wid in self.feeding if wid in self.workers.workers}
         failed, pending = probe_actors(actors, PROBE_TIMEOUT_S)
         self.detached.add(*pending)
@@ -388,9 +393,6 @@ class RayDriver:
             E.ChunkFailed(wall=wall, worker_id=wid,
                           error=f"unresponsive for {cmd.silent_s:.0f} s" if why == "unresponsive" else why)
             for wid, why in failed.items()]
-        dead = self.ps.dead_keys()
-        if dead:
-            events.append(E.ShardLost(wall=wall, keys=dead))
         return [*events, E.ProbeDone(wall=time.time(), ok=not events)]
 
     def _do_EndRun(self, cmd: C.EndRun) -> None:

@@ -33,7 +33,11 @@ from cmdare.train.detached import DetachedCalls
 from cmdare.train.emitter import RunEmitter
 from cmdare.train.spec import TrainSpec
 
-__all__ = ["ShardGroup"]
+__all__ = ["SHARD_ANSWER_S", "ShardGroup"]
+
+#: How long a shard may take to answer a ping or a stats call before it counts as frozen (ended, and handled as
+#: a lost shard). A shard answers between pushes, in milliseconds; a stopped or hung process never.
+SHARD_ANSWER_S = 10.0
 
 
 class ShardGroup:
@@ -52,6 +56,7 @@ class ShardGroup:
         self.waits: list[float] = []  # per shard: workers' send-to-reply seconds since the last stats
         self.spares: list[Server] = []  # started shard actors not yet holding blocks (ready ones first)
         self.version = 0  # bumped whenever a shard actor or the placement changes: workers then take the layout
+        self.unresponsive: set[int] = set()  # shards ended for not answering, until a restore replaces them
 
     def new_shard(self, k: int, server: Server | None = None) -> Any:
         """Shard actor ``k`` (empty): a ready spare's, else one started on a new PS server."""
@@ -173,8 +178,10 @@ class ShardGroup:
             ray.get([s.set_max_step.remote(step) for s in self.shards], timeout=30)  # a dead one is lost anyway
 
     # -- shard loss -------------------------------------------------------------------------------
-    def dead_shards(self, timeout_s: float = 10.0) -> list[int]:
-        """The indices of the shards that do not answer a ping (a hung one counts as dead)."""
+    def dead_shards(self, timeout_s: float = SHARD_ANSWER_S) -> list[int]:
+        """The indices of the shards that do not answer a ping: dead, or frozen (no answer within ``timeout_s``:
+        a stopped or hung process). A frozen one is said (a ``shard_unresponsive`` event) and ended, so that it
+        is a loss like any other and nobody waits on it."""
         import ray
 
         refs = [s.ping.remote() for s in self.shards]
@@ -184,6 +191,11 @@ class ShardGroup:
             if ref in pending:
                 self.detached.add(ref)
                 dead.append(k)
+                self.unresponsive.add(k)
+                self.emitter.event("shard_unresponsive", shard_id=k, server_id=self.servers[k].server_id,
+                                   details={"timeout_s": timeout_s})
+                with contextlib.suppress(Exception):  # gone meanwhile: nothing to end
+                    ray.kill(self.shards[k], no_restart=True)
                 continue
             try:
                 ray.get(ref)
@@ -216,9 +228,10 @@ class ShardGroup:
         replaced: dict[int, Server] = {}
         for k in dead:
             server = self.servers[k]
+            reason = "unresponsive" if k in self.unresponsive else "revoked"
             self.emitter.event("shard_lost", shard_id=k, server_id=server.server_id,
-                               details={"global_step": global_step, "reason": "revoked"})
-            self.emitter.end_server(server, "revoked")
+                               details={"global_step": global_step, "reason": reason})
+            self.emitter.end_server(server, reason)
             if spare_list:
                 spare = spare_list.pop(0)
                 if spare in self.spares:
@@ -230,6 +243,7 @@ class ShardGroup:
                 self.servers.pop(k + 1)
             replaced[k] = self.servers[k]
         self.version += 1
+        self.unresponsive.clear()
         self._load(params, momentum, step)
         straggler = self.spec.straggler_factor()
         if straggler and straggler[0] in dead:
@@ -283,9 +297,9 @@ class ShardGroup:
         """Each shard's counters since the last collection, reported as ``on_shard``; None when a shard died."""
         import ray
 
-        try:
-            stats = ray.get([s.stats.remote() for s in self.shards])
-        except ray.exceptions.RayActorError:
+        try:  # bounded: a frozen shard must not hold the driver's loop (the caller then finds which)
+            stats = ray.get([s.stats.remote() for s in self.shards], timeout=SHARD_ANSWER_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return None
         now = time.time()
         waits = self.waits if len(self.waits) == len(stats) else [0.0] * len(stats)
