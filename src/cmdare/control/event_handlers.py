@@ -203,7 +203,7 @@ class RunEventHandlers:
         if ev.deterministic:
             self._end("failed", f"worker {ev.worker_id} could not start: {ev.error}")
             return
-        if self.workers.lose(ev.worker_id, self.now, f"failed to start ({ev.error})"):
+        if self.workers.start_failed(ev.worker_id, self.now, ev.error):
             self._after_loss(ev.worker_id)
 
     def _on_PsNotice(self, ev: PsNotice) -> None:

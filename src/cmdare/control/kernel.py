@@ -167,6 +167,18 @@ class MembershipKernel:
             decisions.append(NoWorkersLeft())
         return decisions
 
+    def retry(self, slot: int, now: float, why: str = "") -> list[Decision]:
+        """The server requested for ``slot`` did not start for a reason that is not its worker's own (its node died
+        or was drained, its scheduling was cancelled): the same server is asked for again; the slot stays pending,
+        its request time unchanged. The driver decides whether to retry (its time-out, how often); the policy's
+        fallback is for servers that do not come (:meth:`replacement_failed`)."""
+        pending = next((p for p in self.state.pending if p.slot == slot), None)
+        if pending is None:
+            return []
+        self._record("replacement_retried", now, pending.replaces, slot, details={"why": why},
+                     gpu=pending.server.gpu_type)
+        return [RequestReplacement(slot, pending.server, pending.replaces)]
+
     def due(self, now: float, started_at: float, *, workers: bool = True,
             others: Sequence[WorkerInfo] = ()) -> list[int]:
         """Workers the revocation source revokes at ``now``: expired lifetimes, then scheduled picks.

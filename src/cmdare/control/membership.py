@@ -16,7 +16,8 @@ from cmdare.cloud.servers import ServerSpec
 __all__ = ["EVENT_KINDS", "Membership", "MembershipEvent", "PendingReplacement", "WorkerInfo"]
 
 #: What a membership timeline records, in the order a driver sees them for one change.
-EVENT_KINDS = ("join", "loss", "chief_change", "lr_change", "replacement_requested", "no_workers_left")
+EVENT_KINDS = ("join", "loss", "chief_change", "lr_change", "replacement_requested", "replacement_retried",
+               "no_workers_left")
 
 
 @dataclass(frozen=True)

@@ -121,10 +121,12 @@ class Joined(Command):
 
 @dataclass(frozen=True)
 class CancelWorker(Command):
-    """Give up the replacement worker ``worker_id`` that did not come (``reason``)."""
+    """Give up the replacement worker ``worker_id`` that did not come (``reason``); ``retried``: its start failed
+    for a reason not its own and the same server is asked for again at once (a ``StartWorker`` follows)."""
 
     worker_id: int
     reason: str
+    retried: bool = False
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,12 @@ from cmdare.control.run_commands import (
 )
 from cmdare.control.run_config import RunConfig
 
-__all__ = ["WorkerControl", "WorkerRec"]
+__all__ = ["MAX_START_RETRIES", "WorkerControl", "WorkerRec"]
+
+#: A replacement whose start fails for a reason not its own is asked for again at once, within the replacement
+#: time-out (counted from its first request), at most this often in a row (so a failure that repeats at once,
+#: or any in local emulation, where no time-out applies, cannot loop).
+MAX_START_RETRIES = 10
 
 
 @dataclass
@@ -46,7 +51,7 @@ class WorkerRec:
     slot: int
     spec: ServerSpec
     replaces: int | None
-    requested_at: float  # cloud time
+    requested_at: float  # cloud time (a retried start: its slot's first request, which the time-out counts from)
     requested_wall: float
     ready_at: float | None = None  # cloud time its server is ready (None: when its process is up)
     member: bool = False  # in the membership (joined)
@@ -54,6 +59,7 @@ class WorkerRec:
     duties: int = 0  # chief duties it was given and has not finished
     leaving: bool = False  # noticed: leaves after its checkpoint
     gone: bool = False
+    retries: int = 0  # starts of its slot's replacement asked for again before it (a failed start not its own)
 
     @property
     def active(self) -> bool:
@@ -218,6 +224,30 @@ class WorkerControl:
         replaced = any(isinstance(d, RequestReplacement) for d in decisions)
         self.out.append(LoseWorker(worker_id, reason, replaced, detected))
         self.execute(decisions, now)
+        return True
+
+    def start_failed(self, worker_id: int, now: float, error: str) -> bool:
+        """Worker ``worker_id``'s process did not start, for a reason not its own (its node died or was drained,
+        its scheduling was cancelled). A replacement that never joined is asked for again at once (a new worker
+        of the same slot and server, ``CancelWorker(retried=True)`` then ``StartWorker``) while its replacement
+        time-out lasts, counted from its slot's first request, and at most :data:`MAX_START_RETRIES` times in a
+        row; else, and for a worker of the first wave, the failure is a loss (:meth:`lose`: the replacement policy
+        falls back). Returns False when it was gone already."""
+        rec = self.recs.get(worker_id)
+        if rec is None or rec.gone:
+            return False
+        timeout = self.config.replacement_timeout_s
+        in_time = timeout is None or now - rec.requested_at < timeout
+        if rec.member or rec.replaces is None or not in_time or rec.retries >= MAX_START_RETRIES:
+            tried = f"; asked for {rec.retries + 1} times" if rec.retries else ""
+            return self.lose(worker_id, now, f"failed to start ({error}){tried}")
+        rec.gone = True
+        self.waiting.pop(worker_id, None)
+        self._changed()
+        self.out.append(CancelWorker(worker_id, f"failed to start ({error})", retried=True))
+        for d in self.kernel.retry(rec.slot, now, error):
+            again = self._new(d.slot, d.spec, d.replaces, rec.requested_at, self.wall)  # the slot's time-out goes on
+            again.retries = rec.retries + 1
         return True
 
     def revoke_due(self, now: float, others: Sequence[object] = (), due_by: float | None = None) -> list[int]:
