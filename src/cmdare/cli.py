@@ -75,7 +75,7 @@ def main() -> None:
         status = app(standalone_mode=False)
     except CmdareError as err:
         print_error(str(err))
-        sys.exit(1)
+        sys.exit(getattr(err, "exit_code", 1))
     except typer.TyperException as err:  # a usage error (a missing or unknown option): one line, exit 2
         ctx = getattr(err, "ctx", None)
         command = f"{ctx.command_path} --help" if ctx is not None else "cmdare --help"

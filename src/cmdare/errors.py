@@ -9,6 +9,7 @@
     ├── StorageError                 durable storage cannot be reached, read or written (final)
     ├── StoreError                   the measurement store cannot be reached or written (final)
     ├── ClusterError                 Ray cannot be started or joined (final)
+    ├── RunInterruptedError          the user stopped a run (Ctrl-C, SIGTERM); exit status 130
     └── TransientError               retryable: a server was revoked or is unreachable
         ├── WorkerLostError          a worker's actor or node died
         └── ShardLostError           a parameter shard's actor or node died
@@ -27,6 +28,7 @@ __all__ = [
     "CmdareError",
     "DataFormatError",
     "DataNotFoundError",
+    "RunInterruptedError",
     "ShardLostError",
     "StorageError",
     "StoreError",
@@ -82,6 +84,13 @@ class StoreError(CmdareError):
 
 class ClusterError(CmdareError):
     """Raised when Ray cannot be started or the given cluster address cannot be joined."""
+
+
+class RunInterruptedError(CmdareError):
+    """Raised when the user stopped a training run (Ctrl-C, SIGTERM): the message says the step it stopped at, the
+    checkpoint stored and how to resume. The command line exits with :attr:`exit_code`."""
+
+    exit_code = 130  # 128 + SIGINT, as a shell reports an interrupted command
 
 
 class TransientError(CmdareError):

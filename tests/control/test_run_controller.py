@@ -324,3 +324,40 @@ def test_bad_run_configs_are_refused(bad):
 
     with pytest.raises(UserInputError):
         RunConfig(**{"steps": 10, "workers": 1, **bad})
+
+
+# -- a requested stop (Ctrl-C, SIGTERM) -----------------------------------------------------------------------------
+def _stop_at(d: FakeDriver, step: int) -> None:
+    d.on_step[step] = lambda d: d.feed(E.StopRequested(wall=d.wall, why="interrupted (SIGINT)"))
+
+
+def test_a_requested_stop_stores_the_step_it_stops_at_and_ends_interrupted():
+    """Ctrl-C exited 130 with no word: 131 steps were lost (the last checkpoint 200, interrupted at 331)."""
+    d = make(steps=500, checkpoint_every=200, eval_every=100)
+    _stop_at(d, 331)
+    end = d.run()
+    assert end.status == "interrupted"
+    stopped = d.step
+    assert 331 <= stopped <= 332 and d.stored == [200, stopped]  # nothing trained is lost
+    assert end.message == (f"interrupted (SIGINT) at step {stopped}; the latest checkpoint is step {stopped}; "
+                           "resume with --resume r")
+    assert duty_steps(d, "eval") == [100, 200, 300]  # a stop runs no evaluation
+    assert d.controller.state == RunState.INTERRUPTED
+
+
+def test_a_stop_whose_checkpoint_is_not_stored_in_time_ends_naming_the_last_stored_one():
+    d = make(steps=500, checkpoint_every=100, stop_timeout_s=30.0, driver_kw={"stalled_uploads": {250, 251}})
+    _stop_at(d, 250)
+    end = d.run(max_wall=10_000)
+    assert end.status == "interrupted" and d.stored == [100, 200]
+    assert end.message.startswith("interrupted (SIGINT) at step 25") and "was not stored within 30 s; the latest " \
+        "checkpoint is step 200; resume with --resume r" in end.message
+
+
+def test_a_stop_before_training_started_ends_at_once():
+    d = make(steps=500, driver_kw={"up_wall_s": 50.0})
+    d.later(1.0, E.StopRequested(wall=1.0, why="interrupted (SIGTERM)"))
+    end = d.run()
+    assert end.status == "interrupted" and d.step == 0
+    assert end.message == "interrupted (SIGTERM) before training started; no checkpoint was stored; there is " \
+                          "nothing to resume: start the run again"

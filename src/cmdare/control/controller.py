@@ -95,6 +95,9 @@ class RunController(RunEnding, RunEventHandlers):
         self.balancing = False  # a Balance is out, not answered yet
         self.liveness = Liveness(config.probe_after_s, config.stuck_after_s)
         self.failed_uploads_in_a_row = 0
+        self.target = config.steps  # the step training stops at: the run's steps, or where a requested stop falls
+        self.stop_wall: float | None = None  # wall time a stop was requested (Ctrl-C, SIGTERM)
+        self.stop_why = ""
         self.rollbacks = 0  # rollbacks after a divergence
         self.divergence = DivergenceWatch()
         self.last_upload_error = ""
@@ -173,6 +176,8 @@ class RunController(RunEnding, RunEventHandlers):
         (for drivers that keep cloud time) and deadlines on real waits (inf: none)."""
         times = [t for t in (self.workers.next_wall(), self.shards.next_wall()) if t > self.wall]
         times.append(self.liveness.next_wall())
+        if self.stop_wall is not None:
+            times.append(self.stop_wall + self.config.stop_timeout_s)
         if self.clock is None:
             times.append(self._next_cloud_time())
         return min(times, default=math.inf)
@@ -188,6 +193,10 @@ class RunController(RunEnding, RunEventHandlers):
 
     def _settle(self) -> None:
         if self.ended:
+            return
+        if self.stop_wall is not None and self.wall - self.stop_wall >= self.config.stop_timeout_s:
+            self._end("interrupted", f"{self.stop_why} at step {int(self.step)}: its checkpoint was not stored within "
+                                     f"{self.config.stop_timeout_s:g} s; {self._resume_hint()}")
             return
         now = self.due_now = self.now
         if self.clock is not None:  # emulated time is a sum of step times: what falls due at this step is due now
@@ -220,7 +229,7 @@ class RunController(RunEnding, RunEventHandlers):
             self.duties.catch_up(self.step)
         if not finishing and self._hold():  # a restore, an evacuation ... comes before the end
             return
-        if finishing or (self.step >= self.config.steps and self._quiesced()):
+        if finishing or (self.step >= self.target and self._quiesced()):
             self._finishing()
             return
         self._balance()
@@ -283,7 +292,7 @@ class RunController(RunEnding, RunEventHandlers):
     def _fence_wanted(self) -> int:
         """The next step training must stop at: a duty, the target; in emulation also the step
         at which the next cloud event falls. Never below the next whole step."""
-        steps = [self.config.steps]
+        steps = [self.target]
         if not self.config.virtual_duties and (at := self.duties.next_step()) is not None:
             steps.append(at)
         if self.clock is not None:

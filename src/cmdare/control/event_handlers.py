@@ -8,6 +8,7 @@ ahead when the emulated cluster can only wait for a cloud event.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from cmdare.control.run_commands import Restore
@@ -28,6 +29,7 @@ from cmdare.control.run_events import (
     PsUp,
     ServerStarting,
     ShardLost,
+    StopRequested,
     Tick,
     WorkerNotice,
     WorkerStartFailed,
@@ -68,6 +70,10 @@ class RunEventHandlers:
     balancing: bool
     rollbacks: int
     divergence: DivergenceWatch
+    target: int
+    stop_wall: float | None
+    stop_why: str
+    started: bool
 
     # provided by the controller
     def rate(self) -> float:
@@ -273,6 +279,17 @@ class RunEventHandlers:
         self.balancing = False
         if ev.decisions:
             self.shards.request_placement(tuple(ev.decisions))
+
+    def _on_StopRequested(self, ev: StopRequested) -> None:
+        """Stop at the next step boundary: training goes on to the nearest whole step, then the checkpoint of that
+        step is stored (no evaluation: a stop is bounded in time) and the run ends ``interrupted``."""
+        if self.stop_wall is not None or isinstance(self.phase, Finishing):
+            return  # asked already, or the run is ending anyway
+        self.stop_wall, self.stop_why = self.wall, ev.why
+        if not self.started:
+            self._end("interrupted", f"{ev.why} before training started; {self._resume_hint()}")
+            return
+        self.target = min(self.target, max(int(math.ceil(self.step)), 1))
 
     def _on_ProbeDone(self, ev: ProbeDone) -> None:
         self.liveness.answered(self.wall)

@@ -47,6 +47,8 @@ class RunConfig:
         step_s: emulated cloud seconds per step of one worker, per GPU type (lower case); ``"*"``: any type.
         run_id: named in error messages (how to resume).
         checkpoints: where the run's checkpoints are (named in error messages).
+        stop_timeout_s: wall seconds a requested stop (Ctrl-C, SIGTERM) may take to store the checkpoint of the
+            step it stops at before the run ends without it.
         resumed_from: the step of the checkpoint a resumed run started from (None: a fresh run); a run that
             stored nothing since can still be resumed from it.
     """
@@ -76,6 +78,7 @@ class RunConfig:
     run_id: str = "run"
     checkpoints: str = ""
     resumed_from: int | None = None
+    stop_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.workers < 1:

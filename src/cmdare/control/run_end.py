@@ -40,6 +40,8 @@ class RunEnding:
     wall: float
     last_upload_error: str
     final_upload_since: float | None
+    stop_wall: float | None
+    stop_why: str
 
     # provided by the controller
     @property
@@ -67,7 +69,8 @@ class RunEnding:
                 self.out.append(CancelWorker(rec.worker_id, "cancelled"))
             step = int(self.step)
             if not self.config.virtual_duties:
-                self.duties.add("eval", step, final=True)
+                if self.stop_wall is None:  # a requested stop stores its step and ends: no evaluation
+                    self.duties.add("eval", step, final=True)
                 if self.config.final_checkpoint:
                     self.duties.add("checkpoint", step, final=True)
         if self.config.virtual_duties:
@@ -79,11 +82,20 @@ class RunEnding:
         self._start_duties()
         if not self.duties.pending:
             if self._final_checkpoint_stored():
-                self._end("finished")
+                self._end(*self._final_status())
         elif self.workers.chief is None and not self.workers.active and not self.workers.waiting:
             done = "the training steps are done, but " if not self.config.final_checkpoint else ""
             self._end("failed" if self.config.final_checkpoint else "finished",
                       f"{done}no worker was left for the final evaluation and checkpoint; {self._resume_hint()}")
+
+    def _final_status(self) -> tuple[str, str]:
+        """How a run that reached its stop ends: ``finished`` at its target, or ``interrupted`` where a requested
+        stop fell, naming the step stored and how to resume."""
+        if self.stop_wall is None:
+            return "finished", ""
+        step = self.phase.step if isinstance(self.phase, Finishing) else int(self.step)
+        stored = "" if self.config.final_checkpoint else " (no checkpoint: checkpoints are off)"
+        return "interrupted", f"{self.stop_why} at step {step}{stored}; {self._resume_hint()}"
 
     def _final_checkpoint_stored(self) -> bool:
         """Whether the final checkpoint is durable (True where there is none to wait for); ends the run failed when
@@ -116,6 +128,6 @@ class RunEnding:
     def _end(self, status: str, message: str = "") -> None:
         if self.ended:
             return
-        self._to(RunState.FINISHED if status == "finished" else RunState.FAILED)
+        self._to({"finished": RunState.FINISHED, "interrupted": RunState.INTERRUPTED}.get(status, RunState.FAILED))
         self.phase = Ended(status, message)
         self.out.append(EndRun(status, message))

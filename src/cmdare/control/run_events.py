@@ -34,6 +34,7 @@ __all__ = [
     "PsUp",
     "ServerStarting",
     "ShardLost",
+    "StopRequested",
     "Tick",
     "WorkerNotice",
     "WorkerStartFailed",
@@ -221,6 +222,14 @@ class PlacementRequested(Event):
     """Placement changes to carry out on quiesced shards (``cmdare ps`` requests, a balancer's moves)."""
 
     decisions: tuple[Any, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopRequested(Event):
+    """The user asked the run to stop (Ctrl-C, SIGTERM, the Python API): it stops at the next step boundary,
+    stores a checkpoint of that step and ends ``interrupted``; ``why`` says what asked (``interrupted (SIGINT)``)."""
+
+    why: str = "interrupted"
 
 
 @dataclass(frozen=True, kw_only=True)

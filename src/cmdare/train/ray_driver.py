@@ -88,6 +88,8 @@ class RayDriver:
         self._next_stats = self._next_heartbeat = 0.0
         self._final_stats = False
         self._round_feed: dict[int, bool] = {}  # synchronous: the chunk-end step -> whether that round goes on
+        self.stop_why: str | None = None  # a stop was asked for (Ctrl-C, SIGTERM): told to the controller once
+        self._stop_told = False
 
     # -- the loop ------------------------------------------------------------------------------------------
     def run(self, worker_specs: Sequence[Any], ps_spec: Any, watchdog: LoopWatchdog | None = None) -> C.EndRun:
@@ -125,6 +127,9 @@ class RayDriver:
             self._arrived(ref)
         wall = time.time()
         self.detached.reap()
+        if self.stop_why is not None and not self._stop_told:
+            self._stop_told = True
+            self._event(self._stamp(E.StopRequested(wall=wall, why=self.stop_why)))
         self._periodic(wall)
         self._event(E.Tick(wall=wall, now=self._now(wall)))
 

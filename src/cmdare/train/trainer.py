@@ -31,7 +31,7 @@ from cmdare import __version__
 from cmdare.cloud.local import LocalProcessProvider, ServerProvider, StartupDelay
 from cmdare.cloud.ray_cluster import RayClusterProvider
 from cmdare.control import NoRevocations, RunController, RunState, build_revocation_source
-from cmdare.errors import ClusterError, StorageError, TransientError, UserInputError
+from cmdare.errors import ClusterError, RunInterruptedError, StorageError, TransientError, UserInputError
 from cmdare.events import RunInfo, RunSummary, TrainCallback
 from cmdare.ps.blocks import ParamInfo
 from cmdare.storage import Storage
@@ -60,6 +60,7 @@ from cmdare.train.setup import (
 )
 from cmdare.train.shard_group import ShardGroup
 from cmdare.train.spec import TrainSpec
+from cmdare.train.stop_signals import StopSignals
 from cmdare.train.teardown import release_run
 from cmdare.train.worker_executor import WorkerExecutor, WorkerHandle
 
@@ -121,6 +122,7 @@ class Trainer:
         self.placement_changes: PlacementChanges | None = None
         self.ps_servers: PsServerExecutor | None = None
         self.driver: RayDriver | None = None
+        self._stop_why: str | None = None  # a stop was asked for (request_stop)
 
     @property
     def global_step(self) -> int:
@@ -193,6 +195,7 @@ class Trainer:
         self.driver = RayDriver(self.controller, spec, self.storage, self.members, self.shard_group, self.duties,
                                 self.placement_changes, self.ps_servers, self.emitter, self.metrics, self.detached,
                                 (params, momentum, step), real=not self.emulated_time)
+        self.driver.stop_why = self._stop_why  # asked for while the run was setting up
 
     @property
     def emulated_time(self) -> bool:
@@ -235,36 +238,62 @@ class Trainer:
         if self.storage_warning:
             self.emitter.event("storage_warning", details={"warning": self.storage_warning,
                                                            "storage": self.storage.uri})
-        status = RunState.FAILED
+        status, at_once = RunState.FAILED, False
         try:
-            self._setup(params, momentum, buffers, step)
-            if self.resuming:
-                self.emitter.event("resume", details={"step": step})
-            watchdog = LoopWatchdog(_own_node_id(), self._cluster_lost).start()
-            try:
-                end = self.driver.run(self.worker_specs, self.ps_spec, watchdog)
-            finally:
-                watchdog.stop()
+            with StopSignals(self.request_stop, self.run_id):
+                self._setup(params, momentum, buffers, step)
+                if self.resuming:
+                    self.emitter.event("resume", details={"step": step})
+                watchdog = LoopWatchdog(_own_node_id(), self._cluster_lost).start()
+                try:
+                    end = self.driver.run(self.worker_specs, self.ps_spec, watchdog)
+                finally:
+                    watchdog.stop()
+            if end.status == "interrupted":
+                status = RunState.INTERRUPTED
+                raise RunInterruptedError(f"run {self.run_id} {end.message}")
             if end.status != "finished":
                 raise TransientError(end.message or "the run failed")
             status = RunState.FINISHED
-        except KeyboardInterrupt:
-            status = RunState.INTERRUPTED
-            raise
+        except KeyboardInterrupt:  # a second Ctrl-C: at once, no upload waited for
+            status, at_once = RunState.INTERRUPTED, True
+            step = self.global_step
+            self._close(status, t_start, wait=False)
+            raise RunInterruptedError(f"run {self.run_id} stopped at once at step {step}; "
+                                      f"{self._resume_hint()}") from None
         finally:
-            self._close(status, t_start)
+            if not at_once:
+                self._close(status, t_start)
         return self._summary_value
 
-    def _close(self, status: RunState, t_start: float) -> None:
-        """Nothing lost on failure: uploads in flight finish first; servers end before the run's end is reported
-        (so the store records them); then actors and Ray go."""
+    def request_stop(self, why: str = "stopped") -> None:
+        """Ask the run to stop at the next step boundary, store the checkpoint of that step and end
+        ``interrupted`` (what Ctrl-C and SIGTERM do: :mod:`cmdare.train.stop_signals`); ``run`` then raises
+        :class:`~cmdare.errors.RunInterruptedError`. Safe from a signal handler or another thread."""
+        self._stop_why = self._stop_why or why
+        if self.driver is not None:
+            self.driver.stop_why = self._stop_why
+
+    def _resume_hint(self) -> str:
+        """Where the newest stored checkpoint is and how to resume (read from the storage: an upload the loop has
+        not heard of yet counts)."""
+        if self.controller is None:
+            return ""
+        with contextlib.suppress(Exception):  # storage unreachable: what the controller heard of
+            stored = CheckpointStore(self.storage).steps()
+            return self.controller.config.resume_hint(max(stored) if stored else None)
+        return self.controller.config.resume_hint(self.controller.duties.latest_checkpoint())
+
+    def _close(self, status: RunState, t_start: float, wait: bool = True) -> None:
+        """Nothing lost on failure: uploads in flight finish first (unless not ``wait``: stopped at once); servers
+        end before the run's end is reported (so the store records them); then actors and Ray go."""
         if self.controller is not None and self.controller.state != status:
             with contextlib.suppress(RuntimeError):
                 previous = self.controller.state
                 if self.controller.machine.to(status):
                     self.emitter.event("run_state", details={"from": str(previous), "to": str(status)})
         if self.duties is not None:
-            self.duties.collect(time.time(), wait=True, timeout_s=UPLOAD_DRAIN_S)
+            self.duties.collect(time.time(), wait=wait, timeout_s=UPLOAD_DRAIN_S)
             self.duties.uploads.close()
         for group in (self.members, self.shard_group):
             if group is not None:
@@ -281,8 +310,7 @@ class Trainer:
         uploads in flight finish, the status and the store say failed, one line on stderr) and exit with 1."""
         import sys
 
-        latest = self.controller.duties.latest_checkpoint() if self.controller is not None else None
-        hint = self.controller.config.resume_hint(latest) if self.controller is not None else ""
+        hint = self._resume_hint()
         message = f"{why}; {hint}" if hint else why
         with contextlib.suppress(Exception):  # best effort: the process ends either way
             if self.duties is not None:
