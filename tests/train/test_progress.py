@@ -52,3 +52,10 @@ def test_a_chief_change_names_the_new_chief_or_says_none_is_left():
     assert "step 591: worker 4 is the chief now" in text
     assert "step 206: no worker left to be the chief (worker 1 was); the next to join takes over" in text
     assert "step 206: is the chief now" not in text
+
+
+def test_a_replacement_asked_for_again_says_why():
+    """Issue 42 item 9: a replacement whose start failed with its node is asked for again, and says so."""
+    why = "failed to start (its creation was cancelled before it ran (its node died or was drained))"
+    text = _bar_text(EventReport("r", 1.0, "replacement_retried", 330, worker_id=2, details={"reason": why}))
+    assert f"step 330: worker 2 (a replacement): {why}; asked for again" in text

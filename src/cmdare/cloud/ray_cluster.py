@@ -5,11 +5,22 @@ the GPU type's :func:`~cmdare.cloud.servers.gpu_resource` where the cluster's no
 the autoscaler satisfies by launching a node. Its start-up is what the cluster does: the coordinator
 records when the replacement was requested, when its node registered with the GCS (:func:`node_started_at`)
 and when its worker process was up; no start-up delay is sampled.
+
+A worker lost by failure may have lost its node with it, and the GCS goes on listing a dead node as alive
+until its health checks have failed long enough (seconds on a cloud); meanwhile it would place the
+replacement there (room is free on it once the lost worker's actor is killed), then cancel the creation when
+it marks the node dead. So a replacement avoids the nodes the run has just lost workers on
+(:meth:`RayClusterProvider.avoid`): Ray's label selector on the label every node carries, ``ray.io/node-id``
+(``{"ray.io/node-id": "!ID"}``; ``NodeAffinitySchedulingStrategy`` can only ask *for* a node). An avoided node
+is forgotten once the GCS marks it dead (it places nothing there then) or once it outlived the loss by
+:data:`AVOID_S` (then it was the worker that failed, not its node).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import time
 from typing import Any
 
@@ -17,8 +28,10 @@ from cmdare.cloud.local import LocalProcessProvider, Server, ServerProvider, Sta
 from cmdare.cloud.servers import GPU_RESOURCE_PREFIX, PS_RESOURCE, WORKER_RESOURCE, gpu_resource
 
 NODE_INFO_TRIES = 3  # lookups of a node's registration before it is left unknown (the GCS busy a moment)
+NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id (hex)
+AVOID_S = 60.0  # a lost worker's node still alive to the GCS this long after the loss was not lost with it
 
-__all__ = ["RayClusterProvider", "node_started_at"]
+__all__ = ["AVOID_S", "NODE_ID_LABEL", "RayClusterProvider", "label_selectors", "node_started_at"]
 
 
 class RayClusterProvider(ServerProvider):
@@ -37,6 +50,7 @@ class RayClusterProvider(ServerProvider):
         super().__init__(StartupDelay("0"))  # a real cluster: start-up is measured, never sampled
         self._worker_keys: tuple[bool, bool] | None = None  # (cmdare_worker present, GPU-type resources)
         self._ps_key: bool | None = None
+        self.avoided: dict[str, float] = {}  # node id (hex) -> when the run lost a worker on it (wall time)
 
     def actor_options(self, server: Server) -> dict[str, Any]:
         import ray
@@ -52,10 +66,39 @@ class RayClusterProvider(ServerProvider):
         resources = {WORKER_RESOURCE: 1} if has_worker else {}
         if typed and server.spec.gpu_type:
             resources[gpu_resource(server.spec.gpu_type)] = 1
-        return {"resources": resources} if resources else {}
+        options: dict[str, Any] = {"resources": resources} if resources else {}
+        selector = self.selector()
+        if selector:
+            options["label_selector"] = selector
+        return options
+
+    def avoid(self, node_id: str | None, since: float) -> None:
+        """Place no worker on node ``node_id`` (the run lost a worker on it at ``since``) until :meth:`forget`."""
+        if node_id and label_selectors():
+            self.avoided.setdefault(node_id, since)
+
+    def forget(self, node_id: str) -> None:
+        """Node ``node_id`` may host workers again (the GCS marked it dead, or it outlived the loss)."""
+        self.avoided.pop(node_id, None)
+
+    def selector(self) -> dict[str, str]:
+        """The label selector that keeps a worker off the avoided nodes (empty: none avoided)."""
+        ids = sorted(self.avoided)
+        if not ids:
+            return {}
+        return {NODE_ID_LABEL: f"!{ids[0]}" if len(ids) == 1 else f"!in({','.join(ids)})"}
 
     def revoke(self, server: Server) -> None:
         LocalProcessProvider.revoke(self, server)  # type: ignore[arg-type]
+
+
+@functools.cache
+def label_selectors() -> bool:
+    """Whether this Ray places actors by a node label selector (the ``label_selector`` option; Ray 2.60 has it)."""
+    for module in ("ray._common.ray_option_utils", "ray._private.ray_option_utils"):
+        with contextlib.suppress(ImportError, AttributeError):
+            return "label_selector" in importlib.import_module(module).actor_options
+    return False
 
 
 def node_started_at(node_id: str | None) -> float | None:

@@ -11,8 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cmdare.console import console as make_console
 from cmdare.train.callbacks import EvalReport, EventReport, RunInfo, RunSummary, StepReport, TrainCallback
 
-_SHOWN = {"revocation", "notice", "worker_lost", "replacement_joined", "chief_change", "shard_lost",
-          "shard_unresponsive", "shard_restored", "ps_add", "ps_remove"}
+_SHOWN = {"revocation", "notice", "worker_lost", "replacement_joined", "replacement_retried", "chief_change",
+          "shard_lost", "shard_unresponsive", "shard_restored", "ps_add", "ps_remove"}
 
 # What an event line says (``step 120: worker 1 revoked``).
 _WORDS = {"revocation": "revoked", "notice": "got a preemption notice", "worker_lost": "lost",
@@ -46,6 +46,8 @@ def _event_words(report: EventReport) -> str:
     if report.kind == "shard_unresponsive":
         return (f"parameter shard {report.shard_id} did not answer within {report.details.get('timeout_s', 0):g} s "
                 "(a frozen or hung process): ended, and handled as a lost shard")
+    if report.kind == "replacement_retried":  # its start failed, not by its own fault: asked for again
+        return f"worker {report.worker_id} (a replacement): {report.details.get('reason', 'no start')}; asked for again"
     who = f"worker {report.worker_id} " if report.worker_id is not None else ""
     return who + _WORDS.get(report.kind, report.kind.replace("_", " "))
 

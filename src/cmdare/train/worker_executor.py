@@ -5,6 +5,10 @@ replaces a lost worker and when an injected revocation is due; this module acts 
 actors on servers from the provider (or takes a warm spare), kills revoked servers, reports each worker's
 process coming up (or failing to), moves the chief role and pushes the learning rate and round size to the
 shards. It records what the store reports of each server (requested, joined, recovery figures).
+
+On a Ray cluster a worker lost by failure may have lost its node: its replacement avoids that node until the GCS
+marks it dead, or until it outlived the loss (:mod:`cmdare.train.lost_nodes`); a replacement still waiting
+with such a node avoided is then asked for again without (the worker failed, not its node).
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from cmdare.cloud.local import Server, ServerProvider
+from cmdare.cloud.ray_cluster import AVOID_S
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
 from cmdare.train.detached import DetachedCalls
 from cmdare.train.emitter import RunEmitter
 from cmdare.train.gpu_speeds import catalog_offers
+from cmdare.train.lost_nodes import LostNodes
 from cmdare.train.shard_group import ShardGroup
 from cmdare.train.spec import TrainSpec
 from cmdare.train.warm_pool import WarmPool, actor_class, measured_start, spare_spec, startup_timings, worker_threads
@@ -43,6 +49,8 @@ class WorkerHandle:
     spare: str | None = None  # a replacement that was a warm spare: "up" (warm) or "starting" when taken
     is_up: bool = False
     layout_version: int = 0  # the shard group's version it was built with
+    node_id: str | None = None  # its Ray node (hex), once up
+    avoids: tuple[str, ...] = ()  # the nodes its actor was asked to keep off (lost nodes, a real cluster)
 
 
 def start_error(err: BaseException) -> tuple[str, bool]:
@@ -58,7 +66,21 @@ def start_error(err: BaseException) -> tuple[str, bool]:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     cause = next((ln for ln in reversed(lines) if "Error:" in ln or "Exception:" in ln), lines[-1] if lines else "")
     cause = cause.split("Error: ", 1)[-1] if deterministic and "Error: " in cause else cause
+    if not deterministic:
+        cause = _not_its_own(text) or cause
     return (cause or type(err).__name__), deterministic
+
+
+def _not_its_own(text: str) -> str | None:
+    """Why a worker's start failed, in words, when Ray says its node went (None: Ray says nothing of it)."""
+    lowered = text.lower()
+    if "drain" in lowered or "preempt" in lowered:
+        return "its node was drained while it started"
+    if "never ran" in lowered or "cancelled before it started" in lowered or "schedulingcancelled" in lowered:
+        return "its creation was cancelled before it ran (its node died or was drained)"
+    if "node" in lowered and ("died" in lowered or "dead" in lowered):
+        return "its node died while it started"
+    return None
 
 
 class WorkerExecutor:
@@ -79,6 +101,7 @@ class WorkerExecutor:
         self.stretch: dict[str, float] = {}  # GPU type -> emulated step stretch (local mixed runs)
         self._reference_step_s: float | None = None  # recent step time of the fastest type's workers
         self.pool: WarmPool | None = None  # the warm spares (spec.warm_spares > 0)
+        self.lost_nodes = LostNodes(provider)  # nodes replacements keep off (a real cluster)
 
     # -- starting --------------------------------------------------------------------------------------
     def _actor_options(self, server: Server) -> dict[str, Any]:
@@ -119,7 +142,8 @@ class WorkerExecutor:
             args = self._worker_args(cmd.worker_id, server, cmd.slot)
             actor = actor_class(Worker).options(**self._actor_options(server)).remote(*args)
             server.actor = actor
-            w = WorkerHandle(cmd.worker_id, cmd.slot, actor, server, replaces=lost, up=actor.ready.remote())
+            w = WorkerHandle(cmd.worker_id, cmd.slot, actor, server, replaces=lost, up=actor.ready.remote(),
+                             avoids=self.lost_nodes.avoided())
         w.layout_version = self.shards.version
         self.workers[w.worker_id] = w
         self.ready_refs[w.up] = w.worker_id
@@ -128,6 +152,8 @@ class WorkerExecutor:
             return [E.ServerStarting(wall=wall, worker_id=w.worker_id, startup_s=0.0)]
         extra: dict[str, Any] = {"replaces": (lost or {}).get("server_id"),
                                  **(spare.details(wall) if spare is not None else {"warm": False})}
+        if w.avoids:
+            extra["avoids_nodes"] = list(w.avoids)
         startup_s: float | None = None
         if self.provider.emulated:  # cloud seconds / speedup: when the emulated server is ready
             startup_s = 0.0 if spare is not None else max(0.0, server.ready_at - server.requested_at)
@@ -150,7 +176,7 @@ class WorkerExecutor:
             message, deterministic = start_error(err)
             return [E.WorkerStartFailed(wall=wall, worker_id=wid, error=message, deterministic=deterministic)]
         node_id, up_at = (got["node_id"], got["up_at"]) if isinstance(got, dict) else got
-        w.is_up = True
+        w.is_up, w.node_id = True, node_id
         if not self.provider.emulated and w.replaces is not None:
             startup_s, registered = measured_start(w.server, node_id, up_at)
             self.emitter.server_event("replacement_started", w.server, worker_id=wid,
@@ -186,10 +212,32 @@ class WorkerExecutor:
         return min(joined or others, key=lambda w: w.worker_id, default=None)
 
     def tick(self, wall: float) -> None:
-        """The warm pool's upkeep: standbys started, found lost, the chief's statistics copied."""
+        """The warm pool's upkeep (standbys started, found lost, the chief's statistics copied) and the lost nodes
+        replacements avoid: a waiting one is asked for again without a node that turned out alive."""
         if self.pool is not None:
             source = self._buffer_source(None)
             self.pool.tick(wall, source.actor if source is not None and source.server.joined_at else None)
+        for node_id in self.lost_nodes.settle(wall):
+            for w in [w for w in self.workers.values() if node_id in w.avoids and not w.is_up]:
+                self._ask_again(w, f"kept off node {node_id}, which is still alive {AVOID_S:g} s after its worker "
+                                   "was lost (the worker failed, not its node)")
+
+    def _ask_again(self, w: WorkerHandle, reason: str) -> None:
+        """A new actor for the waiting replacement ``w`` (its options as they are now); the old one is killed."""
+        import ray
+
+        self.ready_refs.pop(w.up, None)
+        self.detached.add(w.up)
+        with contextlib.suppress(Exception):
+            ray.kill(w.actor)
+        args = self._worker_args(w.worker_id, w.server, w.slot)
+        w.actor = w.server.actor = actor_class(Worker).options(**self._actor_options(w.server)).remote(*args)
+        previous, w.avoids, w.up = w.avoids, self.lost_nodes.avoided(), w.actor.ready.remote()
+        self.ready_refs[w.up] = w.worker_id
+        self.emitter.server_event("replacement_retried", w.server, worker_id=w.worker_id,
+                                  extra={"reason": reason, "avoided_nodes": list(previous),
+                                         "avoids_nodes": list(w.avoids),
+                                         "replaces_worker": (w.replaces or {}).get("worker_id")})
 
     def joined_run(self, cmd: C.Joined) -> None:
         """A replacement joined the run (its server is ready: in emulation when its emulated start-up ended, its
@@ -265,6 +313,7 @@ class WorkerExecutor:
         if cmd.reason != "notice":
             if w.revoked_at is None:  # not injected: a real failure or an outside revocation
                 w.revoked_at = now
+                self.lost_nodes.lost(w.node_id, now)  # its node may have died with it, the GCS not knowing yet
                 self.emitter.event("revocation", worker_id=w.worker_id, server_id=w.server.server_id,
                                    details={"source": "failure", "error": error or cmd.reason})
             if w.server.alive:
@@ -325,7 +374,11 @@ class WorkerExecutor:
         server.ended_at, server.end_reason = server.requested_at, "not_started"
         self.emitter.end_server(server, "not_started")
         waited = time.time() - server.requested_at
-        if cmd.reason == "cancelled":
+        if cmd.retried:  # its start failed, not by its own fault: the same server is asked for again
+            self.emitter.server_event("replacement_retried", server, worker_id=w.worker_id,
+                                      extra={"reason": cmd.reason, "waited_s": waited, "avoids_nodes": list(w.avoids),
+                                             "replaces_worker": (w.replaces or {}).get("worker_id")})
+        elif cmd.reason == "cancelled":
             self.emitter.server_event("replacement_cancelled", server, worker_id=w.worker_id,
                                       extra={"waited_s": waited})
         else:
