@@ -191,3 +191,19 @@ def test_a_replacement_that_never_comes_falls_back_or_gives_the_slot_up():
     k.join(worker(2, slot=0), 3.0)
     k.lose(2, 4.0)
     assert k.replacement_failed(0, 5.0) == [RequestReplacement(0, K80, 2)]  # V100 tried for this loss only
+
+
+def test_a_start_that_failed_not_by_its_own_fault_asks_for_the_same_server_again():
+    """Issue 42 item 9: the driver says a replacement's start failed with its node; the kernel asks for the same
+    server for the slot again (no policy fallback: ``cheapest`` would have moved on to another type), the slot
+    pending as it was, and records why."""
+    offers = [Offer(V100, 10.0), Offer(K80, 1.0)]  # V100 the cheaper per step
+    k = MembershipKernel(2, replacement="cheapest", offers=lambda lost: offers)
+    k.start([worker(0), worker(1)], 0.0)
+    assert RequestReplacement(0, V100, 0) in k.lose(0, 1.0)
+    why = "its node died while it started"
+    assert k.retry(0, 4.0, why) == [RequestReplacement(0, V100, 0)]
+    assert [(p.slot, p.server, p.requested_at) for p in k.state.pending] == [(0, V100, 1.0)]
+    retried = [e for e in k.timeline if e.kind == "replacement_retried"]
+    assert [(e.worker_id, e.slot, e.details) for e in retried] == [(0, 0, {"why": why, "gpu": V100.gpu_type})]
+    assert k.retry(1, 5.0) == []  # no replacement pending for that slot: nothing to ask for
