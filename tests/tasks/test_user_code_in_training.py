@@ -1,10 +1,7 @@
 """A mistake in user code that only shows on a worker, after the driver's one-batch check, ends the run with the
 one line the worker's task raised, naming the part and the step (issue 42): deterministic, so no worker is
-revoked or replaced for it, on real Ray workers.
-
-This needs the driver to end the run on a worker's ``UserInputError`` (a ``ChunkFailed`` marked deterministic, as
-a worker that cannot start is) and the worker's loop to call ``Task.step_loss`` and ``Task.backward``; until both
-are in, the test is an expected failure (strict: it says so once they are)."""
+revoked or replaced for it, on real Ray workers (the worker's loop calls ``Task.step_loss`` and ``Task.backward``;
+the driver ends the run on the ``UserCodeFailed`` its ``UserInputError`` becomes)."""
 
 from __future__ import annotations
 
@@ -41,8 +38,6 @@ class _Events(TrainCallback):
         self.status = summary.status
 
 
-@pytest.mark.xfail(strict=True, reason="the driver does not yet end a run on a worker's UserInputError, nor does "
-                                       "the worker's loop call Task.step_loss/Task.backward (issue 42, h4 report)")
 def test_a_workers_mistake_ends_the_run_in_one_line_and_revokes_nothing(local_ray, tmp_path):
     """Items go wrong after the first 200 a process fetches: the driver's check passes, each worker meets it."""
     events = _Events()

@@ -31,6 +31,7 @@ from cmdare.control.run_events import (
     ShardLost,
     StopRequested,
     Tick,
+    UserCodeFailed,
     WorkerNotice,
     WorkerStartFailed,
     WorkerStopped,
@@ -195,6 +196,10 @@ class RunEventHandlers:
         self.workers.stopped(ev.worker_id)
         if not ev.shard_lost and self.workers.lose(ev.worker_id, self.now, "revoked"):
             self._after_loss(ev.worker_id)
+
+    def _on_UserCodeFailed(self, ev: UserCodeFailed) -> None:
+        self.workers.stopped(ev.worker_id)
+        self._end("failed", f"{ev.error}; {self._resume_hint()}")
 
     def _on_ServerStarting(self, ev: ServerStarting) -> None:
         if ev.worker_id is not None:

@@ -36,6 +36,7 @@ __all__ = [
     "ShardLost",
     "StopRequested",
     "Tick",
+    "UserCodeFailed",
     "WorkerNotice",
     "WorkerStartFailed",
     "WorkerStopped",
@@ -111,6 +112,16 @@ class ChunkFailed(Event):
     worker_id: int
     shard_lost: bool = False
     error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class UserCodeFailed(Event):
+    """The user's code failed on worker ``worker_id`` while it trained or evaluated (its data, model, loss or
+    metric raised: ``error`` is the one line naming the part and the step). Any worker would fail the same way:
+    the run ends with that line, nothing taken for a revocation."""
+
+    worker_id: int
+    error: str
 
 
 @dataclass(frozen=True, kw_only=True)

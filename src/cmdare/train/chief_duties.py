@@ -26,6 +26,7 @@ from cmdare.ps.layout import model_flat_from_shard_arrays
 from cmdare.train.checkpoint import Checkpoint
 from cmdare.train.checkpoint_uploads import CheckpointUploads, Upload
 from cmdare.train.emitter import RunEmitter
+from cmdare.train.faults import user_mistake
 from cmdare.train.shard_group import ShardGroup
 
 __all__ = ["SNAPSHOT_TIMEOUT_S", "ChiefDuties", "Snapshot"]
@@ -104,6 +105,8 @@ class ChiefDuties:
         try:
             res = ray.get(ref)
         except ray.exceptions.RayError as err:
+            if (said := user_mistake(err)) is not None:  # the user's test data, model or metric failed: any chief would
+                return [E.UserCodeFailed(wall=wall, worker_id=cmd.worker_id, error=said)]
             return [E.DutyDone(wall=wall, kind=cmd.kind, worker_id=cmd.worker_id, step=cmd.step, ok=False,
                                error=type(err).__name__)]
         if snap is None:  # cannot happen: the snapshot is kept while a duty runs on it

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from cmdare.train.faults import user_mistake
+
 __all__ = ["DetachedCalls"]
 
 log = logging.getLogger(__name__)
@@ -41,5 +43,7 @@ class DetachedCalls:
             except (ray.exceptions.RayActorError, ray.exceptions.TaskCancelledError):
                 pass  # the actor is gone (revoked or killed): its pending calls fail, as expected
             except Exception as err:  # noqa: BLE001 - a best-effort call: report, keep training
+                if user_mistake(err) is not None:
+                    continue  # the user's code failed: the run ends with that line (said once, by the driver)
                 last = str(err).strip().splitlines()[-1] if str(err).strip() else ""
                 log.warning("a call the coordinator did not wait for failed: %s: %s", type(err).__name__, last)

@@ -37,7 +37,7 @@ from cmdare.train.chunk_result import ChunkResult
 from cmdare.train.cluster_health import LoopWatchdog, cluster_lost, probe_actors
 from cmdare.train.detached import DetachedCalls
 from cmdare.train.emitter import RunEmitter
-from cmdare.train.faults import classify
+from cmdare.train.faults import classify, user_mistake
 from cmdare.train.placement_changes import PlacementChanges
 from cmdare.train.ps_evacuation import PsServerExecutor
 from cmdare.train.run_control import HEARTBEAT_S, heartbeat, write_status
@@ -181,10 +181,15 @@ class RayDriver:
         w = self.workers.workers.get(wid)
         try:
             res: ChunkResult = ray.get(ref)
-        except ray.exceptions.RayActorError as err:
+        except ray.exceptions.RayError as err:
             if w is None:
                 return  # a chunk of a worker already gone (revoked, left): its failure was expected
             self.feeding.discard(wid)
+            if (said := user_mistake(err)) is not None:  # any worker would fail the same way: the run ends
+                self._event(self._stamp(E.UserCodeFailed(wall=wall, worker_id=wid, error=said)))
+                return
+            if not isinstance(err, ray.exceptions.RayActorError):
+                raise
             if isinstance(classify(err, wid), ShardLostError):
                 # every shard answering: the one it pushed to was replaced already (by a restore done or under way)
                 dead = self.ps.dead_keys()

@@ -26,3 +26,14 @@ def loss(out, y):
 def nan_loss(out, y):
     """A loss that is NaN from the first step (a user's bug): divergence before anything is stored."""
     return F.mse_loss(out, y) * float("nan")
+
+
+_CALLS = {"n": 0}
+
+
+def exploding_loss(out, y):
+    """A loss whose value explodes after 60 steps of a process while its gradient stays the MSE's: a finite
+    divergence (the parameters stay finite) that only the loss's growth shows."""
+    _CALLS["n"] += 1
+    mse = F.mse_loss(out, y)
+    return mse + (1e6 - 1.0) * mse.detach() if _CALLS["n"] > 60 else mse
