@@ -249,7 +249,8 @@ class RayDriver:
     def _periodic(self, wall: float) -> None:
         """Uploads finished, shard load, ``cmdare ps`` requests and balancers that decide at any time, drains."""
         events: list[E.Event] = list(self.duties.collect(wall))
-        if wall >= self._next_heartbeat:  # status.json: the real step, and a sign the run is alive
+        stored = any(isinstance(e, E.CheckpointStored) for e in events)  # the step trained never trails the stored
+        if wall >= self._next_heartbeat or stored:  # status.json: the real step, and a sign the run is alive
             self._next_heartbeat = wall + HEARTBEAT_S
             heartbeat(self.storage, len(self.shards.shards), self.global_step)
         if wall >= self._next_stats and not self.controller.holding and self.controller.action is None:
