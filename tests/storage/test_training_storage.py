@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -146,3 +147,41 @@ def test_status_json_carries_the_real_step_while_the_run_trains(local_ray, tmp_p
     assert summary.status == "finished"
     assert any(state == "running" and step > 0 for state, step in seen), seen
     assert read_status(run)["status"] == "finished" and read_status(run)["global_step"] == 60
+
+
+class _TurnsReadOnly(Storage):
+    """A real directory that refuses every write once ``read_only`` is set (a disk remounted read-only)."""
+
+    read_only = False
+
+    def child(self, name: str) -> Storage:
+        return type(self)(self.path / name)
+
+    def put(self, name: str, data: bytes) -> None:
+        if type(self).read_only:
+            raise OSError(30, "Read-only file system", str(self.path / name))
+        super().put(name, data)
+
+
+def test_a_storage_that_turns_read_only_is_said_not_left_saying_running(local_ray, tmp_path):
+    """Issue 42: --checkpoint-every 0 with the storage turned read-only mid-run: 'finished', and status.json left
+    'running' without a word."""
+    import json
+
+    class _ReadOnlyAt(_Log):
+        def on_step(self, r):
+            if r.global_step >= 10:
+                _TurnsReadOnly.read_only = True
+
+    log = _ReadOnlyAt()
+    storage = _TurnsReadOnly(tmp_path / "run")
+    try:
+        spec = dataclasses.replace(_spec(40, str(tmp_path)), checkpoint_every=0)
+        summary = Trainer(spec, [log], checkpoint_dir=storage).run()
+    finally:
+        _TurnsReadOnly.read_only = False
+    assert summary.status == "finished"  # no checkpoint was asked for: the training itself is done
+    warnings = [e.details["warning"] for e in log.events if e.kind == "storage_warning"]
+    assert any(w.startswith("the run's final status (finished) could not be written to ") and "Read-only file system"
+               in w for w in warnings), warnings
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "running"  # what it says

@@ -88,6 +88,7 @@ class RayDriver:
         self._next_stats = self._next_heartbeat = 0.0
         self._final_stats = False
         self._round_feed: dict[int, bool] = {}  # synchronous: the chunk-end step -> whether that round goes on
+        self._storage_failing = False  # the last heartbeat could not be written
         self.stop_why: str | None = None  # a stop was asked for (Ctrl-C, SIGTERM): told to the controller once
         self._stop_told = False
 
@@ -252,7 +253,12 @@ class RayDriver:
         stored = any(isinstance(e, E.CheckpointStored) for e in events)  # the step trained never trails the stored
         if wall >= self._next_heartbeat or stored:  # status.json: the real step, and a sign the run is alive
             self._next_heartbeat = wall + HEARTBEAT_S
-            heartbeat(self.storage, len(self.shards.shards), self.global_step)
+            failed = heartbeat(self.storage, len(self.shards.shards), self.global_step)
+            if failed is not None and not self._storage_failing:  # said once, until a write succeeds again
+                self.emitter.event("storage_warning", details={
+                    "warning": f"the run's storage {self.storage.uri} cannot be written ({failed}): its status "
+                               "(and any checkpoint) is not stored; training goes on", "storage": self.storage.uri})
+            self._storage_failing = failed is not None
         if wall >= self._next_stats and not self.controller.holding and self.controller.action is None:
             self._next_stats = wall + SHARD_STATS_EVERY_S
             if self.changes.collect_stats(self.global_step) is None:

@@ -94,10 +94,14 @@ def _driver_gone(status: dict[str, Any]) -> bool:
     return False
 
 
-def heartbeat(run: Storage, num_shards: int, global_step: int) -> None:
-    """``status.json`` rewritten while the run trains (a write that fails is tried again at the next beat)."""
-    with contextlib.suppress(OSError, StorageError):
+def heartbeat(run: Storage, num_shards: int, global_step: int) -> str | None:
+    """``status.json`` rewritten while the run trains; returns why the write failed (None: written). A write that
+    fails is tried again at the next beat."""
+    try:
         write_status(run, "running", num_shards, global_step)
+    except (OSError, StorageError) as err:
+        return str(err).splitlines()[0] if str(err) else type(err).__name__
+    return None
 
 
 def read_status(run: Storage | str | os.PathLike[str], now: float | None = None) -> dict[str, Any]:

@@ -299,8 +299,12 @@ class Trainer:
             if group is not None:
                 group.release()
         self._summary_value = self._summary(str(status), t_start)
-        with contextlib.suppress(OSError, StorageError):
+        try:
             write_status(self.storage, str(status), len(self.shards), self.global_step)
+        except (OSError, StorageError) as err:  # the run is over all the same: say where its status is missing
+            self.emitter.event("storage_warning", details={
+                "warning": f"the run's final status ({status}) could not be written to {self.storage.uri} ({err}): "
+                           "its status.json there still says it runs", "storage": self.storage.uri})
         self.emitter.emit("on_run_end", self._summary_value)
         left_running = self.driver.take_running() if self.driver is not None else []
         release_run((self.members, self.shard_group), self.detached, left_running, self.provider, self._started_ray)
