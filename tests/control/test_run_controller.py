@@ -361,3 +361,16 @@ def test_a_stop_before_training_started_ends_at_once():
     assert end.status == "interrupted" and d.step == 0
     assert end.message == "interrupted (SIGTERM) before training started; no checkpoint was stored; there is " \
                           "nothing to resume: start the run again"
+
+
+def test_code_that_fails_on_a_worker_ends_the_run_with_its_line_and_replaces_nobody():
+    """A chief whose evaluation raised (a test batch the model cannot take, a bug) was taken for revoked and
+    replaced, and its replacement too, for ever."""
+    d = make(steps=300, checkpoint_every=100)
+    d.on_step[150] = lambda d: d.feed(E.CodeFailed(wall=d.wall, worker_id=0, error="--dataset p:d at step 150: "
+                                                   "item 7 raised ValueError: bad record"))
+    end = d.run()
+    assert end.status == "failed" and end.message == ("--dataset p:d at step 150: item 7 raised ValueError: bad "
+                                                      "record; the latest checkpoint is step 100; resume with "
+                                                      "--resume r")
+    assert not d.of(C.LoseWorker) and not d.of(C.StartWorker)[2:]  # the first wave only

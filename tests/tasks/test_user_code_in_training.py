@@ -1,7 +1,7 @@
 """A mistake in user code that only shows on a worker, after the driver's one-batch check, ends the run with the
 one line the worker's task raised, naming the part and the step (issue 42): deterministic, so no worker is
 revoked or replaced for it, on real Ray workers (the worker's loop calls ``Task.step_loss`` and ``Task.backward``;
-the driver ends the run on the ``UserCodeFailed`` its ``UserInputError`` becomes)."""
+the driver ends the run on the ``CodeFailed`` its ``UserInputError`` becomes)."""
 
 from __future__ import annotations
 

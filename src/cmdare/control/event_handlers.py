@@ -20,6 +20,7 @@ from cmdare.control.run_events import (
     ChunkDone,
     ChunkFailed,
     ClusterLost,
+    CodeFailed,
     DutyDone,
     Event,
     PlacementRequested,
@@ -31,7 +32,6 @@ from cmdare.control.run_events import (
     ShardLost,
     StopRequested,
     Tick,
-    UserCodeFailed,
     WorkerNotice,
     WorkerStartFailed,
     WorkerStopped,
@@ -197,7 +197,7 @@ class RunEventHandlers:
         if not ev.shard_lost and self.workers.lose(ev.worker_id, self.now, "revoked"):
             self._after_loss(ev.worker_id)
 
-    def _on_UserCodeFailed(self, ev: UserCodeFailed) -> None:
+    def _on_CodeFailed(self, ev: CodeFailed) -> None:
         self.workers.stopped(ev.worker_id)
         self._end("failed", f"{ev.error}; {self._resume_hint()}")
 

@@ -20,11 +20,12 @@ from typing import Any
 __all__ = [
     "ActionDone",
     "AllStopped",
-    "ChunkDone",
-    "ChunkFailed",
     "CheckpointFailed",
     "CheckpointStored",
+    "ChunkDone",
+    "ChunkFailed",
     "ClusterLost",
+    "CodeFailed",
     "DutyDone",
     "Event",
     "PlacementRequested",
@@ -36,7 +37,6 @@ __all__ = [
     "ShardLost",
     "StopRequested",
     "Tick",
-    "UserCodeFailed",
     "WorkerNotice",
     "WorkerStartFailed",
     "WorkerStopped",
@@ -115,10 +115,11 @@ class ChunkFailed(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class UserCodeFailed(Event):
-    """The user's code failed on worker ``worker_id`` while it trained or evaluated (its data, model, loss or
-    metric raised: ``error`` is the one line naming the part and the step). Any worker would fail the same way:
-    the run ends with that line, nothing taken for a revocation."""
+class CodeFailed(Event):
+    """The code worker ``worker_id`` ran failed while it trained or evaluated, its server alive: the user's (its
+    data, model, loss or metric raised; ``error`` is the one line naming the part and the step) or cmdare's own.
+    Any worker would fail the same way: the run ends with that line, nothing taken for a revocation (a chief whose
+    evaluation failed so was replaced, and its replacement, for ever)."""
 
     worker_id: int
     error: str

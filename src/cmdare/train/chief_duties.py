@@ -106,7 +106,12 @@ class ChiefDuties:
             res = ray.get(ref)
         except ray.exceptions.RayError as err:
             if (said := user_mistake(err)) is not None:  # the user's test data, model or metric failed: any chief would
-                return [E.UserCodeFailed(wall=wall, worker_id=cmd.worker_id, error=said)]
+                return [E.CodeFailed(wall=wall, worker_id=cmd.worker_id, error=said)]
+            if not isinstance(err, ray.exceptions.RayActorError):  # raised in a live chief: any chief would raise it
+                last = str(err.cause if getattr(err, "cause", None) is not None else err).strip().splitlines()
+                return [E.CodeFailed(wall=wall, worker_id=cmd.worker_id,
+                                     error=f"the chief's {cmd.kind} of step {cmd.step} failed: "
+                                           f"{type(getattr(err, 'cause', err)).__name__}: {last[-1] if last else ''}")]
             return [E.DutyDone(wall=wall, kind=cmd.kind, worker_id=cmd.worker_id, step=cmd.step, ok=False,
                                error=type(err).__name__)]
         if snap is None:  # cannot happen: the snapshot is kept while a duty runs on it

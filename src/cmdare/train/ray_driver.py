@@ -187,7 +187,7 @@ class RayDriver:
                 return  # a chunk of a worker already gone (revoked, left): its failure was expected
             self.feeding.discard(wid)
             if (said := user_mistake(err)) is not None:  # any worker would fail the same way: the run ends
-                self._event(self._stamp(E.UserCodeFailed(wall=wall, worker_id=wid, error=said)))
+                self._event(self._stamp(E.CodeFailed(wall=wall, worker_id=wid, error=said)))
                 return
             if not isinstance(err, ray.exceptions.RayActorError):
                 raise
