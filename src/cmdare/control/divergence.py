@@ -49,25 +49,22 @@ class DivergenceWatch:
             return "its parameters are not finite" + ("" if loss is None else f" (loss {_number(loss)})")
         if loss is None:
             return None
-        if not math.isfinite(loss):
-            return f"loss is {loss}"
-        level = self.level()
-        if level is not None and loss > self.bound * level:
-            return f"loss is {_number(loss)}, over {self.bound:g}x its level of {_number(level)}"
-        if self.first is None:
-            self.first = loss
-        self.recent.append(loss)
-        return None
+        why = self._verdict(loss, "loss", "its level")
+        if why is None:
+            self.first = loss if self.first is None else self.first
+            self.recent.append(loss)
+        return why
 
     def test(self, loss: float | None) -> str | None:
         """An evaluation's test loss: why it shows divergence, or None."""
-        if loss is None:
-            return None
+        return None if loss is None else self._verdict(loss, "test loss", "the training loss level")
+
+    def _verdict(self, loss: float, what: str, level_name: str) -> str | None:
         if not math.isfinite(loss):
-            return f"test loss is {loss}"
+            return f"{what} is {loss}"
         level = self.level()
         if level is not None and loss > self.bound * level:
-            return f"test loss is {_number(loss)}, over {self.bound:g}x the training loss level of {_number(level)}"
+            return f"{what} is {_number(loss)}, over {self.bound:g}x {level_name} of {_number(level)}"
         return None
 
     def rolled_back(self) -> None:
