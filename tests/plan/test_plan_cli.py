@@ -11,7 +11,7 @@ import pytest
 from plan_toys import run_cli
 
 from cmdare.errors import UserInputError
-from cmdare.plan.commands import parse_deadline_s
+from cmdare.plan.options import parse_deadline_s
 
 SIM = ["plan", "simulate", "--model", "t2t_resnet32", "--steps", "64000", "--runs", "20", "--seed", "1"]
 

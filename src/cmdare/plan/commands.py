@@ -7,15 +7,22 @@
 from __future__ import annotations
 
 import json
-import math
-import re
-from datetime import datetime, timedelta
 from typing import Annotated
 
 import typer
 
-from cmdare.errors import UnknownNameError, UserInputError
+from cmdare.errors import UserInputError
 from cmdare.plan.evacuation import ps_markets, with_evacuation
+from cmdare.plan.options import (
+    check_names,
+    check_offered,
+    cloud_name,
+    parse_deadline_s,
+    retired_gpus,
+    retired_note,
+    split_names,
+    start_hour_option,
+)
 from cmdare.plan.plan_output import print_rec, rec_json
 
 plan_app = typer.Typer(
@@ -27,90 +34,6 @@ plan_app = typer.Typer(
 
 _MODEL_OPTION = typer.Option("--model", help="A model of `cmdare workloads`: t2t_resnet32 (measured by CM-DARE), "
                              "resnet32 (He's, predicted from its profile) ...")
-_UNITS_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"^\s*(-?)((?:\d+(?:\.\d*)?\s*(?:s|sec|min|m|h|d)\s*)+)$", re.I)
-
-
-def parse_deadline_s(text: str, now: datetime | None = None) -> float:
-    """Seconds from now until a deadline given as ``2h``, ``1h30m``, ``90min``, ``600`` (seconds)
-    or a clock time ``2026-11-29T18:00`` (local time).
-
-    Raises:
-        UserInputError: if it cannot be parsed or lies in the past.
-    """
-    text = text.strip()
-    seconds: float | None = None
-    try:
-        seconds = float(text)
-    except ValueError:
-        m = _DURATION.match(text)
-        if m:
-            parts = re.findall(r"(\d+(?:\.\d*)?)\s*(sec|min|s|m|h|d)", m.group(2), re.I)
-            seconds = sum(float(v) * _UNITS_S[u.lower()] for v, u in parts) * (-1 if m.group(1) else 1)
-        else:
-            try:
-                when = datetime.fromisoformat(text)
-            except ValueError:
-                raise UserInputError(f"cannot read deadline {text!r}; use e.g. 2h, 1h30m, 90min, 600 or "
-                                     f"{_tomorrow_evening(now)}") from None
-            ref = now or (datetime.now(when.tzinfo) if when.tzinfo else datetime.now())
-            seconds = (when - ref).total_seconds()
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise UserInputError(f"the deadline {text!r} is in the past; give a duration such as 2h")
-    return seconds
-
-
-def _tomorrow_evening(now: datetime | None = None) -> str:
-    """An example clock-time deadline that is never in the past: tomorrow at 18:00, e.g. ``2026-12-05T18:00``."""
-    day = (now or datetime.now()) + timedelta(days=1)
-    return day.replace(hour=18, minute=0, second=0, microsecond=0).strftime("%Y-%m-%dT%H:%M")
-
-
-def _cloud(text: str) -> str:
-    """``--cloud`` in any case (``AWS`` is ``aws``); a cloud the catalog does not know is refused when the
-    models load, in one line listing the valid ones."""
-    return text.strip().lower()
-
-
-def _retired(prices, gpus: list[str]) -> list[str]:
-    """Those of ``gpus`` that the plan's cloud has retired (every offering of the type there is marked retired in
-    the catalog: K80s), in the order given."""
-    out = []
-    for gpu in gpus:
-        offers = prices.catalog.find(gpu=gpu, cloud=prices.cloud, role="worker")
-        if offers and all(o.retired for o in offers):
-            out.append(gpu)
-    return out
-
-
-def _retired_note(gpus: list[str], cloud: str, then: str = "its prices and speeds replay the CM-DARE/ICAC 2019 runs"
-                  ) -> str:
-    """Why a retired GPU type is flagged (for K80: the cloud rents it no more and current PyTorch cannot use it),
-    then what the plan does with it."""
-    from cmdare.cloud.launcher_nodes import GPU_SOFTWARE
-
-    names = ", ".join(g.upper() for g in gpus)
-    ccs = sorted({GPU_SOFTWARE[g.upper()].compute_capability for g in gpus if g.upper() in GPU_SOFTWARE})
-    software = (f"current PyTorch CUDA builds do not run on compute capability {', '.join(ccs)} (CUDA 12 dropped "
-                "it)" if ccs else "current PyTorch CUDA builds may not support it")
-    return f"{names} retired: {cloud} no longer rents {'them' if len(gpus) > 1 else 'it'} and {software}; {then}"
-
-
-def _check_offered(prices, gpus: list[str], region: str, transient: bool) -> None:
-    """Each of ``gpus`` is rented in ``region`` with that pricing; else one line saying what is (AWS sells its
-    retired K80s on demand only)."""
-    market = "spot/preemptible" if transient else "on-demand"
-    retired = _retired(prices, prices.gpus())
-    for gpu in gpus:
-        if prices.offered(gpu, region, transient):
-            continue
-        why = " (retired)" if gpu in retired else ""
-        instead = "drop --transient, or " if transient and prices.offered(gpu, region, False) else ""
-        others = [g for g in prices.gpus() if g not in retired and prices.offered(g, region, transient)]
-        raise UserInputError(f"{prices.cloud} {region} rents no {gpu.upper()}{why} as {market} servers: {instead}"
-                             f"choose another GPU type ({', '.join(others) or 'none offered there'})")
-
-
 def _models(model: str, lifetime: str, catalog: str | None, cloud: str, rate: str | None = None,
             model_error: bool = False, input_shape: str | None = None):
     from cmdare.plan.adapters import load_plan_models
@@ -118,18 +41,6 @@ def _models(model: str, lifetime: str, catalog: str | None, cloud: str, rate: st
 
     return load_plan_models(model, lifetime, catalog, cloud, rate, model_error=model_error,
                             input_shape=parse_shape(input_shape) if input_shape else None)
-
-
-def _check_names(prices, gpus: list[str], regions: list[str]) -> None:
-    """Unknown GPU types and regions fail before any simulation, listing the valid names."""
-    known_gpus = prices.gpus()
-    for gpu in gpus:
-        if gpu not in known_gpus:
-            raise UnknownNameError("GPU", gpu, known_gpus)
-    known_regions = prices.regions()
-    for region in regions:
-        if region not in known_regions:
-            raise UnknownNameError(f"{prices.cloud} region", region, known_regions)
 
 
 _Lifetime = Annotated[str, typer.Option(
@@ -160,13 +71,6 @@ _StartHour = Annotated[
 ]
 
 
-def _start_hour(hour: int | None) -> int | None:
-    """Validate ``--start-hour``."""
-    if hour is not None and not 0 <= hour <= 23:
-        raise UserInputError(f"--start-hour must be an hour of day 0-23, got {hour}")
-    return hour
-
-
 def _source(models, start_hour: int | None) -> str:
     from cmdare.predict.refine import refinement_note
 
@@ -174,10 +78,6 @@ def _source(models, start_hour: int | None) -> str:
     if start_hour is None:
         return source
     return f"{source}; lifetimes by launch hour, job starts {start_hour:02d}:00 US Pacific"
-
-
-def _split(text: str) -> list[str]:
-    return [p.strip().lower() for p in text.split(",") if p.strip()]
 
 
 @plan_app.callback()
@@ -240,24 +140,24 @@ def plan(
         from cmdare.output_files import check_figure_output
 
         check_figure_output(plot, "--plot", force)  # fail before minutes of simulation, not after
-    job = JobSpec(model, steps, checkpoint_every, start_hour=_start_hour(start_hour))
-    cloud = _cloud(cloud)
+    job = JobSpec(model, steps, checkpoint_every, start_hour=start_hour_option(start_hour))
+    cloud = cloud_name(cloud)
     models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape),
                               ps_market != "on-demand")
-    gpu_list = _split(gpus) if gpus is not None else models.prices.default_gpus()
+    gpu_list = split_names(gpus) if gpus is not None else models.prices.default_gpus()
     if gpus is not None:
-        _check_names(models.prices, gpu_list, [])
-    left_out = [] if gpus is not None or include_retired else _retired(models.prices, gpu_list)
+        check_names(models.prices, gpu_list, [])
+    left_out = [] if gpus is not None or include_retired else retired_gpus(models.prices, gpu_list)
     gpu_list = [g for g in gpu_list if g not in left_out]
-    region_list = _split(regions) if regions is not None else [models.prices.default_region(gpu_list)]
+    region_list = split_names(regions) if regions is not None else [models.prices.default_region(gpu_list)]
     if not gpu_list or not region_list:
         raise UserInputError("--gpus and --regions need at least one name each")
-    _check_names(models.prices, gpu_list, region_list)
-    retired = _retired(models.prices, gpu_list)
-    notes = [_retired_note(retired, cloud)] if retired else []
+    check_names(models.prices, gpu_list, region_list)
+    retired = retired_gpus(models.prices, gpu_list)
+    notes = [retired_note(retired, cloud)] if retired else []
     if left_out:
         them = "them" if len(left_out) > 1 else "it"
-        notes.append(_retired_note(left_out, cloud, f"left out of this plan (--include-retired or --gpus "
+        notes.append(retired_note(left_out, cloud, f"left out of this plan (--include-retired or --gpus "
                                                     f"{','.join([*left_out, *gpu_list])} to consider {them})"))
     clusters = [
         c for c in enumerate_clusters(gpu_list, region_list, max_workers, max_ps, mixes,
@@ -354,27 +254,27 @@ def simulate_cmd(
 
     if runs < 1:
         raise UserInputError(f"--runs must be at least 1, got {runs}")
-    job = JobSpec(model, steps, checkpoint_every, start_hour=_start_hour(start_hour), lr_policy=lr_policy)
+    job = JobSpec(model, steps, checkpoint_every, start_hour=start_hour_option(start_hour), lr_policy=lr_policy)
     if trace is not None:
         if revocations is not None:
             raise UserInputError("give --trace FILE or --revocations, not both")
         revocations = f"trace={trace}"
     lifetime, source, revocation_plan = _revocation_source(revocations, lifetime, seed)
-    cloud = _cloud(cloud)
+    cloud = cloud_name(cloud)
     models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape),
                               ps_transient)
     asked = read_workers(workers, models.prices.catalog)
     counts = asked.counts(DEFAULT_WORKER_GPU)
-    _check_names(models.prices, list(counts), [])
+    check_names(models.prices, list(counts), [])
     region = region or models.prices.default_region(list(counts))
     groups = tuple(WorkerGroup(gpu, n, transient, region) for gpu, n in counts.items())
     cluster = ClusterSpec(groups, ps=ps, region=region, ps_transient=ps_transient, replacement=replacement,
                           replacement_timeout_s=replacement_timeout)
-    _check_names(models.prices, list(counts), [region])
-    retired = _retired(models.prices, list(counts))
-    _check_offered(models.prices, list(counts), region, transient)
+    check_names(models.prices, list(counts), [region])
+    retired = retired_gpus(models.prices, list(counts))
+    check_offered(models.prices, list(counts), region, transient)
     notes = [] if asked.mix is not None else [default_gpu_note(asked.total, DEFAULT_WORKER_GPU, cloud)]
-    notes += [_retired_note(retired, cloud)] if retired else []
+    notes += [retired_note(retired, cloud)] if retired else []
     summary = Simulator(job, cluster, models, revocations=source, plan=revocation_plan).summarize(runs, seed)
     from cmdare.plan.markets import lifetime_labels, revocation_stats, traced_runs
 
