@@ -35,7 +35,8 @@ def _wait_for_checkpoint(tmp_path: Path, proc: subprocess.Popen, step: int = 100
     raise AssertionError(f"the run ended before step {step}: {proc.communicate()}")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.cluster)],
+                         ids=["SIGINT", "SIGTERM"])  # the second: the long tier (the same path, another signal)
 def test_a_signal_stores_the_step_the_run_stops_at_and_says_how_to_resume(tmp_path, sig):
     proc = _start(tmp_path, "--revocations", "none")
     run_dir = _wait_for_checkpoint(tmp_path, proc)
