@@ -62,6 +62,15 @@ def test_an_avoided_node_is_forgotten_when_dead_or_when_it_outlived_the_loss():
     assert nodes.settle(172.0) == [B] and nodes.avoided() == ()
 
 
+def test_a_node_the_gcs_marked_dead_already_is_not_avoided():
+    """The lost worker's node was marked dead before the loss was handled: a selector against it keeps nothing
+    off it; the replacement asks for nothing but its resources (an autoscaler then launches a node for it)."""
+    nodes = LostNodes(_provider(), state={A: False, B: None}.get)
+    nodes.lost(A, 100.0)
+    nodes.lost(B, 100.0)  # the GCS did not answer: kept off, to be safe
+    assert nodes.avoided() == (B,)
+
+
 def test_lost_nodes_are_nothing_to_an_emulated_provider():
     from cmdare.cloud.local import LocalProcessProvider
 

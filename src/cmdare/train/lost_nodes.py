@@ -36,8 +36,10 @@ class LostNodes:
         return tuple(sorted(self.provider.avoided)) if self.provider is not None else ()
 
     def lost(self, node_id: str | None, at: float) -> None:
-        """The run lost a worker on ``node_id`` at ``at`` (wall time), by failure: its node may be dead."""
-        if self.provider is not None:
+        """The run lost a worker on ``node_id`` at ``at`` (wall time), by failure: its node may be dead. A node the
+        GCS marked dead already is not avoided: nothing is placed there, and a replacement asks the autoscaler for
+        a node with nothing but the resources it needs."""
+        if self.provider is not None and node_id and self.state(node_id) is not False:
             self.provider.avoid(node_id, at)
 
     def settle(self, wall: float) -> list[str]:
