@@ -20,7 +20,8 @@ from cmdare.train.callbacks import TrainCallback
 
 class _KillNodeOnceSpareIsWarm(TrainCallback):
     """Removes one worker's node (no grace: its processes die, as in a revocation without notice) at the first
-    chunk after a standby is ready and step ``after`` is reached; records every report."""
+    chunk from step ``after`` on, once a standby is ready (the run is held there until one is); records every
+    report."""
 
     def __init__(self, cluster, after: int):
         self.cluster, self.after = cluster, after
@@ -35,10 +36,22 @@ class _KillNodeOnceSpareIsWarm(TrainCallback):
 
     def on_step(self, r):
         self.steps.append(r)
+        if self.killed is None and r.global_step >= self.after:
+            self._hold_until_a_spare_is_ready()
         if self.killed is None and self.spare_ready and r.global_step >= self.after:
             w = next(w for w in self.trainer.workers.values() if w is not self.trainer.chief)
             self.killed = (w.worker_id, w.server.server_id)
             self.cluster.remove_node(w.server.node, allow_graceful=False)
+
+    def _hold_until_a_spare_is_ready(self, limit_s: float = 300.0):
+        """The run waits at step ``after`` for the event, not a race between the standby's start and the
+        run's end: the driver is held here while the pool is ticked (as the driver would) until one is ready."""
+        import time
+
+        give_up = time.monotonic() + limit_s
+        while not self.spare_ready and time.monotonic() < give_up:
+            self.trainer.members.pool.tick(time.time())
+            time.sleep(0.05)
 
     def kinds(self, kind):
         return [e for e in self.events if e.kind == kind]
