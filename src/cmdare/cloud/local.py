@@ -54,14 +54,37 @@ class Server:
     scratch_dir: Path | None = None  # the node's private disk (cluster provider); gone with the node
     speedup: float = 1.0  # time compression of the emulated phases
     emulated: bool = False  # a local stand-in for a cloud VM (phases drawn from the startup model)
+    cloud_requested_at: float | None = None  # emulated cloud time of the request (None: billed on the wall clock)
+    cloud_ended_at: float | None = None
+    cloud_clock: Callable[[], float] | None = field(default=None, repr=False)  # the run's emulated cloud time
 
     @property
     def alive(self) -> bool:
         return self.ended_at is None
 
+    def end(self, reason: str, *, started: bool = True) -> None:
+        """Mark it ended now (wall and cloud time), for ``reason``; not ``started``: given up before it started,
+        so it ends at its request and bills nothing."""
+        if started:
+            self.ended_at = time.time()
+            self.cloud_ended_at = self.cloud_clock() if self.cloud_clock is not None else None
+        else:
+            self.ended_at, self.cloud_ended_at = self.requested_at, self.cloud_requested_at
+        self.end_reason = reason
+
     def uptime_s(self, now: float | None = None) -> float:
+        """Wall seconds from its request to its end (or ``now``)."""
         end = self.ended_at if self.ended_at is not None else (now or time.time())
         return max(0.0, end - self.requested_at)
+
+    def billed_s(self, cloud_now: float | None = None, now: float | None = None) -> float:
+        """Seconds it is billed for: emulated cloud time from its request to its end (or ``cloud_now``) when the
+        run emulates cloud time, so a seeded emulated run costs the same on a fast or a slow machine; else its
+        wall uptime."""
+        if self.cloud_requested_at is None:
+            return self.uptime_s(now)
+        end = self.cloud_ended_at if self.cloud_ended_at is not None else cloud_now
+        return max(0.0, end - self.cloud_requested_at) if end is not None else 0.0
 
     def record(self) -> dict[str, Any]:
         """Fields for the store's servers table."""
@@ -138,6 +161,7 @@ class ServerProvider(ABC):
         self.servers: list[Server] = []
         self.notices: dict[int, tuple[str, str]] = {}  # n-th worker server -> (metadata url, provider)
         self._worker_count = 0
+        self.cloud_clock: Callable[[], float] | None = None  # emulated cloud time: its servers are billed in it
 
     def request(self, spec: ServerSpec) -> Server:
         """Ask for a server; it is usable from ``server.ready_at`` on."""
@@ -150,6 +174,8 @@ class ServerProvider(ABC):
         now = time.time()
         server = Server(f"{self.kind}-{spec.role}-{n}", spec, now, now + self.startup.wall_s(phases), phases,
                         notice=notice, speedup=self.startup.speedup, emulated=self.emulated)
+        if self.cloud_clock is not None:
+            server.cloud_clock, server.cloud_requested_at = self.cloud_clock, self.cloud_clock()
         self.servers.append(server)
         return server
 
@@ -168,7 +194,7 @@ class ServerProvider(ABC):
     def release(self, server: Server, reason: str = "released") -> None:
         """End ``server`` normally."""
         if server.alive:
-            server.ended_at, server.end_reason = time.time(), reason
+            server.end(reason)
 
 
 class LocalProcessProvider(ServerProvider):

@@ -212,7 +212,7 @@ def train_command(
     console.print(f"[bold]run {summary.run_id}[/] {summary.status}: step {summary.global_step} in "
                   f"{summary.wall_s:.1f} s, {test_line(summary)}")
     console.print(speed_line(summary), highlight=False)
-    emulated = " (emulated servers, catalog prices)" if summary.details.get("emulated") else ""
+    emulated = " (emulated servers: catalog prices over emulated cloud time)" if summary.details.get("emulated") else ""
     clock = "emulated cloud" if summary.details.get("clock") == "emulated" else "cluster"
     parts = summary.details.get("totals", {}).get("parts", 1)
     console.print(f"servers{', this part' if parts > 1 else ''}: {summary.revocations} revoked, "

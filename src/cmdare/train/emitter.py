@@ -39,5 +39,5 @@ class RunEmitter:
     def end_server(self, server: Server, reason: str) -> None:
         """Mark ``server`` ended (if still alive) and report it."""
         if server.alive:
-            server.ended_at, server.end_reason = time.time(), reason
+            server.end(reason)
         self.server_event("server_ended", server, extra={"reason": reason, "uptime_s": server.uptime_s()})

@@ -280,7 +280,7 @@ def runs_command(ctx: typer.Context,
     if any(r["unknown_parts"] for r in rows):
         console.print("+ and parts not priced yet (running, or stopped without an end)", highlight=False)
     if any(r["emulated"] for r in rows):
-        console.print("* emulated servers, catalog prices", highlight=False)
+        console.print("* emulated servers: catalog prices over emulated cloud time", highlight=False)
     console.print("steps, cost: the run in all, over its parts (a run and its resumes); `cmdare runs show RUN`: a "
                   "run's live status, its parts and where its checkpoints are", highlight=False)
 

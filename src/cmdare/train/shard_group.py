@@ -314,7 +314,7 @@ class ShardGroup:
         return stats
 
     def _end(self, server: Server, reason: str) -> None:
-        server.ended_at, server.end_reason = time.time(), reason
+        server.end(reason)
         self.emitter.server_event("server_ended", server, extra={"reason": reason})
 
     def release(self) -> None:

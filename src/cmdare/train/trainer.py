@@ -107,6 +107,8 @@ class Trainer:
         if provider is None:
             provider = RayClusterProvider(startup) if address else LocalProcessProvider(startup)
         self.provider = provider
+        if provider.emulated:  # emulated servers are billed in the run's emulated cloud time, not the wall's
+            provider.cloud_clock = lambda: self.controller.now if self.controller is not None else 0.0
         self.decisions = decisions
         self.metrics = RunMetrics()
         self.emitter = RunEmitter(self.run_id, [self.metrics, *callbacks], lambda: self.global_step)

@@ -287,7 +287,7 @@ class WarmPool:
         for s in [*self.standbys, *self.taken.values()]:
             self.detached.add(*(r for r in (s.ready_ref, s.ping) if r is not None))
             if s.up_at is None and not self.provider.emulated and s.server.alive:
-                s.server.ended_at, s.server.end_reason = s.server.requested_at, "not_started"
+                s.server.end("not_started", started=False)
             self.emitter.end_server(s.server, s.server.end_reason or "released")
         self.standbys, self.taken = [], {}
 

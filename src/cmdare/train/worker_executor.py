@@ -371,7 +371,7 @@ class WorkerExecutor:
         with contextlib.suppress(Exception):
             ray.kill(w.actor)
         server = w.server
-        server.ended_at, server.end_reason = server.requested_at, "not_started"
+        server.end("not_started", started=False)
         self.emitter.end_server(server, "not_started")
         waited = time.time() - server.requested_at
         if cmd.retried:  # its start failed, not by its own fault: the same server is asked for again
@@ -403,7 +403,7 @@ class WorkerExecutor:
         for w in list(self.workers.values()):
             if w.server.alive:
                 if not w.is_up and not self.provider.emulated:  # never came up: it billed nothing
-                    w.server.ended_at, w.server.end_reason = w.server.requested_at, "not_started"
+                    w.server.end("not_started", started=False)
                 self.emitter.end_server(w.server, w.server.end_reason or "released")
         if self.pool is not None:
             self.pool.release()
