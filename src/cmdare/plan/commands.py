@@ -180,35 +180,6 @@ def plan(
     print_rec(rec, _source(models, start_hour), plot, models.lifetimes, retired, notes)
 
 
-def _revocation_source(revocations: str | None, lifetime: str, seed: int):
-    """``--revocations`` read as ``cmdare train`` reads it: (lifetime model name, a factory of the revocation
-    source for scheduled ones or None, the parsed plan: ``hit=`` and ``notice=`` apply too). ``lifetime=``
-    picks the model (``auto``: each offering's market); ``every=`` and ``trace=`` replace lifetime draws."""
-    from itertools import count
-
-    import numpy as np
-
-    from cmdare.control import NoRevocations, PeriodicRevocations, RevocationPlan, TraceRevocations
-
-    plan = RevocationPlan.parse(revocations, seed=seed)
-    if plan.speedup != 1.0 or plan.step_s is not None:
-        raise UserInputError("--revocations: speedup and step emulate time in a local run; the planner simulates "
-                             "real time (leave them out)")
-    if revocations is None or plan.lifetime is not None:
-        return plan.lifetime or lifetime, None, plan
-    if plan.every_s is not None:
-        seeds = count()  # one stream per simulated run, in run order
-        every, first = plan.every_s, plan.first_s
-
-        def periodic() -> PeriodicRevocations:
-            return PeriodicRevocations(every, first, np.random.default_rng([plan.seed, next(seeds)]))
-
-        return lifetime, periodic, plan
-    if plan.trace:
-        return lifetime, lambda: TraceRevocations(plan.trace), plan
-    return lifetime, NoRevocations, plan
-
-
 @plan_app.command("simulate")
 def simulate_cmd(
     model: Annotated[str, _MODEL_OPTION],
@@ -249,7 +220,7 @@ def simulate_cmd(
     """Simulate one configuration: mean, P50 and P95 time and cost, revocations and replacements."""
     from cmdare.cloud.gpu_counts import DEFAULT_WORKER_GPU, default_gpu_note
     from cmdare.cloud.gpu_counts import parse_workers as read_workers
-    from cmdare.plan.simulator import Simulator
+    from cmdare.plan.one_config import print_simulation, revocation_source, simulate_configuration
     from cmdare.plan.spec import ClusterSpec, JobSpec, WorkerGroup
 
     if runs < 1:
@@ -259,7 +230,7 @@ def simulate_cmd(
         if revocations is not None:
             raise UserInputError("give --trace FILE or --revocations, not both")
         revocations = f"trace={trace}"
-    lifetime, source, revocation_plan = _revocation_source(revocations, lifetime, seed)
+    lifetime, _, _ = revocation_source(revocations, lifetime, seed)
     cloud = cloud_name(cloud)
     models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape),
                               ps_transient)
@@ -275,78 +246,16 @@ def simulate_cmd(
     check_offered(models.prices, list(counts), region, transient)
     notes = [] if asked.mix is not None else [default_gpu_note(asked.total, DEFAULT_WORKER_GPU, cloud)]
     notes += [retired_note(retired, cloud)] if retired else []
-    summary = Simulator(job, cluster, models, revocations=source, plan=revocation_plan).summarize(runs, seed)
-    from cmdare.plan.markets import lifetime_labels, revocation_stats, traced_runs
-
-    fresh = _revocation_source(revocations, lifetime, seed)[1]  # the same streams again, for the timelines
-    stats = revocation_stats(traced_runs(Simulator(job, cluster, models, revocations=fresh, plan=revocation_plan),
-                                         runs, seed))
-    out = {
-        "model": model,
-        "steps": steps,
-        "config": cluster.label(),
-        "workers": cluster.gpu_counts,
-        "ps": ps,
-        "transient": transient,
-        "ps_transient": ps_transient,
-        "region": region,
-        "cloud": cloud,
-        "catalog": catalog or "default",
-        "replacement": cluster.replacement,
-        "replacement_timeout_s": cluster.replacement_timeout_s,
-        "revocations": revocations or f"lifetime={lifetime}",
-        "lifetime_models": lifetime_labels(cluster, models.lifetimes),
-        "lr_policy": job.lr_policy,
-        "runs": runs,
-        "seed": seed,
-        "start_hour": start_hour,
-        "time_s": {"mean": summary.time_mean_s, "p50": summary.time_p50_s, "p95": summary.time_p95_s},
-        "cost_usd": {"mean": summary.cost_mean_usd, "p50": summary.cost_p50_usd, "p95": summary.cost_p95_usd},
-        "revocations_mean": summary.revocations_mean,
-        "replacements_mean": summary.replacements_mean,
-        "evacuations_mean": summary.extra.get("evacuations_mean", 0.0),
-        "parks_mean": summary.extra.get("parks_mean", 0.0),
-        **stats,
-        "steps_lost_mean": summary.steps_lost_mean,
-        "finished_fraction": summary.finished_fraction,
-        "accuracy": {"mean": summary.extra.get("accuracy_mean"), "p5": summary.extra.get("accuracy_p5")},
-        "deterministic_time_s": summary.extra["deterministic_time_s"],
-        "models": _source(models, start_hour),
-        "retired_gpus": retired,
-        "notes": notes,
-    }
+    result, _ = simulate_configuration(job, cluster, models, lambda: revocation_source(revocations, lifetime, seed)[1:],
+                                       runs, seed)
+    out = {"model": model, "steps": steps, **result, "transient": transient, "cloud": cloud,
+           "catalog": catalog or "default", "revocations": revocations or f"lifetime={lifetime}",
+           "start_hour": start_hour, "models": _source(models, start_hour), "retired_gpus": retired, "notes": notes}
     if as_json:
         typer.echo(json.dumps(out))
         return
-    from rich.table import Table
-
-    from cmdare.console import console as make_console
-    from cmdare.plan.recommender import format_duration
-
     flag = f" (retired: {', '.join(g.upper() for g in retired)})" if retired else ""
-    table = Table(title=f"{cluster.label()}{flag}: {model}, {steps} steps, {runs} runs (seed {seed})")
-    for col in ("", "mean", "P50", "P95"):
-        table.add_column(col, justify="right")
-    t, c = out["time_s"], out["cost_usd"]
-    table.add_row("time", *(format_duration(t[k]) for k in ("mean", "p50", "p95")))
-    table.add_row("cost", *(f"${c[k]:.2f}" for k in ("mean", "p50", "p95")))
-    a = out["accuracy"]
-    if a["mean"] is not None:
-        table.add_row("accuracy", f"{a['mean']:.2%}", "", f"P5 {a['p5']:.2%}")
-    console = make_console()
-    console.print(table)
-    if cluster.ps_transient:
-        console.print(f"parameter servers: {out['evacuations_mean']:.2f} shards evacuated ({out['parks_mean']:.2f} "
-                      f"parked until their replacement was up), {summary.steps_lost_mean:.0f} steps lost",
-                      highlight=False)
-    console.print(
-        f"revocations {summary.revocations_mean:.2f}, replacements {summary.replacements_mean:.2f}, "
-        f"steps lost {summary.steps_lost_mean:.0f}; revocation-free time "
-        f"{format_duration(out['deterministic_time_s'])}. Models: {out['models']}",
-        highlight=False,
-    )
-    for note in notes:
-        console.print(f"note: {note}", highlight=False)
+    print_simulation(out, f"{cluster.label()}{flag}: {model}, {steps} steps, {runs} runs (seed {seed})")
 
 
 def register(app: typer.Typer) -> None:
