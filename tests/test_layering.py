@@ -39,6 +39,7 @@ LAYERS: dict[str, int] = {
     "cmdare.train": 5,
     "cmdare.plan": 5,
     "cmdare.cli": 6,
+    "cmdare.run_simulation": 6,  # train --simulate: a train command line through the planner
 }
 SIBLING_LAYERS = {0, 1}  # layers whose packages may import each other (without cycles)
 

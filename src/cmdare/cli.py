@@ -31,6 +31,7 @@ app = typer.Typer(
 COMMAND_MODULES: tuple[str, ...] = (
     "cmdare.predict.commands",
     "cmdare.train.commands",
+    "cmdare.run_simulation",  # train --simulate (after train.commands)
     "cmdare.train.runs",
     "cmdare.cloud.commands",
     "cmdare.plan.commands",

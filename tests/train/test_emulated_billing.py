@@ -74,3 +74,26 @@ def test_an_emulated_run_costs_the_same_on_a_slow_machine(local_ray, tmp_path):
     wall = sum(cost_usd(s.spec, s.uptime_s()) for s in servers)
     assert slow.cost_usd == pytest.approx(cloud) and wall > 1.5 * cloud
     assert all(s.cloud_ended_at is not None and s.cloud_ended_at >= s.cloud_requested_at for s in servers)
+
+
+def test_the_simulation_of_a_train_command_bills_what_its_run_bills(local_ray, tmp_path):
+    """The trainer and the planner on one spec (the cross-driver check of ``cmdare train --simulate``): a
+    scheduled emulated run, 0.2 emulated seconds a worker step, 105 steps of two asynchronous workers."""
+    from cmdare.plan.one_config import simulate_configuration
+    from cmdare.run_simulation import simulation_inputs
+
+    spec = TrainSpec(model="resnet8", dataset="digits", workers=2, ps=1, steps=105, batch_size=32, chunk_steps=5,
+                     checkpoint_every=50, eval_every=0, seed=2, transient=True, revocations="every=1000,step=0.2",
+                     startup="0")
+    trainer = Trainer(spec, [], run_id="billed", checkpoint_dir=tmp_path / "billed")
+    summary = trainer.run()
+    assert summary.status == "finished" and summary.global_step == 105
+    predicted, _ = simulate_configuration(*simulation_inputs(spec, joined=False), runs=3, seed=spec.seed)
+    assert predicted["time_s"]["mean"] == pytest.approx(10.5)  # 105 steps at 2 x 5 steps per emulated second
+    # every server of the run was billed those 10.5 emulated seconds, as the simulation bills its servers
+    servers = trainer.provider.servers
+    assert len(servers) == 3 and all(s.billed_s() == pytest.approx(10.5) for s in servers)
+    billed = sum(s.spec.price_per_hour_usd * s.billed_s() / 3600 for s in servers)
+    assert billed == pytest.approx(predicted["cost_usd"]["mean"])
+    # ... and the run's cost is that bill, rounded up to whole seconds per server
+    assert summary.cost_usd == pytest.approx(sum(cost_usd(s.spec, s.billed_s()) for s in servers))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -24,6 +26,11 @@ DEFAULT_CHECKPOINT_EVERY = 200
 # default interval is a quarter of the usual, so such a loss is at most 50 steps (the background upload
 # keeps the chief's stall per checkpoint near 30 ms, docs/benchmarks.md), 1/4 of the on-demand bound.
 PS_TRANSIENT_CHECKPOINT_EVERY = 50
+
+
+#: What ``--simulate`` runs: (spec, runs, as_json, joined) -> None. Set by :mod:`cmdare.run_simulation`, which may
+#: import the planner (this module may not).
+SIMULATE: Callable[[Any, int, bool, bool], None] | None = None
 
 
 def default_revocations(revocations: str | None, address: str | None) -> str:
@@ -133,6 +140,12 @@ def train_command(
     record: bool = typer.Option(True, "--record/--no-record", help="Record measurements in the store."),
     tensorboard: str = typer.Option(None, help="TensorBoard directory (default: the data directory's "
                                     "tensorboard/RUN); 'none' to skip."),
+    simulate: bool = typer.Option(False, "--simulate",
+                                  help="Train nothing: simulate the run these options would start (--runs seeded "
+                                  "runs from --seed): time, cost, revocations. A local run is simulated in its "
+                                  "emulated cloud time; options the simulator cannot honour are named."),
+    runs: int = typer.Option(100, "--runs", help="With --simulate: Monte Carlo runs."),
+    as_json: bool = typer.Option(False, "--json", help="With --simulate: print only JSON on stdout."),
 ) -> None:
     """Train a CNN with parameter-server training on Ray and record measurements."""
     from cmdare.ps.optimizer_config import OptimizerConfig
@@ -145,6 +158,10 @@ def train_command(
         raise UserInputError("--dataset cifar10 needs --data-dir DIR (the CIFAR-10 python batches)")
     if from_step is not None and not resume:
         raise UserInputError("--from-step needs --resume RUN")
+    if (runs != 100 or as_json) and not simulate:
+        raise UserInputError("--runs and --json go with --simulate")
+    if simulate and resume:
+        raise UserInputError("--simulate simulates a new run; leave out --resume (or simulate the run's options)")
     num_workers, worker_gpus = TrainSpec.parse_workers(workers)
     gpus: float | str = gpus_per_worker.strip().lower()
     if gpus != "auto":
@@ -184,6 +201,11 @@ def train_command(
     from cmdare.train.setup import preflight
 
     preflight(spec)  # a mistake fails now, in one line, before torch and Ray load
+    if simulate:
+        if SIMULATE is None:
+            raise RuntimeError("no simulator registered (cmdare.run_simulation)")
+        SIMULATE(spec, runs, as_json, address is not None)
+        return
     callbacks = [ProgressCallback(spec.steps), RunNotices()]
     where = "not recorded (--no-record)"
     if record:

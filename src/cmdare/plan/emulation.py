@@ -1,0 +1,82 @@
+"""The planner's models of a local, emulated run: what ``cmdare train --simulate`` simulates for a run that
+does not join a cluster.
+
+A local run emulates its cloud (docs/controller.md): cloud time advances with training, at the emulated
+cluster's rate (each worker's step time from the step-time model, the members' speeds added up, or the
+slowest member's in synchronous rounds); lifetimes, start-up phases and notice leads are the cloud's divided
+by ``speedup``; the chief's checkpoints and evaluations take no cloud time (only steps move it); servers are
+billed in that time. These wrappers give the simulator the same clocks, so it predicts the emulated run's
+revocations, time and cost, not a real cloud's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from cmdare.plan.spec import PlanModels
+
+__all__ = ["CompressedLifetimes", "CompressedStartup", "EmulatedSpeed", "emulated_models"]
+
+
+class EmulatedSpeed:
+    """The emulated cluster's speed: steps per cloud second from each GPU type's seconds per step."""
+
+    def __init__(self, step_s: Mapping[str, float], sync: bool):
+        self.step_s, self.sync = step_s, sync
+
+    def worker_steps_per_s(self, gpu: str) -> float:
+        return 1.0 / float(self.step_s[gpu])
+
+    def cluster_steps_per_s(self, gpus: Mapping[str, int], ps: int) -> float:
+        speeds = [self.worker_steps_per_s(g) for g, n in gpus.items() if n > 0]
+        if not speeds:
+            return 0.0
+        return min(speeds) if self.sync else sum(self.worker_steps_per_s(g) * n for g, n in gpus.items())
+
+
+class CompressedLifetimes:
+    """Lifetimes (and capacity waits) of ``inner`` divided by ``speedup``."""
+
+    def __init__(self, inner: Any, speedup: float):
+        self.inner, self.speedup = inner, float(speedup)
+
+    def sample(self, rng: np.random.Generator, server: str, region: str, size: int) -> np.ndarray:
+        return np.asarray(self.inner.sample(rng, server, region, size), dtype=float) / self.speedup
+
+    def describe(self, server: str, region: str) -> str:
+        describe = getattr(self.inner, "describe", None)
+        label = str(describe(server, region)) if describe is not None else type(self.inner).__name__
+        return f"{label} / {self.speedup:g}" if self.speedup != 1.0 else label
+
+    def capacity_wait(self, rng: np.random.Generator, server: str, region: str) -> float:
+        wait = getattr(self.inner, "capacity_wait", None)
+        return float(wait(rng, server, region)) / self.speedup if wait is not None else 0.0
+
+
+class CompressedStartup:
+    """Start-up delays of ``inner`` (or a fixed ``seconds``, as ``--startup S``) divided by ``speedup``."""
+
+    def __init__(self, inner: Any, speedup: float, seconds: float | None = None):
+        self.inner, self.speedup, self.seconds = inner, float(speedup), seconds
+
+    def sample(self, rng: np.random.Generator, server: str, transient: bool, region: str) -> float:
+        if self.seconds is not None:
+            return self.seconds / self.speedup
+        return float(self.inner.sample(rng, server, transient, region)) / self.speedup
+
+
+def emulated_models(models: PlanModels, step_s: Mapping[str, float], *, sync: bool, speedup: float,
+                    startup_s: float | None = None) -> PlanModels:
+    """``models`` as a local run emulates them: the emulated cluster's speed, the cloud's clocks ``speedup``
+    times faster (``startup_s``: a fixed start-up, as ``--startup S``), duties free of cloud time, no model
+    error."""
+    source = (f"{models.source}; emulated local run: step time per GPU type from the step-time model, the cloud's "
+              f"clocks / {speedup:g}, checkpoints free of cloud time")
+    return dataclasses.replace(models, speed=EmulatedSpeed(step_s, sync),
+                               lifetimes=CompressedLifetimes(models.lifetimes, speedup),
+                               startup=CompressedStartup(models.startup, speedup, startup_s),
+                               checkpoint_s=0.0, notice_s=models.notice_s / speedup, source=source)

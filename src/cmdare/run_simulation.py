@@ -1,0 +1,129 @@
+"""``cmdare train ... --simulate``: the run a command line would start, simulated by the planner instead of
+trained.
+
+The command line is read once, into the run's :class:`~cmdare.train.spec.TrainSpec`, by ``cmdare train``
+itself; this module (above both ``train`` and ``plan``, which may not import each other) turns that spec into
+the planner's job, cluster and models and runs the Monte Carlo. A local run is simulated as it emulates its
+cloud (:mod:`cmdare.plan.emulation`): the same step times, the cloud's clocks compressed by ``speedup``,
+servers billed in emulated cloud time; a run that joins a cluster (``--address``) in real cloud time with the
+planner's own models. Every option the simulator cannot honour is named in the output, never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import typer
+
+from cmdare.train.spec import TrainSpec
+
+__all__ = ["register", "simulate_train", "unsimulated_options"]
+
+# TrainSpec field -> (its option, why the simulator cannot honour it) when it differs from the default
+_NOT_SIMULATED: dict[str, tuple[str, str]] = {
+    "warm_spares": ("--warm-spares", "every replacement starts cold"),
+    "placement": ("--placement", "the speed model knows no parameter placement"),
+    "elastic_ps": ("--elastic-ps", "the shard count stays as started"),
+    "auto_mitigate": ("--auto-mitigate", "no bottleneck is mitigated"),
+    "straggler": ("--straggler", "no shard is slowed"),
+    "ps_bandwidth": ("--ps-bandwidth", "the PS link is not emulated"),
+    "on_diverge": ("--on-diverge", "no divergence or rollback is predicted"),
+    "optimizer": ("--lr/--momentum/--weight-decay", "the accuracy model knows one setting"),
+}
+# ... and in real cloud time only (a local run's emulated time does not count them either)
+_NOT_SIMULATED_REAL: dict[str, tuple[str, str]] = {
+    "batch_size": ("--batch-size", "the step-time model predicts at its profile's batch"),
+    "sync": ("--sync", "the cluster-speed model is of asynchronous training"),
+}
+
+
+def unsimulated_options(spec: TrainSpec, joined: bool) -> list[str]:
+    """The options of ``spec`` (those not at their default) that the simulator cannot honour, each with why;
+    evaluations always (``joined``: they take the chief's time; locally they take no emulated time)."""
+    default = TrainSpec()
+    table = {**_NOT_SIMULATED, **(_NOT_SIMULATED_REAL if joined else {})}
+    out = [f"{option} ({why})" for name, (option, why) in table.items()
+           if getattr(spec, name) != getattr(default, name)]
+    if joined and spec.eval_every:
+        out.append("--eval-every (evaluations take no time in the simulation)")
+    return out
+
+
+def _input_shape(spec: TrainSpec) -> tuple[int, ...] | None:
+    """One sample's shape of your own dataset (None: a built-in one, the model's profile shape)."""
+    from cmdare.tasks import is_builtin_dataset
+
+    if is_builtin_dataset(spec.dataset):
+        return None
+    x, _ = next(spec.task().stream(0, 1, 1, spec.seed))
+    return tuple(x.shape[1:]) if hasattr(x, "shape") else None
+
+
+def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any]:
+    """The planner's job, cluster and models for the run ``spec`` describes, and a factory of its revocation
+    sources (fresh streams at each call)."""
+    from cmdare.plan.adapters import load_plan_models
+    from cmdare.plan.emulation import emulated_models
+    from cmdare.plan.evacuation import with_evacuation
+    from cmdare.plan.one_config import revocation_source
+    from cmdare.plan.spec import ClusterSpec, JobSpec, WorkerGroup
+    from cmdare.tasks import is_builtin_dataset
+    from cmdare.train.run_setup import EmulatedStepTimes, run_workload
+    from cmdare.train.setup import server_specs
+
+    revocations = spec.revocations if spec.transient or spec.ps_transient else "none"
+    lifetime, _, plan = revocation_source(revocations, "auto", spec.seed, emulated=not joined)
+    workers, _ = server_specs(spec)
+    region = workers[0].region
+    models = with_evacuation(load_plan_models(spec.model_name, lifetime, None, spec.cloud,
+                                              input_shape=_input_shape(spec)), spec.ps_transient)
+    if not (spec.dataset == "cifar10" and is_builtin_dataset(spec.dataset)):
+        import dataclasses
+
+        source = models.source.replace("accuracy: ICAC 2019 ResNet-32/CIFAR-10 points",
+                                       f"no accuracy predicted on {spec.dataset} (the accuracy points are CIFAR-10's)")
+        models = dataclasses.replace(models, accuracy=None, source=source)
+    if not joined:
+        workload, measured_s = run_workload(spec) if plan.step_s is None else (spec.model_name, None)
+        step_s = EmulatedStepTimes(workload, plan.step_s if plan.step_s is not None else measured_s,
+                                   tuple(spec.slot_gpus()))
+        fixed = None if spec.startup == "model" else float(spec.startup)
+        models = emulated_models(models, step_s, sync=spec.sync, speedup=plan.speedup, startup_s=fixed)
+    counts = Counter(spec.slot_gpus())
+    cluster = ClusterSpec(tuple(WorkerGroup(g, n, spec.transient, region) for g, n in counts.items()), ps=spec.ps,
+                          region=region, ps_transient=spec.ps_transient, replacement=spec.replace,
+                          replacement_timeout_s=spec.replacement_timeout_s if joined else None)
+    job = JobSpec(spec.model_name, spec.steps, spec.checkpoint_every or spec.steps + 1, lr_policy=spec.lr_policy)
+    return job, cluster, models, lambda: revocation_source(revocations, lifetime, spec.seed, emulated=not joined)[1:]
+
+
+def simulate_train(spec: TrainSpec, runs: int, as_json: bool, joined: bool) -> None:
+    """Simulate ``runs`` runs of what ``cmdare train`` would start with ``spec``, and print the result (a table,
+    or one JSON object)."""
+    from cmdare.errors import UserInputError
+    from cmdare.plan.one_config import print_simulation, simulate_configuration
+
+    if runs < 1:
+        raise UserInputError(f"--runs must be at least 1, got {runs}")
+    job, cluster, models, sources = simulation_inputs(spec, joined)
+    result, _ = simulate_configuration(job, cluster, models, sources, runs, spec.seed)
+    clock = "real cloud time (a joined cluster)" if joined else "emulated cloud time (a local run)"
+    out = {"model": spec.model_name, "dataset": str(spec.dataset), "steps": spec.steps, **result,
+           "transient": spec.transient, "cloud": spec.cloud, "revocations": spec.revocations or "none",
+           "clock": clock, "models": models.source, "not_simulated": unsimulated_options(spec, joined)}
+    out["notes"] = [f"simulated in {clock}: the run trains nothing"]
+    out["notes"] += [f"not simulated: {', '.join(out['not_simulated'])}"] if out["not_simulated"] else []
+    if as_json:
+        typer.echo(json.dumps(out, default=str))
+        return
+    print_simulation(out, f"{cluster.label()}: {spec.model_name}, {spec.steps} steps, {runs} runs (seed {spec.seed})",
+                     cents=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Give ``cmdare train --simulate`` its simulator (``train`` may not import the planner)."""
+    from cmdare.train import commands
+
+    commands.SIMULATE = simulate_train

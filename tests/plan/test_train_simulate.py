@@ -1,0 +1,82 @@
+"""``cmdare train ... --simulate`` (issue 43): the run a command line would start, simulated instead of trained,
+through the real CLI entry point. A local run is simulated in its emulated cloud time; every option the
+simulator cannot honour is named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from plan_toys import run_cli
+
+from cmdare.cloud.catalog import default_catalog
+
+
+def _simulate(monkeypatch, capsys, *args: str) -> dict:
+    code, out, err = run_cli(monkeypatch, capsys, "train", "--simulate", "--runs", "10", "--json", *args)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_the_main_job_is_simulated_in_its_emulated_cloud_time_and_trains_nothing(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("CMDARE_HOME", str(tmp_path))
+    data = _simulate(monkeypatch, capsys)
+    assert (data["model"], data["dataset"], data["steps"], data["workers"], data["ps"]) == \
+        ("resnet15", "digits", 500, {"k80": 2}, 1)
+    assert data["clock"].startswith("emulated cloud time") and data["lifetime_models"]["k80"].endswith("/ 7200")
+    # lifetimes compressed 7200x: a 500-step run of seconds sees servers revoked, as the main job does
+    assert data["revocations_mean"] > 1 and data["replacements_mean"] == data["revocations_mean"]
+    assert 0 < data["time_s"]["mean"] < 60 and 0 < data["cost_usd"]["mean"] < 0.05
+    assert data["accuracy"] == {"mean": None, "p5": None}  # the accuracy points are CIFAR-10's, not digits'
+    assert data["not_simulated"] == []
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "cmdare.db").exists()  # nothing trained
+
+
+def test_a_scheduled_emulated_run_is_exact_time_and_cost(monkeypatch, capsys):
+    # every worker step 0.2 emulated seconds, two asynchronous workers: 500 steps are 50 s of cloud time; the
+    # servers (2 K80 spot workers and the PS) are billed for them; the schedule revokes nothing before 1000 s
+    data = _simulate(monkeypatch, capsys, "--revocations", "every=1000,step=0.2", "--startup", "0")
+    assert data["time_s"]["mean"] == pytest.approx(50.0)
+    assert data["revocations_mean"] == 0
+    catalog = default_catalog()
+    region = data["region"]
+    per_hour = 2 * catalog.server_spec("k80", "gcp", region, True).price_per_hour_usd + \
+        catalog.server_spec(None, "gcp", region, False, role="ps").price_per_hour_usd
+    assert data["cost_usd"]["mean"] == pytest.approx(per_hour * 50.0 / 3600)
+    # synchronous rounds wait for the slowest worker: one step per 0.2 s, 100 s in all
+    sync = _simulate(monkeypatch, capsys, "--revocations", "every=1000,step=0.2", "--startup", "0", "--sync")
+    assert sync["time_s"]["mean"] == pytest.approx(100.0)
+
+
+def test_every_option_the_simulator_cannot_honour_is_named(monkeypatch, capsys):
+    data = _simulate(monkeypatch, capsys, "--warm-spares", "1", "--placement", "psld", "--elastic-ps",
+                     "--on-diverge", "rollback", "--lr", "0.1")
+    named = " ".join(data["not_simulated"])
+    for option in ("--warm-spares", "--placement", "--elastic-ps", "--on-diverge", "--lr"):
+        assert option in named
+    assert data["notes"][-1].startswith("not simulated: --warm-spares (every replacement starts cold)")
+    code, out, _ = run_cli(monkeypatch, capsys, "train", "--simulate", "--runs", "5", "--warm-spares", "1")
+    assert code == 0 and "note: not simulated: --warm-spares" in out and "emulated cloud time" in out
+
+
+def test_a_joined_run_is_simulated_in_real_time_with_what_that_ignores(monkeypatch, capsys):
+    data = _simulate(monkeypatch, capsys, "--address", "127.0.0.1:1", "--transient", "--revocations",
+                     "lifetime=bathtub", "--batch-size", "64", "--steps", "2000")
+    assert data["clock"].startswith("real cloud time") and data["lifetime_models"]["k80"].startswith("bathtub")
+    assert data["replacement_timeout_s"] == 600.0  # --replacement-timeout applies on a joined cluster
+    named = " ".join(data["not_simulated"])
+    assert "--batch-size" in named and "--eval-every" in named
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--runs", "5"], "--runs and --json go with --simulate"),
+    (["--json"], "--runs and --json go with --simulate"),
+    (["--simulate", "--runs", "0"], "--runs must be at least 1"),
+    (["--simulate", "--resume", "run-x"], "leave out --resume"),
+    (["--simulate", "--replacement", "nope"], "replacement"),
+    (["--simulate", "--revocations", "lifetime=nosuch"], "nosuch"),
+])
+def test_bad_simulate_options_are_one_line(monkeypatch, capsys, tmp_path, args, needle):
+    monkeypatch.setenv("CMDARE_HOME", str(tmp_path))
+    code, out, err = run_cli(monkeypatch, capsys, "train", *args)
+    assert code == 1 and needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
