@@ -74,6 +74,8 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
     from cmdare.train.setup import server_specs
 
     revocations = spec.revocations if spec.transient or spec.ps_transient else "none"
+    if joined and revocations in (None, "none") and (spec.transient or spec.ps_transient):
+        revocations = None  # nothing injected: a real cluster's spot servers are revoked by their market
     lifetime, _, plan = revocation_source(revocations, "auto", spec.seed, emulated=not joined)
     workers, _ = server_specs(spec)
     region = workers[0].region

@@ -66,6 +66,10 @@ def test_a_joined_run_is_simulated_in_real_time_with_what_that_ignores(monkeypat
     assert data["replacement_timeout_s"] == 600.0  # --replacement-timeout applies on a joined cluster
     named = " ".join(data["not_simulated"])
     assert "--batch-size" in named and "--eval-every" in named
+    # nothing injected on a joined cluster (its default): its spot servers are revoked by their market
+    market = _simulate(monkeypatch, capsys, "--address", "127.0.0.1:1", "--steps", "1000000", "--workers", "k80:4")
+    assert market["revocations"] == "none" and market["lifetime_models"]["k80"] == "bathtub:k80 (gcp preemptible)"
+    assert market["revocations_mean"] > 0  # 6.5 h of 4 preemptible K80s
 
 
 @pytest.mark.parametrize(("args", "needle"), [
