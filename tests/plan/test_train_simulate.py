@@ -84,3 +84,22 @@ def test_bad_simulate_options_are_one_line(monkeypatch, capsys, tmp_path, args, 
     monkeypatch.setenv("CMDARE_HOME", str(tmp_path))
     code, out, err = run_cli(monkeypatch, capsys, "train", *args)
     assert code == 1 and needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_prints_the_train_command_of_its_choice_and_that_command_simulates_to_the_plan(monkeypatch, capsys):
+    plan = ["plan", "--model", "t2t_resnet32", "--steps", "64000", "--deadline", "20min", "--runs", "10"]
+    code, out, err = run_cli(monkeypatch, capsys, *plan, "--json")
+    assert code == 0, err
+    rec = json.loads(out)
+    command = rec["choice"]["train_command"]
+    assert command.startswith("cmdare train --model t2t_resnet32 --steps 64000 --workers ")
+    # every configuration of the front has one, but single-server training (no PS), which `train` does not do
+    assert all(bool(o["train_command"]) == ("no PS" not in o["config"]) for o in rec["front"])
+    # runnable as printed: on the cluster (--address auto), simulated, it is the plan's choice
+    args = command.split()[2:]
+    sim = _simulate(monkeypatch, capsys, *args, "--address", "auto")
+    assert sim["config"] == rec["choice"]["config"]
+    assert sim["time_s"]["mean"] == pytest.approx(rec["choice"]["time_mean_s"], rel=0.01)
+    assert sim["cost_usd"]["mean"] == pytest.approx(rec["choice"]["cost_mean_usd"], rel=0.01)
+    code, out, _ = run_cli(monkeypatch, capsys, *plan)
+    assert code == 0 and f"  {command} --address auto" in out and "cmdare cluster-config --cloud gcp" in out

@@ -173,11 +173,11 @@ def plan(
 
         plot_pareto(rec, plot, deadline_s, budget, force)
     if as_json:
-        out = rec_json(rec, models.lifetimes, retired)
+        out = rec_json(rec, models.lifetimes, retired, job, cloud)
         out.update(retired_gpus=retired, left_out_retired_gpus=left_out, notes=notes)
         typer.echo(json.dumps(out, indent=2))
         return
-    print_rec(rec, _source(models, start_hour), plot, models.lifetimes, retired, notes)
+    print_rec(rec, _source(models, start_hour), plot, models.lifetimes, retired, notes, job, cloud)
 
 
 @plan_app.command("simulate")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-__all__ = ["print_rec", "rec_json"]
+__all__ = ["cluster_config_command", "print_rec", "rec_json", "train_command"]
 
 
 def _retired_in(cluster, retired: Collection[str]) -> list[str]:
@@ -12,14 +12,44 @@ def _retired_in(cluster, retired: Collection[str]) -> list[str]:
     return [g for g in cluster.gpu_counts if g in retired]
 
 
-def rec_json(rec, lifetimes, retired: Collection[str] = ()) -> dict:
+def train_command(cluster, job, cloud: str) -> str | None:
+    """The ``cmdare train`` command line that trains ``job`` on ``cluster`` as the plan simulated it (every
+    option the simulation rests on: model, steps, workers, shards, pricing, cloud, region, checkpoint interval,
+    replacement and LR policies); None where ``train`` cannot: single-server training (``--ps 0``), or workers of
+    both pricings."""
+    pricing = {g.transient for g in cluster.workers}
+    if cluster.ps < 1 or len(pricing) != 1:
+        return None
+    workers = ",".join(f"{g.gpu}:{g.count}" for g in cluster.workers)
+    parts = ["cmdare train", f"--model {job.workload}", f"--steps {job.total_steps}", f"--workers {workers}",
+             f"--ps {cluster.ps}", "--transient" if pricing.pop() else "--on-demand"]
+    parts += ["--ps-transient"] if cluster.ps_transient else []
+    parts += [f"--cloud {cloud}", f"--region {cluster.region}", f"--checkpoint-every {job.checkpoint_every_steps}"]
+    parts += [f"--replacement {cluster.replacement}"] if cluster.replacement != "same" else []
+    parts += [f"--lr-policy {job.lr_policy}"] if job.lr_policy != "unchanged" else []
+    from cmdare.workloads.import_path import is_import_path
+
+    parts += ["--dataset YOUR.DATA:FACTORY"] if is_import_path(job.workload) else []
+    return " ".join(parts)
+
+
+def cluster_config_command(cluster, cloud: str) -> str:
+    """The ``cmdare cluster-config`` command line of the Ray cluster ``cluster`` describes."""
+    workers = ",".join(f"{g.gpu}:{g.count}" for g in cluster.workers)
+    pricing = "--transient" if all(g.transient for g in cluster.workers) else "--on-demand"
+    return (f"cmdare cluster-config --cloud {cloud} --region {cluster.region} --workers {workers} --ps {cluster.ps} "
+            f"{pricing} -o cluster.yaml")
+
+
+def rec_json(rec, lifetimes, retired: Collection[str] = (), job=None, cloud: str = "gcp") -> dict:
     """A recommendation as JSON: the choice, its reasons, the Pareto front and the search's statistics; each
     configuration lists its ``retired`` GPU types (``retired_gpus``)."""
     from cmdare.plan.markets import lifetime_labels
 
     def one(o):
+        command = train_command(o.cluster, job, cloud) if job is not None else None
         return {"config": o.cluster.label(), "lifetime_models": lifetime_labels(o.cluster, lifetimes),
-                "retired_gpus": _retired_in(o.cluster, retired), **o.summary.to_dict()}
+                "retired_gpus": _retired_in(o.cluster, retired), "train_command": command, **o.summary.to_dict()}
 
     return {
         "message": rec.message,
@@ -32,9 +62,10 @@ def rec_json(rec, lifetimes, retired: Collection[str] = ()) -> dict:
 
 
 def print_rec(rec, source: str, plot: str | None, lifetimes, retired: Collection[str] = (),
-              notes: Sequence[str] = ()) -> None:
+              notes: Sequence[str] = (), job=None, cloud: str = "gcp") -> None:
     """A recommendation on the console: the Pareto front's table (configurations of ``retired`` GPU types
-    flagged), the search's statistics, the choice and why, then ``notes``."""
+    flagged), the search's statistics, the choice, why, and (with ``job``) the command lines that train it, then
+    ``notes``."""
     from rich.table import Table
 
     from cmdare.console import console as make_console
@@ -72,6 +103,12 @@ def print_rec(rec, source: str, plot: str | None, lifetimes, retired: Collection
     console.print(f"[{style}]{rec.message}[/]", highlight=False)
     for reason in rec.reasons:
         console.print(f"  - {reason}", highlight=False)
+    command = train_command(rec.choice.cluster, job, cloud) if job is not None and rec.choice else None
+    if command is not None:
+        console.print(f"train it on the Ray cluster `{cluster_config_command(rec.choice.cluster, cloud)}` describes "
+                      f"(`ray up cluster.yaml`, then on its head):\n  {command} --address auto\n"
+                      "(as printed without --address it trains here, emulated; with --simulate it is simulated)",
+                      highlight=False)
     if plot:
         console.print(f"Pareto plot: {plot}", highlight=False)
     for note in notes:
