@@ -19,7 +19,7 @@ import typer
 
 from cmdare.train.spec import TrainSpec
 
-__all__ = ["register", "simulate_train", "unsimulated_options"]
+__all__ = ["against_plan", "register", "simulate_train", "unsimulated_options"]
 
 # TrainSpec field -> (its option, why the simulator cannot honour it) when it differs from the default
 _NOT_SIMULATED: dict[str, tuple[str, str]] = {
@@ -124,8 +124,49 @@ def simulate_train(spec: TrainSpec, runs: int, as_json: bool, joined: bool) -> N
                      cents=True)
 
 
+def against_plan(report: Any, store: Any, run_id: str, runs: int = 100) -> None:
+    """Add to ``report`` (``report run``) the table ``against_plan``: the run's cost, revocations, replacements
+    and (joined: real time) time beside ``runs`` simulations of the command line it ran with."""
+    import pandas as pd
+
+    from cmdare.errors import UserInputError
+    from cmdare.measure.store.schema import Run
+    from cmdare.plan.one_config import simulate_configuration
+
+    with store.session() as s:
+        run = s.get(Run, run_id)
+        config = dict(run.config or {}) if run is not None else {}
+    if not config.get("model"):
+        raise UserInputError(f"run {run_id} recorded no training options (an imported run?): nothing to simulate")
+    spec = TrainSpec.from_dict(config)
+    joined = config.get("provider") == "ray"
+    job, cluster, models, sources = simulation_inputs(spec, joined)
+    out, _ = simulate_configuration(job, cluster, models, sources, runs, spec.seed)
+    got = dict(zip(report.tables["summary"].field, report.tables["summary"].value, strict=True))
+    rows = [("cost_usd", float(got.get("cost_usd", "nan")), out["cost_usd"]),
+            ("revocations", float(got.get("revocations", "nan")), {"mean": out["revocations_mean"]}),
+            ("replacements", float(got.get("replacements", "nan")), {"mean": out["replacements_mean"]})]
+    if joined:  # a local run's time is emulated cloud time, which the store does not keep
+        rows.insert(0, ("time_s", float(got.get("wall_s", "nan")), out["time_s"]))
+    report.tables["against_plan"] = pd.DataFrame(
+        [{"measure": name, "run": value, "simulated_mean": sim["mean"], "simulated_p50": sim.get("p50"),
+          "simulated_p95": sim.get("p95"), "run_over_mean": value / sim["mean"] if sim["mean"] else None}
+         for name, value, sim in rows])
+    clock = "real cloud time" if joined else "emulated cloud time"
+    parts = int(got.get("parts", 1))
+    report.notes.append(f"against the plan: {runs} simulated runs of this run's options in {clock} (seed "
+                        f"{spec.seed}), one run to step {spec.steps}" + (f"; the run was trained in {parts} parts"
+                                                                         if parts > 1 else ""))
+    unhonoured = unsimulated_options(spec, joined)
+    if unhonoured:
+        report.notes.append(f"not simulated: {', '.join(unhonoured)}")
+
+
 def register(app: typer.Typer) -> None:
-    """Give ``cmdare train --simulate`` its simulator (``train`` may not import the planner)."""
+    """Give ``cmdare train --simulate`` and ``cmdare report run --against-plan`` the simulator (``train`` and
+    ``measure`` may not import the planner)."""
+    from cmdare.measure import commands as measure_commands
     from cmdare.train import commands
 
     commands.SIMULATE = simulate_train
+    measure_commands.AGAINST_PLAN = against_plan

@@ -101,3 +101,25 @@ def test_report_run_of_a_users_model_shows_its_test_loss_and_metric(resumed):
     assert summary["test_metrics"] == f"mae {second.details['test_metrics']['mae']:.4g}"
     assert "final_loss" in report.render("table")
     store.close()
+
+
+def test_report_run_against_plan_puts_the_run_beside_the_simulation_of_its_command_line(resumed):
+    """`cmdare report run RUN --against-plan` (issue 43): the run's own options, read back from the store, simulated
+    by the planner in the run's emulated cloud time: your own model profiled on a sample of your data."""
+    from cmdare.run_simulation import against_plan
+
+    url, _, second = resumed
+    store = open_store(url)
+    report = build_report("run", store, run_id="run-parts")
+    against_plan(report, store, "run-parts", runs=20)
+    table = report.tables["against_plan"].set_index("measure")
+    totals = second.details["totals"]
+    assert list(table.index) == ["cost_usd", "revocations", "replacements"]  # no time: emulated, not stored
+    assert table.loc["cost_usd", "run"] == pytest.approx(totals["cost_usd"])
+    assert table.loc["revocations", "run"] == totals["revocations"]
+    # the trace revokes slot 0 once 0.1 emulated seconds into the simulated run, as in each part of the real one
+    assert table.loc["revocations", "simulated_mean"] == pytest.approx(1.0)
+    assert table.loc["cost_usd", "simulated_mean"] > 0
+    assert any("emulated cloud time" in n and "2 parts" in n for n in report.notes)
+    assert "against_plan" in report.render("table")
+    store.close()

@@ -9,7 +9,9 @@ the public data import it on first use.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -135,8 +137,13 @@ def _import_on_first_use(store, name: str) -> None:
         )
 
 
+#: What ``report run --against-plan`` adds: (report, store, run id) -> None, a table of the run's command line
+#: simulated. Set by :mod:`cmdare.run_simulation`, which may import the planner (this module may not).
+AGAINST_PLAN: Callable[[Any, Any, str], None] | None = None
+
+
 def _emit(name: str, db: str | None, fmt: str, plot: Path | None, run_id: str | None = None,
-          table: str | None = None, force: bool = False):
+          table: str | None = None, force: bool = False, extend: Callable[[Any, Any], None] | None = None):
     from cmdare.measure.reports import FORMATS, build_report
     from cmdare.measure.store import open_store
     from cmdare.output_files import check_figure_output, one_line
@@ -151,6 +158,8 @@ def _emit(name: str, db: str | None, fmt: str, plot: Path | None, run_id: str | 
     if run_id is None:
         _import_on_first_use(store, name)
     report = build_report(name, store, run_id=run_id)
+    if extend is not None:
+        extend(report, store)
     typer.echo(report.render(fmt, table), nl=False)
     if plot is not None:
         out = report.save_plot(plot, force)
@@ -237,9 +246,17 @@ def report_run(
     plot: Path | None = typer.Option(None, "--plot", help=_PLOT_HELP),
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
     force: bool = _FORCE_OPTION,
+    against_plan: bool = typer.Option(False, "--against-plan", help="Beside the run, the simulator's prediction of "
+                                      "the same command line (table against_plan: cost, revocations, replacements "
+                                      "and, on a joined cluster, time; 100 runs from the run's seed)."),
 ) -> None:
     """One run: throughput over time with revocations, replacements and checkpoints marked, cost so far."""
-    _emit("run", db, fmt, plot, run_id, table=table, force=force)
+    extend = None
+    if against_plan:
+        if AGAINST_PLAN is None:
+            raise RuntimeError("no simulator registered (cmdare.run_simulation)")
+        extend = lambda report, store: AGAINST_PLAN(report, store, run_id)  # noqa: E731
+    _emit("run", db, fmt, plot, run_id, table=table, force=force, extend=extend)
 
 
 def register(app: typer.Typer) -> None:
