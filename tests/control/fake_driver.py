@@ -22,6 +22,7 @@ from typing import Any
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
 from cmdare.control.controller import RunController
+from cmdare.control.dispatch import handler_table
 
 
 @dataclass
@@ -75,6 +76,9 @@ class FakeDriver:
     _busy: bool = False
     _pending: list = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self._handlers = handler_table(self, "_do_", C.Command)  # every kind of command, or it fails here
+
     # -- the event queue ------------------------------------------------------------------------------
     def later(self, delay: float, event_or_fn: Any) -> None:
         heapq.heappush(self._queue, (self.wall + delay, next(self._seq), event_or_fn))
@@ -102,7 +106,7 @@ class FakeDriver:
         for c in commands:
             self.commands.append(c)
             self.log.append((self.wall, self.step, c))
-            getattr(self, "_do_" + type(c).__name__)(c)
+            self._handlers[type(c)](c)
 
     # -- running --------------------------------------------------------------------------------------
     def start(self, specs, ps_spec, num_ps: int = 1, step: int = 0) -> None:

@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 
 from cmdare.cloud.servers import ServerSpec
+from cmdare.control.dispatch import handler_table
 from cmdare.control.divergence import DivergenceWatch
 from cmdare.control.duties import DutySchedule
 from cmdare.control.emulated_clock import EmulatedClock
@@ -106,6 +107,7 @@ class RunController(RunEnding, RunEventHandlers):
         #: The decisions taken: ``(cloud time, global step, command)`` of every command but the feeding of
         #: workers (Train, Fence, HoldAll), so two drivers' runs can be compared decision by decision.
         self.history: list[tuple[float, float, Command]] = []
+        self._handlers = handler_table(self, "_on_", Event)  # every kind of event, or it fails here
 
     # -- views ----------------------------------------------------------------------------------------
     @property
@@ -157,7 +159,7 @@ class RunController(RunEnding, RunEventHandlers):
         if self.ended:
             return []
         for event in events:
-            handler = getattr(self, "_on_" + type(event).__name__, None)
+            handler = self._handlers.get(type(event))
             if handler is None:
                 raise TypeError(f"the run controller takes no {type(event).__name__}")
             self._time(event)

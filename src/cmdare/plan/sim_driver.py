@@ -24,6 +24,7 @@ from cmdare.cloud.servers import ServerSpec
 from cmdare.control import LifetimeRevocations, MembershipKernel, PsServerKernel, RunController
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
+from cmdare.control.dispatch import handler_table
 from cmdare.control.run_config import RunConfig
 from cmdare.plan.sim_lifetimes import LIFETIMES_PER_SLOT, SlotLifetimes
 from cmdare.plan.spec import PS_SERVER, RunResult
@@ -38,6 +39,7 @@ class SimRun:
 
     def __init__(self, sim: Any, rng: np.random.Generator, revocations: Any = None):  # sim: the Simulator
         self.sim, self.rng = sim, rng
+        self._handlers = handler_table(self, "_do_", C.Command)  # every kind of command, or it fails here
         self.env = simpy.Environment()
         cluster, job = sim.cluster, sim.job
         self.total = float(job.total_steps)
@@ -179,7 +181,7 @@ class SimRun:
 
     def _run(self, commands: list[C.Command]) -> None:
         for c in commands:
-            getattr(self, "_do_" + type(c).__name__)(c)
+            self._handlers[type(c)](c)
         if not self._busy:
             self._feed([])
 

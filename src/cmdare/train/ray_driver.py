@@ -29,6 +29,7 @@ import numpy as np
 from cmdare.control import RunController
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
+from cmdare.control.dispatch import handler_table
 from cmdare.errors import ShardLostError
 from cmdare.events import StepReport
 from cmdare.storage import Storage
@@ -71,6 +72,7 @@ class RayDriver:
                  emitter: RunEmitter, metrics: RunMetrics, detached: DetachedCalls,
                  initial: tuple[np.ndarray, np.ndarray, int], real: bool):
         self.controller, self.spec, self.storage = controller, spec, storage
+        self._handlers = handler_table(self, "_do_", C.Command)  # every kind of command, or it fails here
         self.workers, self.shards, self.duties, self.changes, self.ps = workers, shards, duties, changes, ps
         self.emitter, self.metrics, self.detached = emitter, metrics, detached
         self.initial, self.real = initial, real
@@ -156,7 +158,7 @@ class RayDriver:
 
     def _execute(self, commands: list[C.Command]) -> None:
         for cmd in commands:
-            events = getattr(self, "_do_" + type(cmd).__name__)(cmd) or []
+            events = self._handlers[type(cmd)](cmd) or []
             self._queue.extend(self._stamp(ev) for ev in events)
         for _at, previous, state in self.controller.transitions[self._reported:]:
             self.emitter.event("run_state", details={"from": str(previous), "to": str(state)})

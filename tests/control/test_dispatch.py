@@ -1,0 +1,56 @@
+"""Exhaustive dispatch (issue 43): the controller takes every kind of event and every driver carries out every kind
+of command; a new kind that one of them does not handle fails here, and the object refuses to be built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from fake_driver import FakeDriver
+
+from cmdare.control import run_commands as C
+from cmdare.control import run_events as E
+from cmdare.control.controller import RunController
+from cmdare.control.dispatch import handler_table, kinds, missing_handlers
+from cmdare.plan.sim_driver import SimRun
+from cmdare.train.ray_driver import RayDriver
+
+
+def test_the_controller_takes_every_kind_of_event():
+    assert len(kinds(E.Event)) >= 20
+    assert missing_handlers(RunController, "_on_", E.Event) == []
+
+
+@pytest.mark.parametrize("driver", [RayDriver, SimRun, FakeDriver], ids=lambda d: d.__name__)
+def test_every_driver_carries_out_every_kind_of_command(driver):
+    assert len(kinds(C.Command)) >= 25
+    assert missing_handlers(driver, "_do_", C.Command) == []
+
+
+def test_a_new_kind_nobody_handles_is_refused_when_the_handler_table_is_built():
+    class Owner:
+        def _do_Fence(self, c):
+            return c
+
+    @dataclass(frozen=True)
+    class Base:
+        pass
+
+    @dataclass(frozen=True)
+    class Fence(Base):
+        step: int
+
+    @dataclass(frozen=True)
+    class Brand(Base):  # a new kind of command, no handler yet
+        pass
+
+    with pytest.raises(TypeError, match="Owner handles no _do_Brand"):
+        handler_table(Owner(), "_do_", Base)
+    assert missing_handlers(Owner, "_do_", Base) == ["_do_Brand"]
+
+    class Complete(Owner):
+        def _do_Brand(self, c):
+            return "brand"
+
+    table = handler_table(Complete(), "_do_", Base)
+    assert set(table) == {Fence, Brand} and table[Fence](Fence(3)) == Fence(3) and table[Brand](Brand()) == "brand"
