@@ -14,17 +14,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cmdare.control.kinds import DutyKind
+
 __all__ = ["DUTY_KINDS", "DutySchedule", "PendingDuty"]
 
 #: The chief's duties, in the order they run when both fall due at one step.
-DUTY_KINDS = ("checkpoint", "eval")
+DUTY_KINDS = tuple(DutyKind)
 
 
 @dataclass
 class PendingDuty:
     """A duty due at ``step`` and not done yet (``running``: a chief is on it)."""
 
-    kind: str
+    kind: DutyKind
     step: int
     final: bool = False
     reason: str = "schedule"
@@ -44,8 +46,8 @@ class DutySchedule:
     checkpoints: list[int] = field(default_factory=list)  # stored checkpoint steps, in order stored
     failed: list[int] = field(default_factory=list)  # checkpoint steps whose upload failed
 
-    def every(self, kind: str) -> int:
-        return self.checkpoint_every if kind == "checkpoint" else self.eval_every
+    def every(self, kind: DutyKind) -> int:
+        return self.checkpoint_every if kind == DutyKind.CHECKPOINT else self.eval_every
 
     def restart(self, step: int) -> None:
         """Duties fall due at the multiples after ``step`` (at the start; after a rollback). Pending periodic
@@ -74,7 +76,7 @@ class DutySchedule:
         return sorted((d for d in self.pending if d.running is None),
                       key=lambda d: (DUTY_KINDS.index(d.kind), d.step))
 
-    def add(self, kind: str, step: int, final: bool = False, reason: str = "schedule") -> PendingDuty:
+    def add(self, kind: DutyKind, step: int, final: bool = False, reason: str = "schedule") -> PendingDuty:
         """Queue a duty outside the schedule (the final ones; a checkpoint on the chief's notice)."""
         duty = next((d for d in self.pending if d.kind == kind and d.step == step), None)
         if duty is None:
@@ -86,7 +88,7 @@ class DutySchedule:
     def started(self, duty: PendingDuty, chief: int) -> None:
         duty.running, duty.tries = chief, duty.tries + 1
 
-    def finished(self, kind: str, step: int, ok: bool, chief: int | None = None) -> PendingDuty | None:
+    def finished(self, kind: DutyKind, step: int, ok: bool, chief: int | None = None) -> PendingDuty | None:
         """A duty ended on ``chief``: done (removed) or cut short (due again, for the same step). The end of a
         run the duty was since given to another chief for changes nothing."""
         duty = next((d for d in self.pending if d.kind == kind and d.step == step), None)
@@ -122,15 +124,15 @@ class DutySchedule:
     def catch_up(self, step: float) -> None:
         """Virtual duties (the simulator): every periodic checkpoint due by ``step`` is taken and stored."""
         every = self.checkpoint_every
-        at = self.next.get("checkpoint", 0)
+        at = self.next.get(DutyKind.CHECKPOINT, 0)
         if every and at and at <= step:
             last = min(int(step) // every * every, (self.steps - 1) // every * every)
             if last >= at:
                 self.checkpoints.append(last)
-            self.next["checkpoint"] = last + every if last >= at else at
-        eval_at = self.next.get("eval", 0)
+            self.next[DutyKind.CHECKPOINT] = last + every if last >= at else at
+        eval_at = self.next.get(DutyKind.EVAL, 0)
         if self.eval_every and eval_at and eval_at <= step:
-            self.next["eval"] = _next_multiple(int(step), self.eval_every)
+            self.next[DutyKind.EVAL] = _next_multiple(int(step), self.eval_every)
 
 
 def _next_multiple(step: float, every: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from cmdare.control.kinds import DutyKind, ShardAction
 from cmdare.control.run_commands import Restore
 from cmdare.control.run_events import (
     ActionDone,
@@ -186,7 +187,7 @@ class RunEventHandlers:
         if rec is None:
             return
         if ev.worker_id == self.workers.chief and self.config.checkpoint_every and rec.up:
-            duty = self.duties.add("checkpoint", int(self.step), reason="notice")
+            duty = self.duties.add(DutyKind.CHECKPOINT, int(self.step), reason="notice")
             self._run_duty(duty, rec)
         else:
             self.workers.release(ev.worker_id, self.now)
@@ -234,7 +235,7 @@ class RunEventHandlers:
         if rec is not None and rec.duties:
             rec.duties -= 1
         duty = self.duties.finished(ev.kind, ev.step, ev.ok, ev.worker_id)
-        if ev.ok and ev.kind == "eval" and (why := self.divergence.test(ev.loss)) is not None:
+        if ev.ok and ev.kind == DutyKind.EVAL and (why := self.divergence.test(ev.loss)) is not None:
             self._diverged(ev.worker_id, why, ev.step)  # a run never ends finished on an exploded model
             return
         if ev.ok:
@@ -270,7 +271,7 @@ class RunEventHandlers:
         if command is None:
             return
         self.shards.done(command, ev.ok, self.now, ev.num_shards, ev.removed_keys)
-        if ev.ok and ev.action == "restore" and ev.step is not None:
+        if ev.ok and ev.action == ShardAction.RESTORE and ev.step is not None:
             if isinstance(command, Restore) and command.reason == "diverged":
                 self.workers.damp_lr(self.config.rollback_lr_scale, self.now)
                 self.divergence.rolled_back()

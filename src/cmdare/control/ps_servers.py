@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cmdare.cloud.servers import ServerSpec
+from cmdare.control.kinds import Destination
 from cmdare.control.revocation import NoRevocations, RevocationSource
 
 __all__ = ["Evacuate", "PsDecision", "PsServerInfo", "PsServerKernel", "RequestPsReplacement", "RestoreShards"]
@@ -50,7 +51,7 @@ class Evacuate:
 
     key: int
     deadline: float
-    onto: str
+    onto: Destination
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,9 @@ class PsServerKernel:
         self.noticed[key] = deadline
         spec = self.servers[key].server
         if num_shards > 1:
-            out: list[PsDecision] = [Evacuate(key, deadline, "survivors")]
+            out: list[PsDecision] = [Evacuate(key, deadline, Destination.SURVIVORS)]
             return out + ([RequestPsReplacement(key, spec)] if self.replace else [])
-        return [Evacuate(key, deadline, "replacement"), RequestPsReplacement(key, spec)]
+        return [Evacuate(key, deadline, Destination.REPLACEMENT), RequestPsReplacement(key, spec)]
 
     def deadline_passed(self, now: float) -> list[RestoreShards]:
         """Noticed servers still holding blocks at their deadline die now (the driver kills them)."""

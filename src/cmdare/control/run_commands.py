@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cmdare.cloud.servers import ServerSpec
+from cmdare.control.kinds import Destination, DutyKind
 
 __all__ = [
     "Balance",
@@ -161,7 +162,7 @@ class StartDuty(Command):
     state of ``step`` must be taken before any other worker trains on (a driver that snapshots in the
     background takes it when this command runs). Answered by ``DutyDone``."""
 
-    kind: str
+    kind: DutyKind
     worker_id: int
     step: int
     final: bool = False
@@ -184,7 +185,7 @@ class PsNoticed(Command):
 
     key: int
     deadline: float
-    onto: str
+    onto: Destination
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ class EvacuatePs(Command):
     ``survivors``) or onto the replacement ``spare`` (``replacement``), then release the server."""
 
     key: int
-    onto: str
+    onto: Destination
     deadline: float
     spare: int | None = None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cmdare.control.kinds import DutyKind
 from cmdare.control.run_commands import CancelWorker, EndRun
 from cmdare.control.run_state import Ended, Finishing, RunState
 
@@ -70,9 +71,9 @@ class RunEnding:
             step = int(self.step)
             if not self.config.virtual_duties:
                 if self.stop_wall is None:  # a requested stop stores its step and ends: no evaluation
-                    self.duties.add("eval", step, final=True)
+                    self.duties.add(DutyKind.EVAL, step, final=True)
                 if self.config.final_checkpoint:
-                    self.duties.add("checkpoint", step, final=True)
+                    self.duties.add(DutyKind.CHECKPOINT, step, final=True)
         if self.config.virtual_duties:
             self.duties.catch_up(self.step)
             self._end("finished")

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cmdare.control.kinds import DutyKind, ShardAction
+
 __all__ = [
     "ActionDone",
     "AllStopped",
@@ -190,7 +192,7 @@ class DutyDone(Event):
     because the chief died (``shard_lost`` False) or a shard did (True); ``loss``: an evaluation's test loss
     (None: none, or no test data)."""
 
-    kind: str
+    kind: DutyKind
     worker_id: int
     step: int
     ok: bool = True
@@ -221,7 +223,7 @@ class ActionDone(Event):
     ``num_shards``: how many shards hold blocks afterwards; ``removed_keys``: the servers of shards a placement
     change removed."""
 
-    action: str
+    action: ShardAction
     ok: bool = True
     step: int | None = None
     num_shards: int | None = None

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from cmdare.cloud.servers import ServerSpec
+from cmdare.control.kinds import Destination
 from cmdare.control.ps_servers import Evacuate, PsServerKernel, RequestPsReplacement, RestoreShards
 from cmdare.control.run_commands import (
     ChangePlacement,
@@ -207,10 +208,10 @@ class ShardControl:
                 return Restore(self.restore_reason or "lost", tuple(s.key for s in ready[:len(self.dead)]))
             return None
         for key, d in self.evacuations.items():
-            if d.onto == "survivors" and self.num_shards > 1:
-                return EvacuatePs(key, "survivors", d.deadline)
+            if d.onto == Destination.SURVIVORS and self.num_shards > 1:
+                return EvacuatePs(key, Destination.SURVIVORS, d.deadline)
             if ready:
-                return EvacuatePs(key, "replacement", d.deadline, ready[0].key)
+                return EvacuatePs(key, Destination.REPLACEMENT, d.deadline, ready[0].key)
             if now >= self._park_at(key, d):
                 return ParkPs(key, d.deadline)
         if self.parked and ready:
@@ -270,5 +271,5 @@ class ShardControl:
         times = [at - lead for key, at in self.kernel.deadlines.items() if key not in self.kernel.noticed]
         times += list(self.kernel.noticed.values())
         times += [s.ready_at for s in self.spares.values() if s.ready_at is not None]
-        times += [self._park_at(k, d) for k, d in self.evacuations.items() if d.onto == "replacement"]
+        times += [self._park_at(k, d) for k, d in self.evacuations.items() if d.onto == Destination.REPLACEMENT]
         return min((t for t in times if t > now), default=math.inf)

@@ -25,6 +25,7 @@ from cmdare.control import LifetimeRevocations, MembershipKernel, PsServerKernel
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
 from cmdare.control.dispatch import handler_table
+from cmdare.control.kinds import Destination, ShardAction
 from cmdare.control.run_config import RunConfig
 from cmdare.plan.sim_lifetimes import LIFETIMES_PER_SLOT, SlotLifetimes
 from cmdare.plan.spec import PS_SERVER, RunResult
@@ -296,29 +297,29 @@ class SimRun:
         self.ps_billed -= 1
         self._bill(-self.sim._ps_price_s)
 
-    def _action(self, name: str, pause_s: float, **kw: Any) -> None:
+    def _action(self, name: ShardAction, pause_s: float, **kw: Any) -> None:
         """An action on quiesced shards that takes ``pause_s`` (training stands still meanwhile)."""
         self._later(pause_s, lambda t: E.ActionDone(wall=t, now=t, action=name, num_shards=self.num_shards, **kw))
 
     def _do_EvacuatePs(self, c: C.EvacuatePs) -> None:
         self._end_ps(c.key)
         self.evacuations += 1
-        if c.onto == "survivors":
+        if c.onto == Destination.SURVIVORS:
             self.num_shards -= 1
-        self._action("evacuate", self.evacuation_s or 0.0)
+        self._action(ShardAction.EVACUATE, self.evacuation_s or 0.0)
 
     def _do_ParkPs(self, c: C.ParkPs) -> None:
         self._end_ps(c.key)
         self.parks += 1
-        self._action("park", 0.0)
+        self._action(ShardAction.PARK, 0.0)
 
     def _do_UnparkPs(self, c: C.UnparkPs) -> None:
         self.evacuations += 1
-        self._action("unpark", self.evacuation_s or 0.0)
+        self._action(ShardAction.UNPARK, self.evacuation_s or 0.0)
 
     def _do_FillPs(self, c: C.FillPs) -> None:
         self.num_shards += 1
-        self._action("fill", self.evacuation_s or 0.0)
+        self._action(ShardAction.FILL, self.evacuation_s or 0.0)
 
     def _do_PsNoticed(self, c: C.PsNoticed) -> None:
         pass
@@ -331,10 +332,10 @@ class SimRun:
         kept = self.controller.duties.latest_checkpoint() or 0
         self.steps_lost += max(0.0, self.progress - kept)
         self.progress = float(kept)
-        self._action("restore", 0.0, step=kept)
+        self._action(ShardAction.RESTORE, 0.0, step=kept)
 
     def _do_ChangePlacement(self, c: C.ChangePlacement) -> None:
-        self._action("placement", 0.0)
+        self._action(ShardAction.PLACEMENT, 0.0)
 
     def _do_Balance(self, c: C.Balance) -> None:
         self._pending.append(E.PlacementRequested(wall=self.env.now, now=self.env.now, decisions=()))

@@ -20,6 +20,7 @@ import numpy as np
 
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
+from cmdare.control.kinds import DutyKind
 from cmdare.events import CheckpointReport, EvalReport
 from cmdare.ps.blocks import ParamInfo
 from cmdare.ps.layout import model_flat_from_shard_arrays
@@ -88,7 +89,7 @@ class ChiefDuties:
         if chief is None:
             return [E.DutyDone(wall=wall, kind=cmd.kind, worker_id=cmd.worker_id, step=cmd.step, ok=False)]
         snap.running += 1
-        ref = chief.actor.statistics.remote(snap.params, snap.step) if cmd.kind == "checkpoint" else \
+        ref = chief.actor.statistics.remote(snap.params, snap.step) if cmd.kind == DutyKind.CHECKPOINT else \
             chief.actor.evaluate.remote(snap.params, snap.step)
         self.refs[ref] = (cmd, time.time())
         return []
@@ -117,7 +118,7 @@ class ChiefDuties:
         if snap is None:  # cannot happen: the snapshot is kept while a duty runs on it
             return [E.DutyDone(wall=wall, kind=cmd.kind, worker_id=cmd.worker_id, step=cmd.step, ok=False)]
         run_id = self.emitter.run_id
-        if cmd.kind == "eval":
+        if cmd.kind == DutyKind.EVAL:
             result, step = res
             loss = result.loss if result.samples else None  # None: no test data
             self.last_accuracy, self.last_loss, self.last_metrics = result.accuracy, loss, result.metrics
@@ -127,7 +128,7 @@ class ChiefDuties:
             ckpt = Checkpoint(snap.step, snap.params, snap.momentum, res, dict(self.meta, chief=cmd.worker_id))
             upload = Upload(snap.step, cmd.worker_id, len(self.infos), snap.stall_s, time.time() - started, started)
             self.uploads.submit(ckpt, upload)
-        loss = self.last_loss if cmd.kind == "eval" else None
+        loss = self.last_loss if cmd.kind == DutyKind.EVAL else None
         return [E.DutyDone(wall=wall, kind=cmd.kind, worker_id=cmd.worker_id, step=cmd.step, loss=loss),
                 *self.collect(wall)]
 

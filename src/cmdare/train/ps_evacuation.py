@@ -29,6 +29,7 @@ from typing import Any
 from cmdare.cloud.local import Server, ServerProvider
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
+from cmdare.control.kinds import Destination, ShardAction
 from cmdare.ps.placement import Placement
 from cmdare.ps.psld.decisions import AddShard, Decision, Move, RemoveShard
 from cmdare.train.balancing import drain_moves, fill_moves
@@ -158,7 +159,7 @@ class PsServerExecutor:
         k = self._index(server)
         placement = self.shards.placement
         assert placement is not None and k is not None
-        onto_spare = not (cmd.onto == "survivors" and len(self.shards.shards) > 1)
+        onto_spare = not (cmd.onto == Destination.SURVIVORS and len(self.shards.shards) > 1)
         if not onto_spare:
             decisions = self.drain_plan(placement, k)
         else:  # onto the spare: it becomes shard n, then shard k is emptied into it and removed
@@ -168,7 +169,7 @@ class PsServerExecutor:
             decisions = [AddShard(), *(Move(b.block_id, k, n) for b in placement.blocks_on(k)), RemoveShard(k)]
         result, pause_s = self.changes.migrate(decisions, workers, global_step, removed_reason="evacuated")
         if result.rolled_back:  # a destination died: the shard stays; the deadline (or a retry) decides
-            return E.ActionDone(wall=wall, action="evacuate", ok=False, num_shards=len(self.shards.shards))
+            return E.ActionDone(wall=wall, action=ShardAction.EVACUATE, ok=False, num_shards=len(self.shards.shards))
         self.by_key.pop(cmd.key, None)
         self.emitter.event("shard_evacuated", server_id=server.server_id,
                            details={"shard_id": k, "onto": cmd.onto, "moved_bytes": result.moved_bytes,
@@ -176,7 +177,7 @@ class PsServerExecutor:
                                     "num_shards": len(self.shards.shards), "global_step": global_step})
         if onto_spare:
             self._replacement_joined()
-        return E.ActionDone(wall=wall, action="evacuate", num_shards=len(self.shards.shards))
+        return E.ActionDone(wall=wall, action=ShardAction.EVACUATE, num_shards=len(self.shards.shards))
 
     def park(self, cmd: C.ParkPs, wall: float, now: float) -> E.ActionDone:
         """Take the shard's blocks into the coordinator and release its server (training waits)."""
@@ -194,7 +195,7 @@ class PsServerExecutor:
         self.emitter.event("shard_parked", server_id=server.server_id,
                            details={"shard_id": k, "moved_bytes": int(data.params.nbytes + data.momentum.nbytes),
                                     "margin_s": cmd.deadline - now})
-        return E.ActionDone(wall=wall, action="park", num_shards=len(self.shards.shards))
+        return E.ActionDone(wall=wall, action=ShardAction.PARK, num_shards=len(self.shards.shards))
 
     def unpark(self, cmd: C.UnparkPs, workers: Sequence[Any], global_step: int, wall: float) -> E.ActionDone:
         """The replacement takes the parked blocks in the parked shard's place."""
@@ -213,7 +214,7 @@ class PsServerExecutor:
             "moved_bytes": int(data.params.nbytes + data.momentum.nbytes), "pause_s": time.perf_counter() - t0,
             "num_shards": len(self.shards.shards), "global_step": global_step})
         self._replacement_joined()
-        return E.ActionDone(wall=wall, action="unpark", num_shards=len(self.shards.shards))
+        return E.ActionDone(wall=wall, action=ShardAction.UNPARK, num_shards=len(self.shards.shards))
 
     def fill(self, cmd: C.FillPs, workers: Sequence[Any], global_step: int, wall: float) -> E.ActionDone:
         """The replacement joins and takes its share of the blocks."""
@@ -223,7 +224,8 @@ class PsServerExecutor:
         result, _pause = self.changes.migrate(self.fill_plan(placement), workers, global_step)
         if not result.rolled_back:
             self._replacement_joined()
-        return E.ActionDone(wall=wall, action="fill", ok=not result.rolled_back, num_shards=len(self.shards.shards))
+        return E.ActionDone(wall=wall, action=ShardAction.FILL, ok=not result.rolled_back,
+                            num_shards=len(self.shards.shards))
 
     def _replacement_joined(self) -> None:
         """A replacement PS server took blocks: it joined the run (counted as a replacement)."""

@@ -30,6 +30,7 @@ from cmdare.control import RunController
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
 from cmdare.control.dispatch import handler_table
+from cmdare.control.kinds import ShardAction
 from cmdare.errors import ShardLostError
 from cmdare.events import StepReport
 from cmdare.storage import Storage
@@ -380,7 +381,7 @@ class RayDriver:
         self.global_step = self.fence = step
         self._round_feed.clear()  # the steps come again
         self.emitter.event("shard_restored", details=details)
-        return [*events, E.ActionDone(wall=time.time(), action="restore", step=step,
+        return [*events, E.ActionDone(wall=time.time(), action=ShardAction.RESTORE, step=step,
                                       num_shards=len(self.shards.shards))]
 
     def _do_ChangePlacement(self, cmd: C.ChangePlacement) -> list[E.Event]:
@@ -388,7 +389,7 @@ class RayDriver:
         result, _pause = self.changes.migrate(list(cmd.decisions), self._live_actors(), self.global_step)
         added = [s for s in self.shards.servers if s not in before]
         removed = self.ps.placement_changed(cmd.new_keys, added)
-        return [E.ActionDone(wall=time.time(), action="placement", ok=not result.rolled_back,
+        return [E.ActionDone(wall=time.time(), action=ShardAction.PLACEMENT, ok=not result.rolled_back,
                              num_shards=len(self.shards.shards), removed_keys=removed)]
 
     def _do_Balance(self, cmd: C.Balance) -> list[E.Event]:
