@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 
 def _collector():

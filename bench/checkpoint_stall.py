@@ -50,7 +50,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 MODES = ("background", "inline")
 BUCKET = "cmdare-bench"

@@ -51,8 +51,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cmdare.train.cluster import ensure_ray  # before Ray is imported: Ray on 127.0.0.1
-from cmdare.train.overlap import PIECES_PER_SHARD
+from cmdare.train.run.ray_session import ensure_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.workers.overlap import PIECES_PER_SHARD
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("cross_node", "ray_path", "gloo")

@@ -24,7 +24,7 @@ from pathlib import Path
 def _run(device: str, args: argparse.Namespace, root: Path) -> dict:
     from _common import collector
     from cmdare.train import Trainer, TrainSpec
-    from cmdare.train.checkpoint import CheckpointStore
+    from cmdare.train.duties.checkpoint import CheckpointStore
 
     spec = TrainSpec(model=args.model, workers=2, ps=1, steps=args.steps, sync=True, checkpoint_every=args.steps,
                      eval_every=0, seed=3, transient=False, gpus_per_worker=0.5 if device == "cuda" else 0.0)
@@ -49,7 +49,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         print(json.dumps({"bench": "gpu_smoke", "skipped": True, "reason": "no CUDA device"}))
         return
-    from cmdare.train.cluster import start_local_ray
+    from cmdare.train.run.ray_session import start_local_ray
 
     ray = start_local_ray(num_cpus=4, num_gpus=1)
     import numpy as np

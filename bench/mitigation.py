@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from _common import collector
-from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 # Static placements the mitigated run is compared with, at the shard count it ended with (TensorFlow's
 # round-robin is left out: on resnet8 with 3 shards it puts 99% of the bytes on one shard).

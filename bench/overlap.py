@@ -6,7 +6,7 @@ worker reaches the shard by the same-node channel), ``--ps-bandwidth`` emulating
 every byte of a push and of its reply takes bytes / bandwidth on the shard.
 
 * ``overlap``: ``TrainSpec.overlap=True`` (the default): each piece of the gradient
-  (:mod:`cmdare.train.overlap`, 4 per shard, at parameter boundaries, from the last layer) goes to the
+  (:mod:`cmdare.train.workers.overlap`, 4 per shard, at parameter boundaries, from the last layer) goes to the
   shard the moment backward has produced it, so its link time runs while backward goes on; the
   (asynchronous) shard applies it at once and sends its parameters back, so the next parameters are
   pulled in the same order, during backward too.
@@ -34,7 +34,7 @@ import os
 import statistics
 import time
 
-from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 from train_overhead import cmdare_steps_per_s
 
 VARIANTS = ("overlap", "after_backward")

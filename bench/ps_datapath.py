@@ -3,7 +3,7 @@
 Variants, interleaved round by round in one run so machine drift hits all alike:
 
 * ``cmdare``: the real :class:`cmdare.ps.shard.AsyncShardActor` as a Ray actor on the driver's node,
-  driven the way :class:`cmdare.train.worker.Worker` drives a shard on its own node: through the
+  driven the way :class:`cmdare.train.workers.worker.Worker` drives a shard on its own node: through the
   shard's channel (:mod:`cmdare.ps.channel`): the gradient lies in the worker's shared host buffer
   (where backward leaves it), one request on the Unix socket, the shard updates and writes its
   parameters into the worker's buffer (the model's storage on a CPU), one reply.
@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 VARIANTS = ("cmdare", "cmdare_ray", "naive_ray", "gloo", "floor")
 # Where the time goes, measured in the same rounds: one ray.put of the model, the shard's update,

@@ -15,7 +15,7 @@ figure to hold against the PS's push+pulls per second. Variants interleaved by r
 Single-node Ray on 127.0.0.1, not the netns cluster (``bench/cross_node.py`` has the two-node path): with
 every process on the same 2 cores, everything here is CPU-bound; the JSON says so.
 
-(b) Coordinator. The real :class:`cmdare.train.trainer.Trainer` and its :class:`~cmdare.train.ray_driver.RayDriver`
+(b) Coordinator. The real :class:`cmdare.train.trainer.Trainer` and its :class:`~cmdare.train.run.ray_driver.RayDriver`
 (controller, executors, one real shard of resnet8) run with 8, 32 and 64 stub worker actors (0 CPUs; every
 ``run_steps`` returns a chunk result at once, the global step kept in a shared counter; a pool of pre-started
 actors is handed to ``WorkerExecutor`` in place of ``Worker`` actors). In the steady state of each run
@@ -27,7 +27,7 @@ raylet and the driver share them), and the main thread's wall time in ``_chunk_b
 of which ``controller`` (``RunController.handle``) and ``submit`` (``_feed``: the next ``run_steps.remote``).
 Each size runs ``--coord-rounds`` times, interleaved; medians. A stub learns only its worker id and the step
 budget (the run's spec carries its model and data, which would import torch in every stub) and returns a real
-``ChunkResult`` (``cmdare.train.chunk_result``, which imports no torch).
+``ChunkResult`` (``cmdare.train.workers.chunk_result``, which imports no torch).
 
 Targets: none (a characterisation for docs/benchmarks.md).
 
@@ -53,8 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from cmdare.train.chunk_result import ChunkResult
-from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.workers.chunk_result import ChunkResult
 
 # -- gloo among k of 8 processes ------------------------------------------------------------------------------
 
@@ -277,9 +277,9 @@ class StubPool:
 def coordinator_run(n_workers: int, chunks: int, pool: StubPool, counter: str, tmp: Path) -> dict:
     """One real Trainer run with ``n_workers`` stubs and about ``chunks`` chunks; the driver's costs per chunk
     between the chunks 20% and 90% of the way (CPU clocks read only there: on this VM a read costs 1-100 us)."""
-    import cmdare.train.worker_executor as worker_executor
+    import cmdare.train.workers.worker_executor as worker_executor
     from cmdare.control import RunController
-    from cmdare.train.ray_driver import RayDriver
+    from cmdare.train.run.ray_driver import RayDriver
     from cmdare.train.spec import TrainSpec
     from cmdare.train.trainer import Trainer
 

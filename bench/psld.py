@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import collector
-from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 STATIC = ("round-robin", "greedy", "mxnet", "byteps")
 # Without a straggler round-robin and greedy put the 16 MiB tensor whole on one shard; they are measured

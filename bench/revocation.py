@@ -20,7 +20,7 @@ Per revocation (the bench's kill times and the run's :class:`EventReport` s):
   (worker up -> its first chunk starts; ``pull_only``: the pull itself) and first step.
 
 With ``--warm-spares N`` (default 2) the run keeps N standby servers whose worker process is warm
-(``TrainSpec.warm_spares``, :mod:`cmdare.train.warm_pool`); a replacement takes a ready one, else starts
+(``TrainSpec.warm_spares``, :mod:`cmdare.train.workers.warm_pool`); a replacement takes a ready one, else starts
 cold. ``--warm-spares 0`` measures the cold path alone; ``--cold-baseline`` runs it first, back to back, and
 reports its figures under ``cold_baseline``.
 
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cmdare.train.cluster import start_local_cluster  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.run.ray_session import start_local_cluster  # before Ray is imported: Ray on 127.0.0.1
 
 IMG = Path(__file__).resolve().parent.parent / "docs" / "images"
 
@@ -70,7 +70,7 @@ class Probe:
         t0 = time.perf_counter()
         import torch  # noqa: F401
 
-        import cmdare.train.worker  # noqa: F401
+        import cmdare.train.workers.worker  # noqa: F401
         t1 = time.perf_counter()
         from cmdare.datasets import load_dataset
         from cmdare.workloads import build_model

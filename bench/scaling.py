@@ -24,7 +24,7 @@ import statistics
 import tempfile
 import time
 
-from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 WORKERS = (1, 2, 4)
 SHARDS = (1, 2)

@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from cmdare.ps.shard import AsyncShardActor
-from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 FIELDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM")
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 #: The simulator's worker type for the emulated local workers.
 GPU = "local"

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from _common import collector
-from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 ARMS = ("on_demand_ps", "spot_ps", "fault_free")
 HORIZON_S = 600.0  # scripted revocations are listed this far ahead (entries after the run's end never fire)

@@ -23,7 +23,7 @@ from pathlib import Path
 from cmdare.measure.recorder import StoreRecorder
 from cmdare.measure.store import open_store
 from cmdare.train.callbacks import RunInfo, StepReport, TrainCallback
-from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 
 def _reports(n: int) -> list[StepReport]:

@@ -26,7 +26,7 @@ import os
 import statistics
 import time
 
-from cmdare.train.cluster import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
 
 CONFIGS = {
     # name: (model, dataset, batch, plain warm-up steps, plain timed steps, cmdare steps)

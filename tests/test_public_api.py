@@ -83,6 +83,12 @@ PINNED_MODULES = {"cmdare.events", "cmdare.train.callbacks"}
 
 # Packages deliberately not pinned: internal (no __all__).
 UNPINNED = {
+    # cmdare.train's parts (its API is cmdare.train's): the command line, the run, the workers, the shards, the duties
+    "cmdare.train.cli",
+    "cmdare.train.duties",
+    "cmdare.train.ps",
+    "cmdare.train.run",
+    "cmdare.train.workers",
     "cmdare.measure.importers",
     "cmdare.measure.store.migrations",
     "cmdare.measure.store.migrations.versions",

@@ -20,7 +20,7 @@ from cmdare.ps.optimizer_config import OptimizerConfig
 from cmdare.storage import as_storage
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
-from cmdare.train.export import export_run
+from cmdare.train.duties.export import export_run
 
 
 class ShowEvaluations(TrainCallback):

@@ -30,9 +30,11 @@ app = typer.Typer(
 # One module per concern; each defines ``register(app: typer.Typer) -> None``.
 COMMAND_MODULES: tuple[str, ...] = (
     "cmdare.predict.commands",
-    "cmdare.train.commands",
-    "cmdare.run_simulation",  # train --simulate (after train.commands)
-    "cmdare.train.runs",
+    "cmdare.train.cli.train_cmd",
+    "cmdare.train.cli.ps_cmd",
+    "cmdare.run_simulation",  # train --simulate and report run --against-plan (after their commands)
+    "cmdare.train.cli.runs_cmd",
+    "cmdare.train.cli.export_cmd",
     "cmdare.cloud.commands",
     "cmdare.plan.commands",
     "cmdare.workloads.commands",

@@ -70,8 +70,8 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
     from cmdare.plan.one_config import revocation_source
     from cmdare.plan.spec import ClusterSpec, JobSpec, WorkerGroup
     from cmdare.tasks import is_builtin_dataset
-    from cmdare.train.run_setup import EmulatedStepTimes, run_workload
-    from cmdare.train.setup import server_specs
+    from cmdare.train.run.controller_setup import EmulatedStepTimes, run_workload
+    from cmdare.train.run.run_start import server_specs
 
     revocations = spec.revocations if spec.transient or spec.ps_transient else "none"
     if joined and revocations in (None, "none") and (spec.transient or spec.ps_transient):
@@ -166,7 +166,7 @@ def register(app: typer.Typer) -> None:
     """Give ``cmdare train --simulate`` and ``cmdare report run --against-plan`` the simulator (``train`` and
     ``measure`` may not import the planner)."""
     from cmdare.measure import commands as measure_commands
-    from cmdare.train import commands
+    from cmdare.train.cli import train_cmd as commands
 
     commands.SIMULATE = simulate_train
     measure_commands.AGAINST_PLAN = against_plan

@@ -42,7 +42,7 @@ BENCHES: dict[str, list[str]] = {
     "train_overhead": [],
 }
 # Benches that start Ray only on a CUDA machine (without one they print `skipped` first: nothing to probe);
-# they still start it through cmdare.train.cluster (the RAW_START check below covers them).
+# they still start it through cmdare.train.run.ray_session (the RAW_START check below covers them).
 CUDA_ONLY = {"gpu_smoke"}
 STARTS_RAY = re.compile(r"\bray\.init\(|\bCluster\(|\bstart_local_ray\(|\bstart_local_cluster\(")
 RAW_START = re.compile(r"\bray\.init\(|\bCluster\(")
@@ -84,17 +84,17 @@ def probes(request) -> dict[str, dict]:
 
 
 def test_every_bench_that_starts_ray_is_probed_and_uses_the_loopback_helpers():
-    """New benches that start Ray are added to BENCHES; they start it through cmdare.train.cluster."""
+    """New benches that start Ray are added to BENCHES; they start it through cmdare.train.run.ray_session."""
     starting = {p.stem for p in BENCH_DIR.glob("*.py") if STARTS_RAY.search(p.read_text())}
     assert starting == set(BENCHES) | CUDA_ONLY
     raw = {p.stem for p in BENCH_DIR.glob("*.py") if RAW_START.search(p.read_text())}
-    assert not raw, f"start Ray with cmdare.train.cluster.start_local_ray / start_local_cluster: {sorted(raw)}"
+    assert not raw, f"start Ray with cmdare.train.run.ray_session.start_local_ray / start_local_cluster: {sorted(raw)}"
 
 
 def test_start_local_ray_refuses_a_ray_imported_too_early():
-    """Ray imported before cmdare.train.cluster would resolve 127.0.0.1 to the machine's address: an error,
+    """Ray imported before cmdare.train.run.ray_session would resolve 127.0.0.1 to the machine's address: an error,
     before any Ray process starts."""
-    code = "import ray\nfrom cmdare.train.cluster import start_local_ray\nstart_local_ray(num_cpus=1)"
+    code = "import ray\nfrom cmdare.train.run.ray_session import start_local_ray\nstart_local_ray(num_cpus=1)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_bench_env(), capture_output=True, text=True,
                           timeout=TIMEOUT_S)
     assert proc.returncode != 0

@@ -13,7 +13,7 @@ from cmdare.control import run_events as E
 from cmdare.control.controller import RunController
 from cmdare.control.dispatch import handler_table, kinds, missing_handlers
 from cmdare.plan.sim_driver import SimRun
-from cmdare.train.ray_driver import RayDriver
+from cmdare.train.run.ray_driver import RayDriver
 
 
 def test_the_controller_takes_every_kind_of_event():

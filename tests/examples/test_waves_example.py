@@ -47,8 +47,8 @@ def _outputs_of_checkpoint(run_dir: Path) -> torch.Tensor:
 
         from cmdare.storage import as_storage
         from cmdare.train import TrainSpec
-        from cmdare.train.checkpoint import CheckpointStore
-        from cmdare.train.export import checkpoint_state_dict
+        from cmdare.train.duties.checkpoint import CheckpointStore
+        from cmdare.train.duties.export import checkpoint_state_dict
 
         store = CheckpointStore(as_storage(str(run_dir)))
         ckpt = store.load(store.resume_point(None))

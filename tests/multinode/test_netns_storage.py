@@ -12,7 +12,7 @@ import pytest
 from netns_cluster import CMDARE, NetnsCluster
 
 from cmdare.storage import Storage
-from cmdare.train.checkpoint import CheckpointStore
+from cmdare.train.duties.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.cluster  # make test-cluster: a multi-node `ray start` cluster
 

@@ -343,6 +343,6 @@ def test_one_name_one_network_in_predict_and_train():
     with pytest.raises(UnknownNameError):
         P.published_workload("resnet32")  # He's ResNet-32 was never measured
     assert P.predict_step_time_s("resnet32", "k80") < P.predict_step_time_s("t2t_resnet32", "k80")
-    from cmdare.train.gpu_speeds import step_time_s
+    from cmdare.train.run.gpu_speeds import step_time_s
 
     assert step_time_s("resnet32", "k80") == P.predict_step_time_s("resnet32", "k80")  # train emulates the same

@@ -9,7 +9,7 @@ import pytest
 
 from cmdare.errors import CheckpointError, StorageError
 from cmdare.storage import Storage
-from cmdare.train.checkpoint import Checkpoint, CheckpointStore, latest_checkpoint, load_checkpoint
+from cmdare.train.duties.checkpoint import Checkpoint, CheckpointStore, latest_checkpoint, load_checkpoint
 
 
 def _ckpt(step: int, n: int = 1000) -> Checkpoint:
@@ -135,7 +135,7 @@ def test_bad_checkpoint_contents_are_one_line_errors(storage_url, bad):
     shorter than its parameters reached the shards; NaN parameters loaded without complaint."""
     import hashlib
 
-    from cmdare.train.checkpoint import encode_checkpoint
+    from cmdare.train.duties.checkpoint import encode_checkpoint
 
     st = Storage(storage_url)
     store = CheckpointStore(st)

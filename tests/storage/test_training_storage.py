@@ -14,8 +14,8 @@ from cmdare.errors import StorageError
 from cmdare.events import TrainCallback
 from cmdare.storage import Storage
 from cmdare.train import Trainer, TrainSpec
-from cmdare.train.checkpoint import CheckpointStore
-from cmdare.train.run_control import read_run_spec, read_status
+from cmdare.train.duties.checkpoint import CheckpointStore
+from cmdare.train.run.run_files import read_run_spec, read_status
 
 CMDARE = [str(Path(sys.executable).with_name("cmdare"))]
 
@@ -131,7 +131,7 @@ def test_bad_storage_fails_before_training_in_one_line(s3, tmp_path, storage, me
 @pytest.mark.cluster  # make test-cluster: a real run
 def test_status_json_carries_the_real_step_while_the_run_trains(local_ray, tmp_path, monkeypatch):
     """Issue 29: status.json showed global_step 0 throughout a run."""
-    from cmdare.train import ray_driver
+    from cmdare.train.run import ray_driver
 
     monkeypatch.setattr(ray_driver, "HEARTBEAT_S", 0.2)
     run = Storage(tmp_path / "run-hb")

@@ -13,7 +13,7 @@ from cmdare.ps.blocks import param_infos
 from cmdare.ps.placement import get_placement
 from cmdare.tasks.seeding import slot_seed
 from cmdare.train import TrainSpec
-from cmdare.train.worker import Worker
+from cmdare.train.workers.worker import Worker
 
 PROJECT = Path(__file__).parents[1] / "workloads" / "user_project"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cmdare.cloud.detection import LOCAL_FAILURE_DETECTION
-from cmdare.train.cluster import start_local_cluster
+from cmdare.train.run.ray_session import start_local_cluster
 
 
 @pytest.fixture(scope="module")

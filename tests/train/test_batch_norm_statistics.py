@@ -12,8 +12,8 @@ from cmdare.tasks import build_task
 from cmdare.tasks.statistics import batch_norm_layers
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
-from cmdare.train.checkpoint import load_checkpoint
-from cmdare.train.export import checkpoint_state_dict
+from cmdare.train.duties.checkpoint import load_checkpoint
+from cmdare.train.duties.export import checkpoint_state_dict
 
 STEPS = 200
 

@@ -14,7 +14,7 @@ import torch
 
 from cmdare.datasets import load_dataset
 from cmdare.storage import run_storage
-from cmdare.train.checkpoint import Checkpoint, CheckpointStore
+from cmdare.train.duties.checkpoint import Checkpoint, CheckpointStore
 from cmdare.train.spec import TrainSpec
 from cmdare.workloads import build_model
 

@@ -10,12 +10,12 @@ import pytest
 from cmdare.errors import UserInputError
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
-from cmdare.train.setup import gpus_per_worker
+from cmdare.train.run.run_start import gpus_per_worker
 
 
 @pytest.fixture(scope="module")
 def ray_with_gpus():
-    from cmdare.train.cluster import start_local_ray
+    from cmdare.train.run.ray_session import start_local_ray
 
     ray = start_local_ray(num_cpus=4, num_gpus=1)
     yield ray

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cmdare.cloud.catalog import load_catalog
 from cmdare.cloud.launcher import cluster_config, local_start_command
-from cmdare.train.cluster import joined_cluster, node_role
+from cmdare.train.run.ray_session import joined_cluster, node_role
 
 
 def _node(alive: bool = True, **resources: float) -> dict:

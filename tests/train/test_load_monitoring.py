@@ -12,7 +12,7 @@ from cmdare.measure.store import open_store
 from cmdare.ps.optimizer import OptimizerConfig
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
-from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
+from cmdare.train.duties.checkpoint import latest_checkpoint, load_checkpoint
 from cmdare.train.spec import parse_rate_bytes_per_s
 
 

@@ -8,7 +8,7 @@ import sys
 
 _NICENESS = """
 import os
-from cmdare.train.cluster import ensure_ray
+from cmdare.train.run.ray_session import ensure_ray
 import ray
 assert ensure_ray(num_cpus=1)
 

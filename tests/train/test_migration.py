@@ -7,9 +7,9 @@ from test_ps_equivalence import OPT  # noqa: E402
 
 from cmdare.ps.psld.decisions import Move
 from cmdare.train import Trainer, TrainSpec
-from cmdare.train.balancing import ScriptedSource, decisions_for_request
 from cmdare.train.callbacks import TrainCallback
-from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
+from cmdare.train.duties.checkpoint import latest_checkpoint, load_checkpoint
+from cmdare.train.ps.balancing import ScriptedSource, decisions_for_request
 
 
 class _Events(TrainCallback):

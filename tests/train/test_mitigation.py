@@ -11,7 +11,7 @@ from cmdare.ps.placement import RoundRobin
 from cmdare.ps.psld.decisions import AddShard, Move
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
-from cmdare.train.mitigation import BottleneckWatch
+from cmdare.train.ps.mitigation import BottleneckWatch
 
 
 def _stats(busy_s, window_s=2.0):

@@ -15,7 +15,7 @@ from cmdare.measure.recorder import StoreRecorder
 from cmdare.measure.reports.run import build as run_report
 from cmdare.measure.store import open_store
 from cmdare.train import Trainer, TrainSpec
-from cmdare.train.gpu_speeds import step_time_s
+from cmdare.train.run.gpu_speeds import step_time_s
 
 pytestmark = pytest.mark.cluster  # make test-cluster: multi-node clusters of mixed GPU types
 

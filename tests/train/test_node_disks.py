@@ -13,7 +13,7 @@ from cmdare.cloud.servers import ServerSpec
 from cmdare.errors import TransientError
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
-from cmdare.train.checkpoint import CheckpointStore
+from cmdare.train.duties.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.cluster  # make test-cluster: multi-node clusters with a disk per node
 

@@ -8,7 +8,7 @@ import io
 from rich.console import Console
 
 from cmdare.events import EvalReport, EventReport, RunInfo, RunSummary, StepReport
-from cmdare.train.progress import ProgressCallback
+from cmdare.train.cli.progress import ProgressCallback
 
 
 def test_the_bar_ends_at_the_summarys_speed_and_events_read_as_words():

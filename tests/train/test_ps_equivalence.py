@@ -22,8 +22,8 @@ from cmdare.datasets import BatchStream, load_dataset
 from cmdare.ps.optimizer import OptimizerConfig
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import RunInfo, TrainCallback
-from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
-from cmdare.train.worker import Worker
+from cmdare.train.duties.checkpoint import latest_checkpoint, load_checkpoint
+from cmdare.train.workers.worker import Worker
 from cmdare.workloads import build_model
 
 OPT = OptimizerConfig(lr=0.05, momentum=0.9, weight_decay=5e-4)
@@ -176,7 +176,7 @@ def _recording_worker(out_dir: str) -> type:
 
 def _use_worker_class(mp: pytest.MonkeyPatch, cls: type) -> None:
     """Make the trainer start ``cls`` instead of :class:`Worker`: rebinds the name in every loaded
-    cmdare module that imported it (not in cmdare.train.worker itself, so Ray still ships the base
+    cmdare module that imported it (not in cmdare.train.workers.worker itself, so Ray still ships the base
     class by reference)."""
     patched = [name for name, mod in list(sys.modules.items())
                if name.startswith("cmdare.") and name != Worker.__module__ and getattr(mod, "Worker", None) is Worker]

@@ -9,8 +9,8 @@ import pytest
 
 from cmdare.errors import CheckpointError
 from cmdare.storage import Storage
-from cmdare.train.checkpoint import Checkpoint, CheckpointStore
-from cmdare.train.setup import initial_state
+from cmdare.train.duties.checkpoint import Checkpoint, CheckpointStore
+from cmdare.train.run.run_start import initial_state
 from cmdare.train.spec import TrainSpec
 
 SPEC = TrainSpec(model="resnet8", steps=100)

@@ -19,7 +19,7 @@ from cmdare.measure.recorder import StoreRecorder
 from cmdare.measure.reports import build_report
 from cmdare.measure.store import open_store
 from cmdare.train import Trainer, TrainSpec
-from cmdare.train.runs import list_runs, run_status
+from cmdare.train.cli.runs_cmd import list_runs, run_status
 
 PROJECT = Path(__file__).parents[1] / "workloads" / "user_project"
 

@@ -20,10 +20,10 @@ from cmdare.ps.optimizer import OptimizerConfig
 from cmdare.ps.placement import get_placement
 from cmdare.ps.shard import AsyncShardActor, BlockData, SyncShardActor
 from cmdare.ps.shard_state import ShardState
-from cmdare.train.faults import classify
-from cmdare.train.setup import initial_state
+from cmdare.train.run.faults import classify
+from cmdare.train.run.run_start import initial_state
 from cmdare.train.spec import TrainSpec
-from cmdare.train.worker import Worker
+from cmdare.train.workers.worker import Worker
 
 pytestmark = pytest.mark.skipif(not channels_enabled(), reason="needs Linux memfd and fd passing")
 

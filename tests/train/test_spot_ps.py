@@ -14,7 +14,7 @@ from test_ps_equivalence import OPT  # noqa: E402
 
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
-from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
+from cmdare.train.duties.checkpoint import latest_checkpoint, load_checkpoint
 
 
 class _Events(TrainCallback):

@@ -14,8 +14,8 @@ from cmdare.cloud.detection import LOCAL_FAILURE_DETECTION
 from cmdare.cloud.local import LocalClusterProvider
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
-from cmdare.train.checkpoint import latest_checkpoint, load_checkpoint
-from cmdare.train.cluster import start_local_cluster
+from cmdare.train.duties.checkpoint import latest_checkpoint, load_checkpoint
+from cmdare.train.run.ray_session import start_local_cluster
 
 pytestmark = pytest.mark.cluster  # make test-cluster: a multi-node cluster whose PS node is drained
 

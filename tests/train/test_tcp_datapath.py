@@ -51,8 +51,8 @@ def test_a_tcp_channel_that_cannot_open_leaves_the_shard_to_ray_and_says_why(nod
     import ray
 
     from cmdare.ps.placement import get_placement
-    from cmdare.train.setup import initial_state
-    from cmdare.train.worker import Worker
+    from cmdare.train.run.run_start import initial_state
+    from cmdare.train.workers.worker import Worker
 
     class UnreachableShard:  # defined here: Ray takes it to the actor by value
         """A shard on another node whose TCP channel cannot be reached (a closed port)."""

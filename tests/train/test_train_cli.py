@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cmdare.train.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
+from cmdare.train.duties.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 
 CMDARE = [str(Path(sys.executable).parent / "cmdare")]
 
@@ -73,7 +73,7 @@ def test_corrupt_checkpoint_is_refused_and_kept(tmp_path):
 
 
 def test_ps_commands_refuse_finished_runs_and_the_last_shard(tmp_path):
-    from cmdare.train.run_control import write_status
+    from cmdare.train.run.run_files import write_status
 
     env = dict(os.environ, CMDARE_HOME=str(tmp_path))
     run_dir = tmp_path / "checkpoints" / "run-p"
@@ -152,7 +152,7 @@ def test_two_revocations_in_one_tick_print_no_unhandled_ray_errors(tmp_path):
 
 
 def test_a_joined_cluster_gets_no_injected_revocations_by_default():
-    from cmdare.train.commands import DEFAULT_REVOCATIONS, default_revocations
+    from cmdare.train.cli.train_cmd import DEFAULT_REVOCATIONS, default_revocations
 
     assert default_revocations(None, None) == DEFAULT_REVOCATIONS  # a local run: emulated servers
     assert default_revocations(None, "auto") == "none"  # real servers: revoked by their cloud only

@@ -24,7 +24,7 @@ def test_nan_run_options_are_refused(field):
 
 
 def test_storage_that_ends_with_the_process_is_refused_for_checkpoints():
-    from cmdare.train.setup import training_storage
+    from cmdare.train.run.run_start import training_storage
 
     with pytest.raises(UserInputError, match="vanish"):
         training_storage(TrainSpec(storage="memory://ckpt"), "run-1", None)
@@ -32,7 +32,7 @@ def test_storage_that_ends_with_the_process_is_refused_for_checkpoints():
 
 def test_failed_uploads_are_shown_as_they_happen_first_with_the_error_then_a_count(capsys):
     from cmdare.events import EventReport
-    from cmdare.train.commands import RunNotices
+    from cmdare.train.cli.train_cmd import RunNotices
 
     notices = RunNotices()
     for step in (50, 100, 150):
@@ -49,7 +49,7 @@ def test_failed_uploads_are_shown_as_they_happen_first_with_the_error_then_a_cou
 def test_more_shards_than_parameter_blocks_is_refused(tmp_path):
     """Issue 29: --ps 24 on a 23-tensor model billed a shard that held nothing."""
     from cmdare.storage import Storage
-    from cmdare.train.setup import initial_state
+    from cmdare.train.run.run_start import initial_state
 
     assert len(initial_state(TrainSpec(model="resnet8", ps=23), "r", Storage(tmp_path), None, False)[0]) == 23
     with pytest.raises(UserInputError, match="--ps 24: resnet8 has 23 parameter blocks and placement round-robin "
@@ -64,7 +64,7 @@ def test_the_summary_speed_line_divides_out(first, step, speed, wall):
     import re
 
     from cmdare.events import RunSummary
-    from cmdare.train.commands import speed_line
+    from cmdare.train.cli.train_cmd import speed_line
 
     line = speed_line(RunSummary("r", 0.0, "finished", step, wall, speed, None, None,
                                  details={"resumed_from_step": first}))

@@ -120,7 +120,7 @@ def test_a_model_that_cannot_be_profiled_raises_one_line_naming_what_failed():
 def test_a_run_of_a_language_model_gets_its_profile_and_says_which(model, basis, note, capsys):
     from cmdare.predict.workloads import WorkloadFeatures
     from cmdare.train import TrainSpec
-    from cmdare.train.run_setup import run_workload
+    from cmdare.train.run.controller_setup import run_workload
 
     spec = TrainSpec(model=model, dataset="wordlm.data:make_sets", loss="wordlm.data:nll", workers=2)
     workload, measured_s = run_workload(spec)
@@ -132,7 +132,7 @@ def test_a_run_of_a_language_model_gets_its_profile_and_says_which(model, basis,
 def test_a_run_of_a_model_that_cannot_be_profiled_measures_its_step_time_and_says_so(capsys):
     from cmdare.control import RevocationPlan
     from cmdare.train import TrainSpec
-    from cmdare.train.run_setup import EmulatedStepTimes, _step_times
+    from cmdare.train.run.controller_setup import EmulatedStepTimes, _step_times
 
     spec = TrainSpec(model="mypkg.faults:build_locked", dataset="mypkg.tasks:vectors", loss="mypkg.tasks:mse",
                      workers=2)

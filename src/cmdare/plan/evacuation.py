@@ -1,6 +1,6 @@
 """How long a parameter shard's evacuation pauses training, for the planner's spot-PS option.
 
-An evacuation (``cmdare train --ps-transient``, :mod:`cmdare.train.ps_evacuation`) moves a shard's
+An evacuation (``cmdare train --ps-transient``, :mod:`cmdare.train.ps.ps_evacuation`) moves a shard's
 blocks with their momentum at an iteration boundary: the pause is a fixed part (quiescing, one
 layout change on every worker) plus the bytes moved over the copy rate. :meth:`EvacuationModel.from_store`
 fits both to the ``shard_evacuated`` events the store holds (the user's own runs); without three such

@@ -103,7 +103,7 @@ class TrainSpec:
     replacement_timeout_s: float = 600.0
     # Standby servers, each with a worker process that imported torch, read the data and built the model but
     # trains nothing: a replacement takes one (detection + a parameter pull instead of a cold start) and a
-    # new standby starts in its place (cmdare.train.warm_pool). Billed like any server, idle or not.
+    # new standby starts in its place (cmdare.train.workers.warm_pool). Billed like any server, idle or not.
     warm_spares: int = 0
     lr_policy: str = "unchanged"  # on membership change: unchanged | linear | sqrt | staleness
     # Parameter-server load distribution (PSLD): live block moves, elastic shards, straggler injection.
@@ -116,7 +116,7 @@ class TrainSpec:
     ps_bandwidth: str | None = None
     # Send each piece of a gradient to its shard as soon as backward has produced it (with an emulated link,
     # or through Ray to a shard of >= 4 MiB); on a channel an asynchronous shard applies it and sends its
-    # parameters back at once, so communication overlaps backward (cmdare.train.overlap); False pushes after
+    # parameters back at once, so communication overlaps backward (cmdare.train.workers.overlap); False pushes after
     # backward.
     overlap: bool = True
     # A non-finite loss: "stop" ends the run (failed); "rollback" (3 times) or "rollback:N" rolls every shard

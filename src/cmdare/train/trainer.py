@@ -1,10 +1,10 @@
 """The trainer: a training run on Ray, decided by the run controller and carried out by the Ray driver.
 
 It prepares the run (storage, parameters fresh or resumed, the revocation source), starts the shards
-(:class:`~cmdare.train.shard_group.ShardGroup`), builds the controller (:class:`~cmdare.control.RunController`,
-from :func:`~cmdare.train.run_setup.run_config` and the policy kernels) and the executors, runs the Ray driver
-(:class:`~cmdare.train.ray_driver.RayDriver`) to the run's end and reports it. Its states are the controller's
-(:class:`~cmdare.control.run_state.RunState`)::
+(:class:`~cmdare.train.ps.shard_group.ShardGroup`), builds the controller (:class:`~cmdare.control.RunController`,
+from :func:`~cmdare.train.run.controller_setup.run_config` and the policy kernels) and the executors, runs the Ray
+driver (:class:`~cmdare.train.run.ray_driver.RayDriver`) to the run's end and reports it. Its states are the
+controller's (:class:`~cmdare.control.run_state.RunState`)::
 
     starting -> running -> finishing -> finished          (any state -> failed on a final error)
                  |   ^
@@ -35,34 +35,34 @@ from cmdare.errors import ClusterError, RunInterruptedError, StorageError, Trans
 from cmdare.events import RunInfo, RunSummary, TrainCallback
 from cmdare.ps.blocks import ParamInfo
 from cmdare.storage import Storage
-from cmdare.train.balancing import DecisionSource
-from cmdare.train.checkpoint import CheckpointStore
-from cmdare.train.checkpoint_uploads import CheckpointUploads
-from cmdare.train.chief_duties import ChiefDuties
-from cmdare.train.cluster import JoinedCluster, check_joined, ensure_ray
-from cmdare.train.cluster_health import LoopWatchdog
-from cmdare.train.detached import DetachedCalls
-from cmdare.train.emitter import RunEmitter
-from cmdare.train.gpu_speeds import emulated_step_stretch
-from cmdare.train.mitigation import default_decisions
-from cmdare.train.placement_changes import PlacementChanges
-from cmdare.train.ps_evacuation import PsServerExecutor, ps_executor
-from cmdare.train.ray_driver import UPLOAD_DRAIN_S, RayDriver
-from cmdare.train.run_control import new_run_id, write_run_spec, write_status
-from cmdare.train.run_metrics import RunMetrics
-from cmdare.train.run_setup import build_controller
-from cmdare.train.setup import (
+from cmdare.train.duties.checkpoint import CheckpointStore
+from cmdare.train.duties.checkpoint_uploads import CheckpointUploads
+from cmdare.train.duties.chief_duties import ChiefDuties
+from cmdare.train.ps.balancing import DecisionSource
+from cmdare.train.ps.mitigation import default_decisions
+from cmdare.train.ps.placement_changes import PlacementChanges
+from cmdare.train.ps.ps_evacuation import PsServerExecutor, ps_executor
+from cmdare.train.ps.shard_group import ShardGroup
+from cmdare.train.run.cluster_health import LoopWatchdog
+from cmdare.train.run.controller_setup import build_controller
+from cmdare.train.run.detached import DetachedCalls
+from cmdare.train.run.emitter import RunEmitter
+from cmdare.train.run.gpu_speeds import emulated_step_stretch
+from cmdare.train.run.ray_driver import UPLOAD_DRAIN_S, RayDriver
+from cmdare.train.run.ray_session import JoinedCluster, check_joined, ensure_ray
+from cmdare.train.run.run_files import new_run_id, write_run_spec, write_status
+from cmdare.train.run.run_metrics import RunMetrics
+from cmdare.train.run.run_start import (
     gpus_per_worker,
     initial_state,
     joined_storage_warning,
     preflight,
     training_storage,
 )
-from cmdare.train.shard_group import ShardGroup
+from cmdare.train.run.stop_signals import StopSignals
+from cmdare.train.run.teardown import release_run
 from cmdare.train.spec import TrainSpec
-from cmdare.train.stop_signals import StopSignals
-from cmdare.train.teardown import release_run
-from cmdare.train.worker_executor import WorkerExecutor, WorkerHandle
+from cmdare.train.workers.worker_executor import WorkerExecutor, WorkerHandle
 
 
 class Trainer:
@@ -270,7 +270,7 @@ class Trainer:
 
     def request_stop(self, why: str = "stopped") -> None:
         """Ask the run to stop at the next step boundary, store the checkpoint of that step and end
-        ``interrupted`` (what Ctrl-C and SIGTERM do: :mod:`cmdare.train.stop_signals`); ``run`` then raises
+        ``interrupted`` (what Ctrl-C and SIGTERM do: :mod:`cmdare.train.run.stop_signals`); ``run`` then raises
         :class:`~cmdare.errors.RunInterruptedError`. Safe from a signal handler or another thread."""
         self._stop_why = self._stop_why or why
         if self.driver is not None:

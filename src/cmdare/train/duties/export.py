@@ -22,7 +22,7 @@ import numpy as np
 from cmdare.errors import CheckpointError, UserInputError
 from cmdare.output_files import check_output, open_output
 from cmdare.storage import Storage
-from cmdare.train.checkpoint import Checkpoint, CheckpointStore
+from cmdare.train.duties.checkpoint import Checkpoint, CheckpointStore
 from cmdare.train.spec import TrainSpec
 
 __all__ = ["FORMATS", "Exported", "checkpoint_state_dict", "export_run", "write_safetensors"]

@@ -28,9 +28,9 @@ from cmdare.ps.psld.decisions import Decision
 from cmdare.ps.psld.load import ShardLoad, block_loads
 from cmdare.ps.shard import AsyncShardActor, BlockData, SyncShardActor
 from cmdare.storage import Storage
-from cmdare.train.checkpoint import CheckpointStore
-from cmdare.train.detached import DetachedCalls
-from cmdare.train.emitter import RunEmitter
+from cmdare.train.duties.checkpoint import CheckpointStore
+from cmdare.train.run.detached import DetachedCalls
+from cmdare.train.run.emitter import RunEmitter
 from cmdare.train.spec import TrainSpec
 
 __all__ = ["SHARD_ANSWER_S", "ShardGroup"]

@@ -10,10 +10,10 @@ from typing import Any
 from cmdare.ps.migration import MigrationResult
 from cmdare.ps.psld.decisions import Decision
 from cmdare.storage import Storage
-from cmdare.train.balancing import DecisionSource, decisions_for_request
-from cmdare.train.emitter import RunEmitter
-from cmdare.train.run_control import read_requests, write_status
-from cmdare.train.shard_group import ShardGroup
+from cmdare.train.ps.balancing import DecisionSource, decisions_for_request
+from cmdare.train.ps.shard_group import ShardGroup
+from cmdare.train.run.emitter import RunEmitter
+from cmdare.train.run.run_files import read_requests, write_status
 
 __all__ = ["PlacementChanges"]
 

@@ -17,7 +17,7 @@ from cmdare.control import (
     RunConfig,
     RunController,
 )
-from cmdare.train.gpu_speeds import catalog_offers, step_time_s
+from cmdare.train.run.gpu_speeds import catalog_offers, step_time_s
 from cmdare.train.spec import TrainSpec
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 Each source turns shard measurements into decision lists (:mod:`cmdare.ps.psld.decisions`); the
 coordinator quiesces the workers, carries them out (:mod:`cmdare.ps.migration`) and reports back.
 ``cmdare ps add|remove RUN`` drops a request into the run's storage
-(:mod:`cmdare.train.run_control`); the coordinator turns it into decisions with
+(:mod:`cmdare.train.run.run_files`); the coordinator turns it into decisions with
 :func:`decisions_for_request`.
 """
 
@@ -100,6 +100,11 @@ def fill_moves(placement: Placement, new_shard: int) -> list[Decision]:
     return moves
 
 
+def add_shard_moves(placement: Placement) -> list[Decision]:
+    """A new shard, and the moves that give it its share of the bytes (:func:`fill_moves`)."""
+    return [AddShard(), *fill_moves(placement, placement.num_shards)]
+
+
 def drain_moves(placement: Placement, shard: int) -> list[Decision]:
     """Moves that empty ``shard`` onto the least-loaded others."""
     loads = placement.shard_bytes()
@@ -115,7 +120,7 @@ def drain_moves(placement: Placement, shard: int) -> list[Decision]:
 def decisions_for_request(req: dict[str, Any], placement: Placement) -> list[Decision]:
     """Turn an ``add``/``remove`` request into decisions for the current placement."""
     if req["action"] == "add":
-        return [AddShard(), *fill_moves(placement, placement.num_shards)]
+        return add_shard_moves(placement)
     shard = req.get("shard")
     shard = placement.num_shards - 1 if shard is None else int(shard)
     if placement.num_shards <= 1 or not 0 <= shard < placement.num_shards:

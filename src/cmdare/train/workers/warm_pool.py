@@ -26,10 +26,10 @@ from typing import Any
 
 from cmdare.cloud.local import Server, ServerProvider
 from cmdare.cloud.servers import ServerSpec
-from cmdare.train.detached import DetachedCalls
-from cmdare.train.emitter import RunEmitter
+from cmdare.train.run.detached import DetachedCalls
+from cmdare.train.run.emitter import RunEmitter
 from cmdare.train.spec import TrainSpec
-from cmdare.train.worker import Worker, _ray_node_id
+from cmdare.train.workers.worker import Worker, _ray_node_id
 
 __all__ = ["Standby", "StandbyWorker", "WarmPool", "actor_class", "measured_start", "spare_spec",
            "startup_timings", "worker_threads"]

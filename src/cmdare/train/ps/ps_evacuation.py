@@ -32,10 +32,10 @@ from cmdare.control import run_events as E
 from cmdare.control.kinds import Destination, ShardAction
 from cmdare.ps.placement import Placement
 from cmdare.ps.psld.decisions import AddShard, Decision, Move, RemoveShard
-from cmdare.train.balancing import drain_moves, fill_moves
-from cmdare.train.emitter import RunEmitter
-from cmdare.train.placement_changes import PlacementChanges
-from cmdare.train.shard_group import ShardGroup
+from cmdare.train.ps.balancing import add_shard_moves, drain_moves
+from cmdare.train.ps.placement_changes import PlacementChanges
+from cmdare.train.ps.shard_group import ShardGroup
+from cmdare.train.run.emitter import RunEmitter
 
 __all__ = ["PsServerExecutor", "ps_executor"]
 
@@ -58,7 +58,7 @@ class PsServerExecutor:
                  watch_drains: bool = False):
         self.shards, self.changes, self.provider, self.emitter = shards, changes, provider, emitter
         self.drain_plan = drain or default_drain
-        self.fill_plan = fill or (lambda p: [AddShard(), *fill_moves(p, p.num_shards)])
+        self.fill_plan = fill or add_shard_moves
         self.watch_drains = watch_drains
         self.by_key: dict[int, Server] = {-1 - k: srv for k, srv in enumerate(shards.servers)}
         self.spares: dict[int, Server] = {}  # key -> a replacement's server (its actor started, empty)
@@ -271,7 +271,7 @@ def ps_executor(spec: Any, shards: ShardGroup, changes: PlacementChanges, provid
     """The PS executor of a run: with ``--placement psld`` PSLD's balancer chooses where evacuated blocks go;
     with ``--ps-transient`` it watches Ray's drains of the shards' nodes."""
     from cmdare.errors import UserInputError
-    from cmdare.train.balancing import PsldSource
+    from cmdare.train.ps.balancing import PsldSource
 
     psld = next((s for s in getattr(decisions, "sources", [decisions]) if isinstance(s, PsldSource)), None)
     drain, fill = None, None
@@ -283,6 +283,6 @@ def ps_executor(spec: Any, shards: ShardGroup, changes: PlacementChanges, provid
             try:
                 return psld.add_shard()
             except UserInputError:  # at the balancer's maximum: fill by bytes
-                return [AddShard(), *fill_moves(placement, placement.num_shards)]
+                return add_shard_moves(placement)
 
     return PsServerExecutor(shards, changes, provider, emitter, drain, fill, watch_drains=spec.ps_transient)

@@ -21,7 +21,7 @@ from cmdare.control import Offer
 from cmdare.errors import CmdareError
 
 if TYPE_CHECKING:
-    from cmdare.train.emitter import RunEmitter
+    from cmdare.train.run.emitter import RunEmitter
     from cmdare.train.spec import TrainSpec
 
 __all__ = ["catalog_offers", "compute_stretch", "emulated_step_stretch", "step_time_s"]

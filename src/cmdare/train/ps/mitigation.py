@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cmdare.ps.placement import Placement
-from cmdare.ps.psld.decisions import AddShard, Decision, Move
-from cmdare.train.balancing import DecisionSource, PsldSource, fill_moves
+from cmdare.ps.psld.decisions import Decision, Move
+from cmdare.train.ps.balancing import DecisionSource, PsldSource, add_shard_moves
 
 
 class BottleneckWatch(DecisionSource):
@@ -70,7 +70,7 @@ class BottleneckWatch(DecisionSource):
         action = decide_mitigation(d)
         decisions: list[Decision] = []
         if self.auto and isinstance(action, AddShardAction) and placement.num_shards < self.max_shards:
-            decisions = [AddShard(), *fill_moves(placement, placement.num_shards)]
+            decisions = add_shard_moves(placement)
         elif self.auto and isinstance(action, Rebalance) and placement.num_shards > 1:
             decisions = _unload(placement, action.shard)
         name = type(action).__name__

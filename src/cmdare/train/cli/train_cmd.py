@@ -149,7 +149,7 @@ def train_command(
 ) -> None:
     """Train a CNN with parameter-server training on Ray and record measurements."""
     from cmdare.ps.optimizer_config import OptimizerConfig
-    from cmdare.train.progress import ProgressCallback
+    from cmdare.train.cli.progress import ProgressCallback
     from cmdare.train.spec import TrainSpec
 
     if elastic_ps and placement != "psld":
@@ -188,8 +188,8 @@ def train_command(
                      storage=storage)
     if resume:
         from cmdare.storage import run_storage
-        from cmdare.train.resume import resumed_spec
-        from cmdare.train.runs import recorded_storage
+        from cmdare.train.cli.resume import resumed_spec
+        from cmdare.train.cli.runs_cmd import recorded_storage
 
         if storage is None and (storage := recorded_storage(resume)) is not None:
             spec = dataclasses.replace(spec, storage=storage)  # where the run was recorded to keep its files
@@ -198,7 +198,7 @@ def train_command(
         explicit = {name for name in ctx.params
                     if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
         spec = resumed_spec(run_storage(resume, storage), spec, explicit, joined=address is not None)
-    from cmdare.train.setup import preflight
+    from cmdare.train.run.run_start import preflight
 
     preflight(spec)  # a mistake fails now, in one line, before torch and Ray load
     if simulate:
@@ -329,37 +329,6 @@ def _warn(text: str) -> None:
     Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {escape(text)}", highlight=False)
 
 
-ps_app = typer.Typer(help="Change the parameter shards of a running training run.", no_args_is_help=True)
-
-
-_STORAGE_OPTION = typer.Option(None, envvar="CMDARE_STORAGE", help="The run's storage (as given to train).")
-
-
-@ps_app.command("add")
-def ps_add(run: str = typer.Argument(..., help="Run id (see the train summary)."),
-           storage: str = _STORAGE_OPTION) -> None:
-    """Add one parameter shard to a running run; the coordinator fills it by migrating blocks."""
-    from cmdare.storage import run_storage
-    from cmdare.train.run_control import request_change
-    from cmdare.train.runs import recorded_storage
-
-    request_change(run_storage(run, storage or recorded_storage(run)), "add")
-    console.print(f"requested: add a shard to {run}")
-
-
-@ps_app.command("remove")
-def ps_remove(run: str = typer.Argument(..., help="Run id."),
-              shard: int = typer.Option(None, help="Shard index to remove (default: the last)."),
-              storage: str = _STORAGE_OPTION) -> None:
-    """Drain one parameter shard of a running run onto the others and stop it."""
-    from cmdare.storage import run_storage
-    from cmdare.train.run_control import request_change
-    from cmdare.train.runs import recorded_storage
-
-    request_change(run_storage(run, storage or recorded_storage(run)), "remove", shard)
-    console.print(f"requested: remove shard {'last' if shard is None else shard} of {run}")
-
-
 def register(app: typer.Typer) -> None:
+    """Add ``cmdare train`` to the main app."""
     app.command("train")(train_command)
-    app.add_typer(ps_app, name="ps")

@@ -7,7 +7,7 @@ process coming up (or failing to), moves the chief role and pushes the learning 
 shards. It records what the store reports of each server (requested, joined, recovery figures).
 
 On a Ray cluster a worker lost by failure may have lost its node: its replacement avoids that node until the GCS
-marks it dead, or until it outlived the loss (:mod:`cmdare.train.lost_nodes`); a replacement still waiting
+marks it dead, or until it outlived the loss (:mod:`cmdare.train.workers.lost_nodes`); a replacement still waiting
 with such a node avoided is then asked for again without (the worker failed, not its node).
 """
 
@@ -23,14 +23,21 @@ from cmdare.cloud.local import Server, ServerProvider
 from cmdare.cloud.ray_cluster import AVOID_S
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
-from cmdare.train.detached import DetachedCalls
-from cmdare.train.emitter import RunEmitter
-from cmdare.train.gpu_speeds import catalog_offers
-from cmdare.train.lost_nodes import LostNodes
-from cmdare.train.shard_group import ShardGroup
+from cmdare.train.ps.shard_group import ShardGroup
+from cmdare.train.run.detached import DetachedCalls
+from cmdare.train.run.emitter import RunEmitter
+from cmdare.train.run.gpu_speeds import catalog_offers
 from cmdare.train.spec import TrainSpec
-from cmdare.train.warm_pool import WarmPool, actor_class, measured_start, spare_spec, startup_timings, worker_threads
-from cmdare.train.worker import Worker
+from cmdare.train.workers.lost_nodes import LostNodes
+from cmdare.train.workers.warm_pool import (
+    WarmPool,
+    actor_class,
+    measured_start,
+    spare_spec,
+    startup_timings,
+    worker_threads,
+)
+from cmdare.train.workers.worker import Worker
 
 __all__ = ["WorkerExecutor", "WorkerHandle", "catalog_offers", "start_error"]
 
@@ -116,7 +123,7 @@ class WorkerExecutor:
     def start_pool(self) -> None:
         """The warm spares start with the first wave (their start-up, like the first wave's, is no part of the run)."""
         if self.spec.warm_spares and self.pool is None:
-            from cmdare.train.setup import server_specs
+            from cmdare.train.run.run_start import server_specs
 
             self.pool = WarmPool(self.spec.warm_spares, self.spec, self.provider, self.emitter, self.detached,
                                  self._actor_options)

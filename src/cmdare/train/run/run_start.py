@@ -13,7 +13,7 @@ from cmdare.errors import CheckpointError, UserInputError
 from cmdare.ps.blocks import ParamInfo, param_infos
 from cmdare.ps.placement import get_placement
 from cmdare.storage import Storage, as_storage, run_storage
-from cmdare.train.checkpoint import Checkpoint, CheckpointStore, load_checkpoint
+from cmdare.train.duties.checkpoint import Checkpoint, CheckpointStore, load_checkpoint
 from cmdare.train.spec import TrainSpec
 
 __all__ = ["InitialState", "gpus_per_worker", "initial_state", "joined_storage_warning", "preflight",
@@ -144,7 +144,7 @@ def server_specs(spec: TrainSpec) -> tuple[list[ServerSpec], ServerSpec]:
 
 def gpus_per_worker(spec: TrainSpec, joined: bool) -> float:
     """Ray ``num_gpus`` of each worker: as given, or for ``"auto"`` one GPU when the cluster has GPUs, else
-    none (the worker trains on the GPU Ray assigns, see :func:`cmdare.train.worker.pick_device`). On this
+    none (the worker trains on the GPU Ray assigns, see :func:`cmdare.train.workers.worker.pick_device`). On this
     machine's own Ray (not ``joined``) with fewer GPUs than workers (warm spares included), the workers share
     them evenly, since no autoscaler adds GPUs."""
     if spec.gpus_per_worker != "auto":

@@ -3,7 +3,7 @@
 
 Both decide a run's status and step by one rule (:func:`live_state`): a run whose end was recorded shows that
 end and its final step; a run without an end shows its heartbeat's status (``stale`` when the heartbeat is
-older than :data:`~cmdare.train.run_control.STALE_AFTER_S` or its driver's process is gone: killed, or its
+older than :data:`~cmdare.train.run.run_files.STALE_AFTER_S` or its driver's process is gone: killed, or its
 machine lost) and the step it trained to, the newer of the heartbeat's and the store's; without a heartbeat
 to read, the store's news decides (``stale`` after :data:`~cmdare.measure.reports.run.STALE_AFTER_S`). A run's
 cost and counts are its parts' sums (:mod:`cmdare.measure.run_parts`): the first training and each resume.
@@ -15,7 +15,6 @@ import json
 import os
 import time
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -27,7 +26,7 @@ __all__ = ["count_runs", "list_runs", "live_state", "recorded_storage", "run_sta
 runs_app = typer.Typer(help="Training runs: list them (status, steps, cost, storage), or show one's live status.",
                        invoke_without_command=True)
 
-_DB_OPTION = typer.Option(None, "--db", help="SQLAlchemy URL of the store (default: CMDARE_DB_URL or the data "
+DB_OPTION = typer.Option(None, "--db", help="SQLAlchemy URL of the store (default: CMDARE_DB_URL or the data "
                           "directory's SQLite file).")
 _JSON_OPTION = typer.Option(False, "--json", help="Print JSON.")
 DEFAULT_LIMIT = 20  # runs `cmdare runs` lists without --limit or --all
@@ -96,7 +95,7 @@ def live_state(recorded: str | None, ended_at: float | None, final_step: int | N
                last_news: float | None, beat: dict[str, Any] | None, now: float) -> dict[str, Any]:
     """A run's ``status``, ``step`` (trained to) and ``step_source``, one rule for ``runs`` and ``runs show``: the
     recorded end (status and final step) unless a heartbeat is newer; else the heartbeat's status (its stale
-    rules applied by :func:`~cmdare.train.run_control.read_status`) and the newer of its step and the store's;
+    rules applied by :func:`~cmdare.train.run.run_files.read_status`) and the newer of its step and the store's;
     without a heartbeat, the store's status rule and step."""
     from cmdare.measure.reports.run import shown_status
 
@@ -116,7 +115,7 @@ def live_state(recorded: str | None, ended_at: float | None, final_step: int | N
 def _heartbeat(run_id: str, config: dict[str, Any]) -> dict[str, Any] | None:
     """The run's ``status.json`` (where it was recorded to keep its files), or None when it cannot be read."""
     from cmdare.storage import as_storage, run_storage
-    from cmdare.train.run_control import read_status
+    from cmdare.train.run.run_files import read_status
 
     try:
         where = config.get("checkpoint_dir") or run_storage(run_id, config.get("storage"))
@@ -178,8 +177,8 @@ def run_status(run_id: str, storage: str | None, db: str | None = None) -> dict[
     stored checkpoint, its parts and what the store recorded. Raises DataNotFoundError when neither its storage
     nor the store knows the run."""
     from cmdare.storage import run_storage
-    from cmdare.train.checkpoint import CheckpointStore
-    from cmdare.train.run_control import read_status
+    from cmdare.train.duties.checkpoint import CheckpointStore
+    from cmdare.train.run.run_files import read_status
 
     where = run_storage(run_id, storage or recorded_storage(run_id, db))
     out: dict[str, Any] = {"run_id": run_id, "storage": where.uri}
@@ -243,7 +242,7 @@ def _when(t: float | None) -> str:
 def runs_command(ctx: typer.Context,
                  limit: int = typer.Option(DEFAULT_LIMIT, "--limit", help="Newest runs to list (0: all)."),
                  show_all: bool = typer.Option(False, "--all", help="List every run (as --limit 0)."),
-                 db: str | None = _DB_OPTION, as_json: bool = _JSON_OPTION) -> None:
+                 db: str | None = DB_OPTION, as_json: bool = _JSON_OPTION) -> None:
     """List the recorded training runs, newest first."""
     if ctx.invoked_subcommand is not None:
         return
@@ -289,7 +288,7 @@ def runs_command(ctx: typer.Context,
 def runs_show(run: str = typer.Argument(..., help="Run id (see `cmdare runs`)."),
               storage: str | None = typer.Option(None, envvar="CMDARE_STORAGE",
                                                  help="The run's storage (default: as recorded)."),
-              db: str | None = _DB_OPTION, as_json: bool = _JSON_OPTION) -> None:
+              db: str | None = DB_OPTION, as_json: bool = _JSON_OPTION) -> None:
     """One run's status: running (with its step and heartbeat), stale, finished or failed."""
     status = run_status(run, storage, db)
     if as_json:
@@ -299,31 +298,6 @@ def runs_show(run: str = typer.Argument(..., help="Run id (see `cmdare runs`).")
         typer.echo(line)
 
 
-def export_cmd(run: str = typer.Argument(..., help="Run id (see `cmdare runs`)."),
-               output: Path = typer.Option(..., "--output", "-o", help="The file to write (a new file unless "
-                                                                        "--force)."),
-               fmt: str = typer.Option("torch", "--format", help="torch (torch.save) or safetensors."),
-               step: int | None = typer.Option(None, "--step", help="The checkpoint of this step (default: newest)."),
-               storage: str | None = typer.Option(None, envvar="CMDARE_STORAGE",
-                                                  help="The run's storage (default: as recorded)."),
-               db: str | None = _DB_OPTION,
-               force: bool = typer.Option(False, "--force", help="Replace an existing --output file (a symbolic "
-                                                                 "link is replaced, never followed).")) -> None:
-    """Write a run's trained model as a plain PyTorch state_dict (parameters and buffers)."""
-    from cmdare.output_files import check_output, one_line
-    from cmdare.storage import run_storage
-    from cmdare.train.export import export_run
-
-    check_output(output, "--output", force)  # before the run's storage is looked up
-    done = export_run(run_storage(run, storage or recorded_storage(run, db)), output, fmt, step, force=force)
-    # cmdare writes safetensors itself; reading it back needs the package, which cmdare does not install
-    load = ("torch.load(FILE, weights_only=True)" if fmt == "torch" else
-            "safetensors.torch.load_file(FILE) (pip install safetensors: cmdare wrote the file without it)")
-    typer.echo(f"wrote {done.model} of {run} at step {done.step} to {one_line(done.path)}: {done.tensors} tensors, "
-               f"{done.parameters:,} values; load with {load} into the model's load_state_dict")
-
-
 def register(app: typer.Typer) -> None:
-    """Add ``cmdare runs`` and ``cmdare export`` to the main app."""
+    """Add ``cmdare runs`` to the main app."""
     app.add_typer(runs_app, name="runs")
-    app.command("export")(export_cmd)

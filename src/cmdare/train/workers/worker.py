@@ -23,10 +23,10 @@ from cmdare.ps.shard_state import complement
 from cmdare.ps.tcp_channel import TcpChannelClient
 from cmdare.tasks import Evaluation
 from cmdare.tasks.seeding import seed_worker
-from cmdare.train.chunk_result import ChunkResult
-from cmdare.train.overlap import GradientPieces, pieced_shard
-from cmdare.train.shard_channels import open_channels
+from cmdare.train.ps.shard_channels import open_channels
 from cmdare.train.spec import TrainSpec
+from cmdare.train.workers.chunk_result import ChunkResult
+from cmdare.train.workers.overlap import GradientPieces, pieced_shard
 
 log = logging.getLogger(__name__)
 

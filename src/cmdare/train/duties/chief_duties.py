@@ -6,7 +6,7 @@ checkpoint is those parameters and momentum with batch-norm statistics the chief
 evaluation runs the chief's model on those parameters and statistics (:mod:`cmdare.tasks.statistics`). A duty
 cut short by the chief's loss is run again by the next chief on the same snapshot, so it still holds the step
 the schedule named. The snapshot is stored in the run's storage in the background
-(:class:`~cmdare.train.checkpoint_uploads.CheckpointUploads`) and the checkpoint reported once durable
+(:class:`~cmdare.train.duties.checkpoint_uploads.CheckpointUploads`) and the checkpoint reported once durable
 (:meth:`ChiefDuties.collect`).
 """
 
@@ -24,11 +24,11 @@ from cmdare.control.kinds import DutyKind
 from cmdare.events import CheckpointReport, EvalReport
 from cmdare.ps.blocks import ParamInfo
 from cmdare.ps.layout import model_flat_from_shard_arrays
-from cmdare.train.checkpoint import Checkpoint
-from cmdare.train.checkpoint_uploads import CheckpointUploads, Upload
-from cmdare.train.emitter import RunEmitter
-from cmdare.train.faults import user_mistake
-from cmdare.train.shard_group import ShardGroup
+from cmdare.train.duties.checkpoint import Checkpoint
+from cmdare.train.duties.checkpoint_uploads import CheckpointUploads, Upload
+from cmdare.train.ps.shard_group import ShardGroup
+from cmdare.train.run.emitter import RunEmitter
+from cmdare.train.run.faults import user_mistake
 
 __all__ = ["SNAPSHOT_TIMEOUT_S", "ChiefDuties", "Snapshot"]
 

@@ -185,5 +185,5 @@ def _loopback_ray() -> Any:
         return ray
     if getattr(ray_constants, "ENABLE_RAY_CLUSTER", False):
         raise ClusterError("Ray would run on this machine's network address, not 127.0.0.1: import "
-                           "cmdare.train.cluster before Ray, with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER unset or 0")
+                           "cmdare.train.run.ray_session before Ray, with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER unset or 0")
     return ray

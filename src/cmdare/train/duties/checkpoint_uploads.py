@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 
-from cmdare.train.checkpoint import Checkpoint, CheckpointStore, SavedCheckpoint
+from cmdare.train.duties.checkpoint import Checkpoint, CheckpointStore, SavedCheckpoint
 
 __all__ = ["CheckpointUploads", "Upload"]
 

@@ -3,10 +3,11 @@
 Each pass waits (at most :data:`LOOP_TICK_S`, or until the controller's next deadline) for whatever Ray
 brings first: a worker's chunk, a chief duty, a worker or replacement PS coming up. Each becomes an event
 (:mod:`cmdare.control.run_events`); the controller answers with commands (:mod:`cmdare.control.run_commands`),
-which the executors carry out on Ray: workers (:class:`~cmdare.train.worker_executor.WorkerExecutor`), the
-shards and their servers (:class:`~cmdare.train.shard_group.ShardGroup`,
-:class:`~cmdare.train.ps_evacuation.PsServerExecutor`), duties (:class:`~cmdare.train.chief_duties.ChiefDuties`)
-and placement changes (:class:`~cmdare.train.placement_changes.PlacementChanges`). Nothing is decided here.
+which the executors carry out on Ray: workers (:class:`~cmdare.train.workers.worker_executor.WorkerExecutor`), the
+shards and their servers (:class:`~cmdare.train.ps.shard_group.ShardGroup`,
+:class:`~cmdare.train.ps.ps_evacuation.PsServerExecutor`), duties
+(:class:`~cmdare.train.duties.chief_duties.ChiefDuties`) and placement changes
+(:class:`~cmdare.train.ps.placement_changes.PlacementChanges`). Nothing is decided here.
 
 A worker told to train gets chunks of steps, ``spec.chunks_ahead`` queued (asynchronous), until the global
 step reaches the fence: the shards refuse pushes past it, so every worker stops exactly there and the
@@ -34,19 +35,19 @@ from cmdare.control.kinds import ShardAction
 from cmdare.errors import ShardLostError
 from cmdare.events import StepReport
 from cmdare.storage import Storage
-from cmdare.train.chief_duties import ChiefDuties
-from cmdare.train.chunk_result import ChunkResult
-from cmdare.train.cluster_health import LoopWatchdog, cluster_lost, probe_actors
-from cmdare.train.detached import DetachedCalls
-from cmdare.train.emitter import RunEmitter
-from cmdare.train.faults import classify, user_mistake
-from cmdare.train.placement_changes import PlacementChanges
-from cmdare.train.ps_evacuation import PsServerExecutor
-from cmdare.train.run_control import HEARTBEAT_S, heartbeat, write_status
-from cmdare.train.run_metrics import RunMetrics
-from cmdare.train.shard_group import ShardGroup
+from cmdare.train.duties.chief_duties import ChiefDuties
+from cmdare.train.ps.placement_changes import PlacementChanges
+from cmdare.train.ps.ps_evacuation import PsServerExecutor
+from cmdare.train.ps.shard_group import ShardGroup
+from cmdare.train.run.cluster_health import LoopWatchdog, cluster_lost, probe_actors
+from cmdare.train.run.detached import DetachedCalls
+from cmdare.train.run.emitter import RunEmitter
+from cmdare.train.run.faults import classify, user_mistake
+from cmdare.train.run.run_files import HEARTBEAT_S, heartbeat, write_status
+from cmdare.train.run.run_metrics import RunMetrics
 from cmdare.train.spec import TrainSpec
-from cmdare.train.worker_executor import WorkerExecutor
+from cmdare.train.workers.chunk_result import ChunkResult
+from cmdare.train.workers.worker_executor import WorkerExecutor
 
 __all__ = ["LOOP_TICK_S", "PROBE_TIMEOUT_S", "SHARD_STATS_EVERY_S", "UPLOAD_DRAIN_S", "RayDriver"]
 

@@ -1,0 +1,1 @@
+"""The command line of training: train, ps, runs, export; progress and resume."""

@@ -1,0 +1,1 @@
+"""The chief's duties: checkpoints (stored, uploaded), evaluations, export."""

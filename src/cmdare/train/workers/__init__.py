@@ -1,0 +1,1 @@
+"""The workers: the worker actor, their executor, warm spares, lost nodes."""
