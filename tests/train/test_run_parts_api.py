@@ -123,3 +123,23 @@ def test_report_run_against_plan_puts_the_run_beside_the_simulation_of_its_comma
     assert any("emulated cloud time" in n and "2 parts" in n for n in report.notes)
     assert "against_plan" in report.render("table")
     store.close()
+
+
+def test_report_run_shows_the_controllers_decisions_each_with_its_reason(resumed):
+    """The decision history (issue 43): every command the controller gave but the feeding of workers, recorded as it
+    was carried out, with why."""
+    url, _, _ = resumed
+    store = open_store(url)
+    report = build_report("run", store, run_id="run-parts")
+    decisions = report.tables["decisions"]
+    assert list(decisions.columns) == ["t_s", "global_step", "command", "worker_id", "why"]
+    assert "decision" not in set(report.tables["events"].kind)  # the events table stays the events
+    said = list(zip(decisions.command, decisions.why, strict=True))
+    assert ("StartWorker", "data slot 0 of the first wave") in said and ("SetChief", "the first chief") in said
+    assert any(c == "Revoke" and "revocation schedule" in w for c, w in said)
+    assert any(c == "LoseWorker" and w.startswith("revoked; replaced (same replacement)") for c, w in said)
+    assert any(c == "StartWorker" and w.startswith("replaces worker ") for c, w in said)
+    assert any(c == "StartDuty" and w == "every 10 steps" for c, w in said)
+    assert said[-1][0] == "EndRun" and all(w for _, w in said)  # every decision says why
+    assert "decisions" in report.render("table")
+    store.close()

@@ -191,7 +191,7 @@ class RunController(RunEnding, RunEventHandlers):
         n = max(1, self.workers.counted())
         if n < self.round_size:
             self.round_size = n
-            self.out.append(SetRoundSize(n))
+            self.out.append(SetRoundSize(n, why=f"{n} workers left to count in a synchronous round"))
 
     def _settle(self) -> None:
         if self.ended:
@@ -260,7 +260,8 @@ class RunController(RunEnding, RunEventHandlers):
                 self.out.append(action)
             elif grow:  # a newcomer's first push must find the round grown
                 self.round_size = self.workers.counted()
-                self.out.append(SetRoundSize(self.round_size, wait=True))
+                self.out.append(SetRoundSize(self.round_size, wait=True,
+                                             why=f"a newcomer grows the synchronous round to {self.round_size}"))
                 return False
         self._report()
         return True
@@ -271,7 +272,7 @@ class RunController(RunEnding, RunEventHandlers):
             step = int(self.step)
             self.balance_at = (step // self.config.balance_every + 1) * self.config.balance_every
             self.balancing = True
-            self.out.append(Balance(step))
+            self.out.append(Balance(step, why=f"balancing every {self.config.balance_every} steps"))
 
     def _barrier(self) -> None:
         """Every worker stopped (at the fence, or held): set the next fence."""
@@ -320,7 +321,10 @@ class RunController(RunEnding, RunEventHandlers):
     def _run_duty(self, duty, rec) -> None:
         self.duties.started(duty, rec.worker_id)
         rec.duties += 1
-        self.out.append(StartDuty(duty.kind, rec.worker_id, duty.step, duty.final, duty.reason))
+        why = {"schedule": f"every {self.duties.every(duty.kind)} steps", "notice": "the chief's server was noticed",
+               "retry": "the last try was cut short"}.get(duty.reason, duty.reason)
+        self.out.append(StartDuty(duty.kind, rec.worker_id, duty.step, duty.final, duty.reason,
+                                  why="the run's end" if duty.final else why))
 
     def _feed(self) -> None:
         """Every idle member trains on, if the fence is ahead. Training starts once the whole first wave is up (its

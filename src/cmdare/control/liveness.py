@@ -64,5 +64,5 @@ class Liveness:
         """A probe, when nothing was heard for ``probe_after_s`` and none is out."""
         if self.probe_wall is None and wall - self.heard_wall >= self.probe_after_s:
             self.probe_wall = wall
-            return Probe(wall - self.heard_wall)
+            return Probe(wall - self.heard_wall, why=f"nothing heard for {wall - self.heard_wall:.0f} s")
         return None

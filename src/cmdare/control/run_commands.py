@@ -9,7 +9,7 @@ shards -> ``ActionDone``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cmdare.cloud.servers import ServerSpec
@@ -47,7 +47,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Command:
-    """Base of every command."""
+    """Base of every command. ``why``: the reason the controller decided it, in words (keyword-only, and left out
+    of comparisons: two drivers' decisions compare by what they do)."""
+
+    why: str = field(default="", kw_only=True, compare=False)
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ class RunEnding:
             for rec in list(self.workers.waiting.values()):  # a replacement on its way is not needed now
                 self.workers.waiting.pop(rec.worker_id)
                 rec.gone = True
-                self.out.append(CancelWorker(rec.worker_id, "cancelled"))
+                self.out.append(CancelWorker(rec.worker_id, "cancelled", why="the run ends before it joined"))
             step = int(self.step)
             if not self.config.virtual_duties:
                 if self.stop_wall is None:  # a requested stop stores its step and ends: no evaluation
@@ -131,4 +131,4 @@ class RunEnding:
             return
         self._to({"finished": RunState.FINISHED, "interrupted": RunState.INTERRUPTED}.get(status, RunState.FAILED))
         self.phase = Ended(status, message)
-        self.out.append(EndRun(status, message))
+        self.out.append(EndRun(status, message, why=message or f"the run is {status}"))

@@ -155,7 +155,8 @@ class ShardControl:
             if isinstance(d, Evacuate):
                 self.evacuations[d.key] = d
                 self.noticed_at[d.key] = now
-                self.out.append(PsNoticed(d.key, d.deadline, d.onto))
+                self.out.append(PsNoticed(d.key, d.deadline, d.onto,
+                                          why=f"its cloud's notice: its blocks go to the {d.onto} before the deadline"))
             elif isinstance(d, RequestPsReplacement) and self._missing() > 0:
                 self._request(d.replaces)
             elif isinstance(d, RestoreShards):
@@ -164,7 +165,7 @@ class ShardControl:
     def _request(self, replaces: int, attempt: int = 1) -> None:
         key = self.kernel.next_key()
         self.spares[key] = Spare(key, replaces, self.wall, attempt=attempt)
-        self.out.append(StartPs(key, replaces))
+        self.out.append(StartPs(key, replaces, why=f"PS server {replaces} is going: its replacement"))
 
     def _missing(self) -> int:
         """PS servers the run lacks: planned, less the shards that stay and the spares on their way."""
@@ -174,7 +175,7 @@ class ShardControl:
     def _kill(self, key: int, reason: str, command: bool = True) -> None:
         """Server ``key`` dies with its shard: a restore from the checkpoint is due (with a replacement)."""
         if command:
-            self.out.append(KillPs(key, reason))
+            self.out.append(KillPs(key, reason, why=f"revoked ({reason})"))
         self.kernel.remove(key)
         self.evacuations.pop(key, None)
         self.dead.add(key)
@@ -205,21 +206,26 @@ class ShardControl:
         ready = self._ready_spares(now)
         if self.dead or self.restore_reason is not None:
             if len(ready) >= len(self.dead):
-                return Restore(self.restore_reason or "lost", tuple(s.key for s in ready[:len(self.dead)]))
+                reason = self.restore_reason or "lost"
+                return Restore(reason, tuple(s.key for s in ready[:len(self.dead)]),
+                               why=f"shards {reason}: back to the newest stored checkpoint")
             return None
         for key, d in self.evacuations.items():
             if d.onto == Destination.SURVIVORS and self.num_shards > 1:
-                return EvacuatePs(key, Destination.SURVIVORS, d.deadline)
+                return EvacuatePs(key, Destination.SURVIVORS, d.deadline,
+                                  why="noticed: its blocks move to the other shards before its deadline")
             if ready:
-                return EvacuatePs(key, Destination.REPLACEMENT, d.deadline, ready[0].key)
+                return EvacuatePs(key, Destination.REPLACEMENT, d.deadline, ready[0].key,
+                                  why="noticed, the last shard: its blocks move to its replacement, which is up")
             if now >= self._park_at(key, d):
-                return ParkPs(key, d.deadline)
+                return ParkPs(key, d.deadline, why="noticed, the last shard, its replacement not up before the "
+                                                   "deadline: its state waits in storage")
         if self.parked and ready:
-            return UnparkPs(next(iter(self.parked)), ready[0].key)
+            return UnparkPs(next(iter(self.parked)), ready[0].key, why="the parked shard's replacement is up")
         if ready:  # wanted by no dead, noticed or parked shard: it joins and takes its share of blocks
-            return FillPs(ready[0].key)
+            return FillPs(ready[0].key, why="a replacement PS is up: it takes its share of the blocks")
         if self.placements:
-            return ChangePlacement(*self.placements[0])
+            return ChangePlacement(*self.placements[0], why="the balancer or a request moved blocks")
         return None
 
     def done(self, command: Command, ok: bool, now: float, num_shards: int | None,

@@ -140,7 +140,10 @@ class WorkerControl:
         self.next_id += 1
         self.recs[rec.worker_id] = self.waiting[rec.worker_id] = rec
         self._changed()
-        self.out.append(StartWorker(rec.worker_id, slot, spec, replaces))
+        why = (f"data slot {slot} of the first wave" if replaces is None else
+               f"replaces worker {replaces} ({self.kernel.replacement.name} replacement: {spec.gpu_type} in "
+               f"{spec.region})")
+        self.out.append(StartWorker(rec.worker_id, slot, spec, replaces, why=why))
         return rec
 
     def start_wave(self, specs: Sequence[ServerSpec], now: float, wall: float, up: bool = False) -> None:
@@ -192,7 +195,9 @@ class WorkerControl:
     def _admit(self, rec: WorkerRec, ready_at: float, now: float) -> None:
         self._join(rec)
         if rec.replaces is not None:
-            self.out.append(Joined(rec.worker_id, rec.replaces, ready_at - self.lost_at.get(rec.replaces, ready_at)))
+            recovery = ready_at - self.lost_at.get(rec.replaces, ready_at)
+            self.out.append(Joined(rec.worker_id, rec.replaces, recovery,
+                                   why=f"its server is ready, {recovery:.3g} s after worker {rec.replaces} was lost"))
         trained = ready_at if self.config.trained_on_join else None
         self.execute(self.kernel.join(WorkerInfo(rec.worker_id, rec.slot, rec.spec, ready_at, trained), now), now)
 
@@ -216,13 +221,15 @@ class WorkerControl:
         self.waiting.pop(worker_id, None)
         self._changed()
         if not rec.member:  # a replacement that never joined: its slot's request failed
-            self.out.append(CancelWorker(worker_id, reason))
+            self.out.append(CancelWorker(worker_id, reason, why=f"a replacement that never joined: {reason}"))
             self.execute(self.kernel.replacement_failed(rec.slot, now), now)
             return True
         self.lost_at[worker_id] = now
         decisions = self.kernel.lose(worker_id, now, replace and self.replace_lost)
         replaced = any(isinstance(d, RequestReplacement) for d in decisions)
-        self.out.append(LoseWorker(worker_id, reason, replaced, detected))
+        self.out.append(LoseWorker(worker_id, reason, replaced, detected,
+                                   why=f"{reason}; {'replaced' if replaced else 'not replaced'} "
+                                       f"({self.kernel.replacement.name} replacement)"))
         self.execute(decisions, now)
         return True
 
@@ -244,7 +251,8 @@ class WorkerControl:
         rec.gone = True
         self.waiting.pop(worker_id, None)
         self._changed()
-        self.out.append(CancelWorker(worker_id, f"failed to start ({error})", retried=True))
+        self.out.append(CancelWorker(worker_id, f"failed to start ({error})", retried=True,
+                                     why="its start failed for a reason not its own: asked for again"))
         for d in self.kernel.retry(rec.slot, now, error):
             again = self._new(d.slot, d.spec, d.replaces, rec.requested_at, self.wall)  # the slot's time-out goes on
             again.retries = rec.retries + 1
@@ -260,7 +268,7 @@ class WorkerControl:
         self._changed()  # a scheduled source moved to its next pick
         for wid in due:
             if wid >= 0 and wid in self.active:
-                self.out.append(Revoke(wid))
+                self.out.append(Revoke(wid, why="its emulated lifetime ended, or the revocation schedule picked it"))
                 self.lose(wid, now, "revoked", detected=False)
         return [k for k in due if k < 0]
 
@@ -292,7 +300,7 @@ class WorkerControl:
         """A noticed worker leaves cleanly now."""
         rec = self.recs.get(worker_id)
         if rec is not None and not rec.gone:
-            self.out.append(ReleaseWorker(worker_id))
+            self.out.append(ReleaseWorker(worker_id, why="its server was noticed: it leaves at a step boundary"))
             self.lose(worker_id, now, "notice")
 
     def damp_lr(self, factor: float, now: float) -> None:
@@ -336,9 +344,12 @@ class WorkerControl:
     def execute(self, decisions: Sequence[Decision], now: float, announce_chief: bool = True) -> None:
         for d in decisions:
             if isinstance(d, ChiefChange):
-                self.out.append(SetChief(d.chief, d.previous, announce_chief))
+                why = (f"chief {d.previous} gone: {self.kernel.chief_policy.name} election" if d.previous is not None
+                       else "the first chief")
+                self.out.append(SetChief(d.chief, d.previous, announce_chief, why=why))
             elif isinstance(d, LrChange):
-                self.out.append(SetLrScale(d.scale, d.previous, d.active))
+                self.out.append(SetLrScale(d.scale, d.previous, d.active,
+                                           why=f"{self.kernel.lr_policy.name} LR policy for {d.active} workers"))
             elif isinstance(d, RequestReplacement):
                 self._new(d.slot, d.spec, d.replaces, now, self.wall)
             elif isinstance(d, NoWorkersLeft):

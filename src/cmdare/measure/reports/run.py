@@ -170,6 +170,8 @@ def build(store: Store, run_id: str | None = None) -> Report:
     summary_df = pd.DataFrame({"field": list(summary), "value": [str(v) for v in summary.values()]})
     parts_df = pd.DataFrame([p.to_dict() for p in parts]).drop(columns=["emulated"], errors="ignore")
     notes = _emulation_notes(run, servers)
+    decided = events[events.kind == "decision"] if len(events) else events
+    events = events[events.kind != "decision"] if len(events) else events
     event_df = (
         events[["time", "kind", "global_step", "worker_id", "server_id"]]
         .assign(t_s=lambda d: d.time - t0)
@@ -177,6 +179,7 @@ def build(store: Store, run_id: str | None = None) -> Report:
         if len(events)
         else pd.DataFrame()
     )
+    decision_df = decisions_table(decided, t0)
 
     workers_df = workers_table(steps, events, servers, stale_df)
     gpu_of = {int(r.worker_id): str(r.gpu_type).upper() if isinstance(r.gpu_type, str) else "?"
@@ -230,11 +233,25 @@ def build(store: Store, run_id: str | None = None) -> Report:
         "run",
         f"Run {run_id}",
         {"summary": summary_df, "parts": parts_df, "timeline": timeline, "events": event_df,
-         "workers": workers_df, "staleness": stale_df, "shards": shard_df},
+         "decisions": decision_df, "workers": workers_df, "staleness": stale_df, "shards": shard_df},
         notes,
         plot,
         figsize=(15, 4.5) if len(stale_hist) else (11, 4.5),
     )
+
+
+def decisions_table(decided: Any, t0: float) -> Any:
+    """The run controller's decisions (``decision`` events, all but the feeding of workers): when, at which step,
+    what (the command), for which worker, and why."""
+    import pandas as pd
+
+    cols = ["t_s", "global_step", "command", "worker_id", "why"]
+    if not len(decided):
+        return pd.DataFrame(columns=cols)
+    details = decided.details.map(lambda d: d if isinstance(d, dict) else {})
+    return pd.DataFrame({"t_s": decided.time - t0, "global_step": decided.global_step,
+                         "command": details.map(lambda d: d.get("command", "?")), "worker_id": decided.worker_id,
+                         "why": details.map(lambda d: d.get("why", ""))}).reset_index(drop=True)
 
 
 def _count(totals: dict[str, Any] | None, name: str, from_events: int) -> int:

@@ -21,6 +21,7 @@ derives it from the training progress the events report.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -55,6 +56,10 @@ SHARD_STATS_EVERY_S = 2.0
 LOOP_TICK_S = 0.05  # the longest a pass waits for Ray before it tells the controller that time passed
 UPLOAD_DRAIN_S = 120.0  # how long to wait for checkpoint uploads still in flight (a restore, the end)
 PROBE_TIMEOUT_S = 10.0  # how long a probed worker or shard may take to answer
+
+
+#: Commands that only feed the workers (train, stop at the fence, hold): not decisions worth a record each.
+_FEEDING = (C.Train, C.Fence, C.HoldAll)
 
 
 class RayDriver:
@@ -160,11 +165,21 @@ class RayDriver:
 
     def _execute(self, commands: list[C.Command]) -> None:
         for cmd in commands:
+            if not isinstance(cmd, _FEEDING):
+                self._record_decision(cmd)
             events = self._handlers[type(cmd)](cmd) or []
             self._queue.extend(self._stamp(ev) for ev in events)
         for _at, previous, state in self.controller.transitions[self._reported:]:
             self.emitter.event("run_state", details={"from": str(previous), "to": str(state)})
         self._reported = len(self.controller.transitions)
+
+    def _record_decision(self, cmd: C.Command) -> None:
+        """The controller's decision, its plain fields and its reason, as a ``decision`` event (``report run``
+        shows them as the run's decision history)."""
+        fields = {f.name: getattr(cmd, f.name) for f in dataclasses.fields(cmd)}
+        details = {k: v for k, v in fields.items() if isinstance(v, str | int | float | bool) and k != "why"}
+        self.emitter.event("decision", worker_id=getattr(cmd, "worker_id", None),
+                           details={"command": type(cmd).__name__, "why": cmd.why, **details})
 
     # -- what Ray brings ----------------------------------------------------------------------------------
     def _arrived(self, ref: Any) -> None:
