@@ -23,7 +23,6 @@ __all__ = ["against_plan", "register", "simulate_train", "unsimulated_options"]
 
 # TrainSpec field -> (its option, why the simulator cannot honour it) when it differs from the default
 _NOT_SIMULATED: dict[str, tuple[str, str]] = {
-    "warm_spares": ("--warm-spares", "every replacement starts cold"),
     "placement": ("--placement", "the speed model knows no parameter placement"),
     "elastic_ps": ("--elastic-ps", "the shard count stays as started"),
     "auto_mitigate": ("--auto-mitigate", "no bottleneck is mitigated"),
@@ -96,7 +95,8 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
     counts = Counter(spec.slot_gpus())
     cluster = ClusterSpec(tuple(WorkerGroup(g, n, spec.transient, region) for g, n in counts.items()), ps=spec.ps,
                           region=region, ps_transient=spec.ps_transient, replacement=spec.replace,
-                          replacement_timeout_s=spec.replacement_timeout_s if joined else None)
+                          replacement_timeout_s=spec.replacement_timeout_s if joined else None,
+                          warm_spares=spec.warm_spares)
     job = JobSpec(spec.model_name, spec.steps, spec.checkpoint_every or spec.steps + 1, lr_policy=spec.lr_policy)
     return job, cluster, models, lambda: revocation_source(revocations, lifetime, spec.seed, emulated=not joined)[1:]
 

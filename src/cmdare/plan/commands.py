@@ -206,6 +206,9 @@ def simulate_cmd(
         "--revocations trace=FILE.")] = None,
     lr_policy: Annotated[str, typer.Option(
         "--lr-policy", help="LR on membership change: unchanged | linear | sqrt | staleness.")] = "unchanged",
+    warm_spares: Annotated[int, typer.Option(
+        "--warm-spares", help="Standby servers, billed like workers: a replacement takes one instead of starting "
+        "cold, and another starts in its place (as for cmdare train).")] = 0,
     runs: Annotated[int, typer.Option("--runs", help="Monte Carlo runs.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
     lifetime: _Lifetime = "auto",
@@ -240,7 +243,7 @@ def simulate_cmd(
     region = region or models.prices.default_region(list(counts))
     groups = tuple(WorkerGroup(gpu, n, transient, region) for gpu, n in counts.items())
     cluster = ClusterSpec(groups, ps=ps, region=region, ps_transient=ps_transient, replacement=replacement,
-                          replacement_timeout_s=replacement_timeout)
+                          replacement_timeout_s=replacement_timeout, warm_spares=warm_spares)
     check_names(models.prices, list(counts), [region])
     retired = retired_gpus(models.prices, list(counts))
     check_offered(models.prices, list(counts), region, transient)

@@ -28,6 +28,7 @@ from cmdare.control.dispatch import handler_table
 from cmdare.control.kinds import Destination, ShardAction
 from cmdare.control.run_config import RunConfig
 from cmdare.plan.sim_lifetimes import LIFETIMES_PER_SLOT, SlotLifetimes
+from cmdare.plan.sim_spares import SimSpares
 from cmdare.plan.spec import PS_SERVER, RunResult
 
 __all__ = ["HORIZON_FACTOR", "LIFETIMES_PER_SLOT", "SimRun"]
@@ -89,6 +90,9 @@ class SimRun:
         self.ended: C.EndRun | None = None
         self._pending: list[E.Event] = []
         self._busy = False
+        self.spares = SimSpares(cluster.warm_spares, sim._specs, self._startup_s)
+        for _ in range(len(self.spares)):  # billed from their request, like any server
+            self._bill(self._price_s(self.spares.spec))  # type: ignore[arg-type]  # spares: a spec
         first = self.controller.start(sim._specs, self._ps_spec(), cluster.ps, 0, wall=0.0, now=0.0, up=True)
         for spec in sim._specs:  # billing order as before the controller: on-demand, PS, transient (same sums)
             if not spec.transient:
@@ -224,11 +228,17 @@ class SimRun:
         if c.replaces is None:  # the first wave (billed above): up from the start
             return
         self.lifetimes.replaced(c.slot, c.spec.gpu_type)
-        delay = float(self.sim.models.startup.sample(self.rng, c.spec.gpu_type, True, c.spec.region))
+        self.replacements += 1
+        spare = self.spares.take(c.spec, now)
+        if spare is not None:  # a warm spare's server becomes the worker's (billed already); the new spare is billed
+            self._bill(self._price_s(c.spec))
+            self._pending.append(E.ServerStarting(wall=now, now=now, worker_id=c.worker_id, startup_s=spare))
+            self._later(spare, lambda t: E.WorkerUp(wall=t, now=t, worker_id=c.worker_id))
+            return
+        delay = self._startup_s(c.spec)
         capacity = getattr(self.sim.models.lifetimes, "capacity_wait", None)
         # a spot replacement first waits for capacity (no server, nothing billed), then starts up
         wait = capacity(self.rng, c.spec.gpu_type, c.spec.region) if capacity is not None and c.spec.transient else 0
-        self.replacements += 1
         if wait > 0:
             del self.workers[c.worker_id]
             self._awaiting_capacity.add(c.worker_id)
@@ -237,6 +247,10 @@ class SimRun:
             self._bill(self._price_s(c.spec))
         self._pending.append(E.ServerStarting(wall=now, now=now, worker_id=c.worker_id, startup_s=wait + delay))
         self._later(wait + delay, lambda t: E.WorkerUp(wall=t, now=t, worker_id=c.worker_id))
+
+    def _startup_s(self, spec: ServerSpec) -> float:
+        """One start-up delay of a server of ``spec`` (the start-up model's draw)."""
+        return float(self.sim.models.startup.sample(self.rng, spec.gpu_type, True, spec.region))
 
     def _capacity_came(self, worker_id: int, spec: ServerSpec) -> None:
         """Capacity for a waiting replacement: its server exists (and is billed) from now."""

@@ -213,6 +213,9 @@ class ClusterSpec:
     #: Seconds a replacement may wait for capacity and start-up before the policy falls back (``cheapest``:
     #: another GPU type) or the run trains on without it, as ``cmdare train --replacement-timeout``; None: forever.
     replacement_timeout_s: float | None = None
+    #: Standby servers started and billed beside the workers; a replacement takes one instead of starting cold
+    #: (``cmdare train --warm-spares``).
+    warm_spares: int = 0
 
     def __post_init__(self) -> None:
         if self.replacement_timeout_s is not None and not self.replacement_timeout_s > 0:
@@ -223,6 +226,8 @@ class ClusterSpec:
             raise UserInputError(f"ps must be between 0 and {MAX_PS}, got {self.ps}")
         if self.n_workers > MAX_WORKERS:
             raise UserInputError(f"a cluster has at most {MAX_WORKERS} workers, got {self.n_workers}")
+        if not 0 <= self.warm_spares <= MAX_WORKERS:
+            raise UserInputError(f"--warm-spares must be between 0 and {MAX_WORKERS}, got {self.warm_spares}")
         if self.ps == 0 and self.n_workers != 1:
             raise UserInputError(f"ps=0 (single-server training) needs 1 worker, got {self.n_workers}")
         object.__setattr__(self, "replacement", REPLACEMENT_POLICIES.canonical(self.replacement))
@@ -252,7 +257,8 @@ class ClusterSpec:
             kind = "spot" if g.transient else "on-demand"
             parts.append(f"{g.count}x{g.gpu.upper()} {kind}")
         ps = "no PS" if self.ps == 0 else f"{self.ps} PS" + (" spot" if self.ps_transient else "")
-        return f"{' + '.join(parts)} + {ps} @{self.region}"
+        spares = f" + {self.warm_spares} warm spare{'s' if self.warm_spares > 1 else ''}" if self.warm_spares else ""
+        return f"{' + '.join(parts)} + {ps}{spares} @{self.region}"
 
 
 def parse_workers(text: str | int, transient: bool, region: str, catalog: Any = None,
