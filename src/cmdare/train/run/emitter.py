@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from cmdare.cloud.local import Server
+from cmdare.control.run_commands import Command
 from cmdare.events import EventReport, TrainCallback
 
 __all__ = ["RunEmitter"]
@@ -41,3 +43,11 @@ class RunEmitter:
         if server.alive:
             server.end(reason)
         self.server_event("server_ended", server, extra={"reason": reason, "uptime_s": server.uptime_s()})
+
+    def decision(self, cmd: Command) -> None:
+        """The run controller's command ``cmd``, its plain fields and its reason, as a ``decision`` event (``report
+        run`` shows them as the run's decision history)."""
+        fields = {f.name: getattr(cmd, f.name) for f in dataclasses.fields(cmd)}
+        details = {k: v for k, v in fields.items() if isinstance(v, str | int | float | bool) and k != "why"}
+        self.event("decision", worker_id=getattr(cmd, "worker_id", None),
+                   details={"command": type(cmd).__name__, "why": cmd.why, **details})

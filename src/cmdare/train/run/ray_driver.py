@@ -21,7 +21,6 @@ derives it from the training progress the events report.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -166,20 +165,12 @@ class RayDriver:
     def _execute(self, commands: list[C.Command]) -> None:
         for cmd in commands:
             if not isinstance(cmd, _FEEDING):
-                self._record_decision(cmd)
+                self.emitter.decision(cmd)
             events = self._handlers[type(cmd)](cmd) or []
             self._queue.extend(self._stamp(ev) for ev in events)
         for _at, previous, state in self.controller.transitions[self._reported:]:
             self.emitter.event("run_state", details={"from": str(previous), "to": str(state)})
         self._reported = len(self.controller.transitions)
-
-    def _record_decision(self, cmd: C.Command) -> None:
-        """The controller's decision, its plain fields and its reason, as a ``decision`` event (``report run``
-        shows them as the run's decision history)."""
-        fields = {f.name: getattr(cmd, f.name) for f in dataclasses.fields(cmd)}
-        details = {k: v for k, v in fields.items() if isinstance(v, str | int | float | bool) and k != "why"}
-        self.emitter.event("decision", worker_id=getattr(cmd, "worker_id", None),
-                           details={"command": type(cmd).__name__, "why": cmd.why, **details})
 
     # -- what Ray brings ----------------------------------------------------------------------------------
     def _arrived(self, ref: Any) -> None:
