@@ -122,3 +122,13 @@ def test_plan_prints_the_train_command_of_its_choice_and_that_command_simulates_
     assert sim["cost_usd"]["mean"] == pytest.approx(rec["choice"]["cost_mean_usd"], rel=0.01)
     code, out, _ = run_cli(monkeypatch, capsys, *plan)
     assert code == 0 and f"  {command} --address auto" in out and "cmdare cluster-config --cloud gcp" in out
+
+
+def test_spot_parameter_servers_are_evacuated_free_of_emulated_cloud_time(monkeypatch, capsys):
+    # a local run's PS evacuation moves real blocks but takes no cloud time (only steps move the clock): the noticed
+    # shards are evacuated, nothing is rolled back, and the run takes its revocation-free time
+    data = _simulate(monkeypatch, capsys, "--ps", "2", "--ps-transient", "--revocations",
+                     "every=2,first=1,step=0.2,hit=ps", "--startup", "0")
+    assert data["config"] == "2xK80 spot + 2 PS spot @us-central1"
+    assert data["evacuations_mean"] > 0 and data["steps_lost_mean"] == 0
+    assert data["time_s"]["mean"] == pytest.approx(data["deterministic_time_s"]) == pytest.approx(50.0)

@@ -19,7 +19,7 @@ import numpy as np
 
 from cmdare.plan.spec import PlanModels
 
-__all__ = ["CompressedLifetimes", "CompressedStartup", "EmulatedSpeed", "emulated_models"]
+__all__ = ["CompressedLifetimes", "CompressedStartup", "EmulatedSpeed", "InstantEvacuation", "emulated_models"]
 
 
 class EmulatedSpeed:
@@ -69,14 +69,25 @@ class CompressedStartup:
         return float(self.inner.sample(rng, server, transient, region)) / self.speedup
 
 
+class InstantEvacuation:
+    """A PS shard's evacuation as a local run's emulated time sees it: the move is real, but it takes no cloud time
+    (only steps move the clock)."""
+
+    source = "free of cloud time (emulated)"
+
+    def pause_s(self, moved_bytes: float) -> float:
+        return 0.0
+
+
 def emulated_models(models: PlanModels, step_s: Mapping[str, float], *, sync: bool, speedup: float,
                     startup_s: float | None = None) -> PlanModels:
     """``models`` as a local run emulates them: the emulated cluster's speed, the cloud's clocks ``speedup``
-    times faster (``startup_s``: a fixed start-up, as ``--startup S``), duties free of cloud time, no model
-    error."""
+    times faster (``startup_s``: a fixed start-up, as ``--startup S``), duties and PS evacuations free of cloud
+    time, no model error."""
     source = (f"{models.source}; emulated local run: step time per GPU type from the step-time model, the cloud's "
               f"clocks / {speedup:g}, checkpoints free of cloud time")
-    return dataclasses.replace(models, speed=EmulatedSpeed(step_s, sync),
+    evacuation = InstantEvacuation() if models.evacuation is not None else None
+    return dataclasses.replace(models, speed=EmulatedSpeed(step_s, sync), evacuation=evacuation,
                                lifetimes=CompressedLifetimes(models.lifetimes, speedup),
                                startup=CompressedStartup(models.startup, speedup, startup_s),
                                checkpoint_s=0.0, notice_s=models.notice_s / speedup, source=source)
