@@ -137,3 +137,38 @@ def test_an_exploded_test_loss_rolls_back_and_a_final_one_never_ends_finished():
     end = d.run()
     assert end.status == "failed"
     assert end.message.startswith("training diverged: worker 0's test loss is nan at step 300"), end.message
+
+
+def _nan_at_steps(d: FakeDriver, *steps: int) -> None:
+    for step in steps:
+        nan_at(d, step)
+
+
+def test_a_resumed_run_counts_its_rollbacks_and_damps_its_learning_rate_as_the_uninterrupted_run():
+    """The controller's state is stored with each checkpoint (``StartDuty.state``) and restored on resume (issue 43):
+    the run stopped at step 200 and resumed decides as the run that never stopped. Without it the resumed run would
+    roll back a third time with ``rollback:2`` and train at the full learning rate."""
+    whole = make(steps=300, checkpoint_every=50, max_rollbacks=2)
+    _nan_at_steps(whole, 120, 220, 270)
+    end = whole.run()
+    assert end.status == "failed" and end.message.startswith("training diverged again after 2 rollback(s): "
+                                                             "worker 0's loss is nan at step 270")
+
+    first = make(steps=200, checkpoint_every=50, max_rollbacks=2)
+    _nan_at_steps(first, 120)
+    assert first.run().status == "finished"
+    (last,) = [c for c in first.of(C.StartDuty) if c.kind == "checkpoint" and c.step == 200]
+    saved = dict(last.state)
+    assert saved == {"rollbacks": 1.0, "lr_damping": 0.5}
+
+    resumed = make(steps=300, checkpoint_every=50, max_rollbacks=2, start_step=200, saved=saved)
+    _nan_at_steps(resumed, 220, 270)
+    again = resumed.run()
+    assert (again.status, again.message) == (end.status, end.message)
+    assert [c.scale for c in resumed.of(C.SetLrScale)] == [0.5, 0.25]  # from the start, then the second rollback
+    assert [c.scale for c in whole.of(C.SetLrScale) if c.scale < 1] == [0.5, 0.25]
+    # the decisions after step 200 are the uninterrupted run's
+    after = [type(c).__name__ for w, s, c in whole.log if s > 200 and not isinstance(c, C.Train | C.Fence | C.HoldAll)]
+    resumed_after = [type(c).__name__ for w, s, c in resumed.log
+                     if s > 200 and not isinstance(c, C.Train | C.Fence | C.HoldAll)]
+    assert resumed_after == after

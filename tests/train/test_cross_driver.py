@@ -33,7 +33,7 @@ def _decisions(history) -> list[tuple]:
     out = []
     for now, _step, c in history:
         if isinstance(c, DECISIONS):
-            fields = {k: v for k, v in c.__dict__.items() if k not in ("spec",)}
+            fields = {k: v for k, v in c.__dict__.items() if k not in ("spec", "why", "state")}  # what is done, not why
             out.append((type(c).__name__, tuple(sorted(fields.items())), round(now, 6)))
     return out
 

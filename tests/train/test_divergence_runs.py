@@ -50,3 +50,11 @@ def test_an_exploding_finite_loss_rolls_back_and_stores_nothing_broken(local_ray
     restored = [e for e in log.kinds("shard_restored") if e.details.get("reason") == "diverged"]
     assert len(restored) == 1 and "over 100x its level" in restored[0].details["why"]
     assert not log.kinds("checkpoint_failed"), [e.details for e in log.kinds("checkpoint_failed")]
+    # the controller's state goes with each checkpoint (here both were stored before the rollback, which the second
+    # divergence followed within 40 steps); a resume restores it: tests/control/test_divergence.py
+    from cmdare.storage import as_storage
+    from cmdare.train.duties.checkpoint import CheckpointStore
+
+    store = CheckpointStore(as_storage(tmp_path))
+    assert [store.load(n).meta.get("controller") for n in store.manifests()] == \
+        [{"rollbacks": 0.0, "lr_damping": 1.0}] * len(store.manifests()) != []

@@ -20,7 +20,7 @@ SPEC = TrainSpec(model="resnet8", steps=100)
 def run(tmp_path):
     """A run's storage with checkpoints of steps 10 and 20 that fit SPEC's model."""
     storage = Storage(tmp_path / "run-1")
-    infos, params, momentum, _, _ = initial_state(SPEC, "run-1", storage, None, resuming=False)
+    infos, params, momentum, *_ = initial_state(SPEC, "run-1", storage, None, resuming=False)
     store = CheckpointStore(storage)
     for step in (10, 20):
         store.save(Checkpoint(step, params + step, momentum))
@@ -36,7 +36,7 @@ def test_a_corrupt_newest_checkpoint_names_the_previous_one_and_from_step_takes_
     with pytest.raises(CheckpointError, match="checksum mismatch; the previous checkpoint is step 10: resume "
                                               "from it with --from-step 10"):
         initial_state(SPEC, "run-1", storage, None, resuming=True)
-    _, resumed, _, _, step = initial_state(SPEC, "run-1", storage, None, resuming=True, resume_step=10)
+    _, resumed, _, _, step, _ = initial_state(SPEC, "run-1", storage, None, resuming=True, resume_step=10)
     assert step == 10 and np.array_equal(resumed, params + 10)
 
 
@@ -60,3 +60,16 @@ def test_a_fresh_run_under_an_id_that_has_checkpoints_is_refused_and_changes_not
                                              "nothing was changed"):
         Trainer(SPEC, run_id="run-1", checkpoint_dir=storage).run()
     assert sorted(storage.names("", "")) == before
+
+
+def test_a_resume_reads_the_controllers_state_stored_with_its_checkpoint(tmp_path):
+    """What the run controller stored with the checkpoint (its rollbacks, the learning-rate damping they left) comes
+    back with it, for the resumed controller (issue 43); a checkpoint stored without one gives a fresh run's."""
+    storage = Storage(tmp_path / "run-2")
+    infos, params, momentum, *_ = initial_state(SPEC, "run-2", storage, None, resuming=False)
+    store = CheckpointStore(storage)
+    store.save(Checkpoint(10, params, momentum, meta={"controller": {"rollbacks": 2.0, "lr_damping": 0.25}}))
+    assert initial_state(SPEC, "run-2", storage, None, resuming=True).controller == {"rollbacks": 2.0,
+                                                                                      "lr_damping": 0.25}
+    store.save(Checkpoint(20, params, momentum))  # stored before controllers saved theirs
+    assert initial_state(SPEC, "run-2", storage, None, resuming=True).controller == {}

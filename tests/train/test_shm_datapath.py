@@ -68,7 +68,7 @@ def _run_full(spec: TrainSpec, shard_nodes: list[str], worker_node: str, channel
               tcp: bool = False):
     import ray
 
-    infos, params, momentum, _, _ = initial_state(spec, "t", None, None, False)
+    infos, params, momentum, *_ = initial_state(spec, "t", None, None, False)
     placement = get_placement(spec.placement).place(infos, spec.ps)
     env = OFF if not channels else {} if tcp else NO_TCP
     if spec.ps_bandwidth:
@@ -135,7 +135,7 @@ def test_a_shard_that_dies_under_a_channel_is_a_shard_loss(nodes, path):
 
     head, other = nodes
     spec = _spec(sync=False, ps=1, workers=1)
-    infos, params, momentum, _, _ = initial_state(spec, "t", None, None, False)
+    infos, params, momentum, *_ = initial_state(spec, "t", None, None, False)
     placement = get_placement(spec.placement).place(infos, 1)
     shard = ray.remote(AsyncShardActor).options(num_cpus=0, **_on(head if path == "channel" else other)).remote(0, OPT)
     ray.get(shard.load.remote(BlockData(tuple(placement.blocks_on(0)), params, momentum, 0)))

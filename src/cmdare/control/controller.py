@@ -17,7 +17,7 @@ fence is set.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from cmdare.cloud.servers import ServerSpec
 from cmdare.control.dispatch import handler_table
@@ -26,6 +26,7 @@ from cmdare.control.duties import DutySchedule
 from cmdare.control.emulated_clock import EmulatedClock
 from cmdare.control.event_handlers import RunEventHandlers
 from cmdare.control.kernel import MembershipKernel
+from cmdare.control.kinds import DutyKind
 from cmdare.control.liveness import Liveness
 from cmdare.control.ps_servers import PsServerKernel
 from cmdare.control.run_commands import (
@@ -125,6 +126,19 @@ class RunController(RunEnding, RunEventHandlers):
     def rate(self) -> float:
         """The emulated cluster's steps per cloud second now."""
         return self.workers.rate(self.config.sync)
+
+    # -- saved with each checkpoint -------------------------------------------------------------------
+    def saved_state(self) -> dict[str, float]:
+        """What a run resumed from a checkpoint needs to decide as this one would from there: the rollbacks taken
+        after divergences (so ``--on-diverge rollback:N`` counts over the whole run) and the learning-rate damping
+        they left. Stored with each checkpoint (``StartDuty.state``)."""
+        return {"rollbacks": float(self.rollbacks), "lr_damping": float(self.kernel.lr_damping)}
+
+    def restore_state(self, state: Mapping[str, float] | None) -> None:
+        """Before :meth:`start`: go on from a checkpoint's :meth:`saved_state` (None or empty: a fresh run's)."""
+        if state:
+            self.rollbacks = int(state.get("rollbacks", 0))
+            self.kernel.lr_damping = float(state.get("lr_damping", 1.0))
 
     # -- the run -------------------------------------------------------------------------------------
     def start(self, worker_specs: Sequence[ServerSpec], ps_spec: ServerSpec, num_ps: int, step: int,
@@ -323,7 +337,8 @@ class RunController(RunEnding, RunEventHandlers):
         rec.duties += 1
         why = {"schedule": f"every {self.duties.every(duty.kind)} steps", "notice": "the chief's server was noticed",
                "retry": "the last try was cut short"}.get(duty.reason, duty.reason)
-        self.out.append(StartDuty(duty.kind, rec.worker_id, duty.step, duty.final, duty.reason,
+        state = tuple(sorted(self.saved_state().items())) if duty.kind == DutyKind.CHECKPOINT else ()
+        self.out.append(StartDuty(duty.kind, rec.worker_id, duty.step, duty.final, duty.reason, state,
                                   why="the run's end" if duty.final else why))
 
     def _feed(self) -> None:

@@ -170,6 +170,8 @@ class StartDuty(Command):
     step: int
     final: bool = False
     reason: str = "schedule"
+    #: A checkpoint's: the controller's state to store with it (:meth:`RunController.saved_state`), as pairs.
+    state: tuple[tuple[str, float], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,7 @@ class Trainer:
         self.detached = DetachedCalls()
         self.controller: RunController | None = None
         self._first_step = 0
+        self._saved_controller: dict[str, float] = {}  # the controller's state stored with the checkpoint resumed
         self.infos: list[ParamInfo] = []
         self._started_ray = False
         self.emulated = self.provider.kind != "ray"
@@ -166,8 +167,9 @@ class Trainer:
                 raise UserInputError(f"run {self.run_id} already has checkpoints in {self.storage.uri} (the newest "
                                      f"of step {max(stored)}): resume it (--resume {self.run_id}, or resume=True) "
                                      "or give another run id; nothing was changed")
-        self.infos, params, momentum, buffers, step = initial_state(
-            self.spec, self.run_id, self.storage, self.resume_from, self.resuming, self.resume_step)
+        start = initial_state(self.spec, self.run_id, self.storage, self.resume_from, self.resuming, self.resume_step)
+        self.infos, params, momentum, buffers, step = start[:5]
+        self._saved_controller = start.controller
         write_run_spec(self.storage, self.run_id, self.spec.to_dict())
         source = build_revocation_source(self.plan)
         self._source = source if self.spec.transient or self.spec.ps_transient else NoRevocations()
@@ -194,6 +196,7 @@ class Trainer:
         self._first_step = step
         self.controller = build_controller(spec, self.plan, self._source, self.run_id, real=not self.emulated_time,
                                            checkpoints=self.storage.uri, resumed_from=step if self.resuming else None)
+        self.controller.restore_state(self._saved_controller)  # a resumed run decides on as the run would have
         self.driver = RayDriver(self.controller, spec, self.storage, self.members, self.shard_group, self.duties,
                                 self.placement_changes, self.ps_servers, self.emitter, self.metrics, self.detached,
                                 (params, momentum, step), real=not self.emulated_time)

@@ -125,7 +125,8 @@ class ChiefDuties:
             self.emitter.emit("on_eval", EvalReport(run_id, time.time(), step, cmd.worker_id, result.accuracy,
                                                     result.loss, dict(result.metrics)))
         else:
-            ckpt = Checkpoint(snap.step, snap.params, snap.momentum, res, dict(self.meta, chief=cmd.worker_id))
+            meta = dict(self.meta, chief=cmd.worker_id, controller=dict(cmd.state))
+            ckpt = Checkpoint(snap.step, snap.params, snap.momentum, res, meta)
             upload = Upload(snap.step, cmd.worker_id, len(self.infos), snap.stall_s, time.time() - started, started)
             self.uploads.submit(ckpt, upload)
         loss = self.last_loss if cmd.kind == DutyKind.EVAL else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -20,7 +21,17 @@ __all__ = ["InitialState", "gpus_per_worker", "initial_state", "joined_storage_w
            "server_specs",
            "training_storage"]
 
-InitialState = tuple[list[ParamInfo], np.ndarray, np.ndarray, dict[str, np.ndarray], int]
+class InitialState(NamedTuple):
+    """What a run starts from: the parameter layout, the parameters, momentum, batch-norm buffers and step, and
+    the run controller's state saved with the checkpoint resumed from (empty: a fresh run, or a checkpoint
+    stored before controllers saved theirs)."""
+
+    infos: list[ParamInfo]
+    params: np.ndarray
+    momentum: np.ndarray
+    buffers: dict[str, np.ndarray]
+    step: int
+    controller: dict[str, Any]
 
 
 def training_storage(spec: TrainSpec, run_id: str, checkpoint_dir: str | os.PathLike[str] | Storage | None) -> Storage:
@@ -80,6 +91,7 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
     momentum = np.zeros_like(params)
     buffers: dict[str, np.ndarray] = {}
     step = 0
+    saved: dict[str, Any] = {}
     if resuming:
         if resume_from is not None:
             where, ckpt = str(resume_from), load_checkpoint(resume_from)
@@ -93,9 +105,10 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
             raise CheckpointError(f"checkpoint {where} holds {ckpt.params.size} parameters; model "
                                   f"{spec.model_name} has {params.size}")
         params, momentum, buffers, step = ckpt.params, ckpt.momentum, ckpt.buffers, ckpt.step
+        saved = dict((ckpt.meta or {}).get("controller") or {})
         if step >= spec.steps:
             raise UserInputError(f"run {run_id} is already at step {step} >= --steps {spec.steps}")
-    return infos, params, momentum, buffers, step
+    return InitialState(infos, params, momentum, buffers, step, saved)
 
 
 def preflight(spec: TrainSpec) -> tuple[RevocationPlan, list[ServerSpec], ServerSpec]:
