@@ -54,3 +54,22 @@ def test_a_new_kind_nobody_handles_is_refused_when_the_handler_table_is_built():
 
     table = handler_table(Complete(), "_do_", Base)
     assert set(table) == {Fence, Brand} and table[Fence](Fence(3)) == Fence(3) and table[Brand](Brand()) == "brand"
+
+
+def test_one_builder_says_what_each_driver_means_for_the_run_config():
+    """The trainer (real or emulated) and the simulator build their RunConfig with one function (issue 43)."""
+    import math
+
+    from cmdare.control.run_config import PARK_MARGIN_S, run_config_for
+
+    real = run_config_for("real", steps=100, workers=2, replacement_timeout_s=600.0, sync=True)
+    emulated = run_config_for("emulated", steps=100, workers=2, replacement_timeout_s=600.0, sync=True)
+    simulated = run_config_for("simulated", steps=100, workers=2, replacement_timeout_s=600.0, sync=True)
+    assert real.sync and emulated.sync and simulated.sync  # the run's own options, whoever drives it
+    assert (real.admit_on_up, real.trained_on_join, real.park_margin_s, real.replacement_timeout_s) == \
+        (True, False, PARK_MARGIN_S, 600.0)
+    assert (emulated.admit_on_up, emulated.trained_on_join, emulated.replacement_timeout_s) == (False, True, None)
+    assert simulated.virtual_duties and not emulated.virtual_duties and simulated.replacement_timeout_s == 600.0
+    assert math.isinf(simulated.start_timeout_s) and math.isinf(simulated.probe_after_s)
+    with pytest.raises(ValueError, match="one of"):
+        run_config_for("local", steps=1, workers=1)

@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 
 from cmdare.errors import UserInputError
 
-__all__ = ["RunConfig"]
+__all__ = ["DRIVERS", "RunConfig", "run_config_for"]
+
+#: Who drives the controller: a real Ray cluster (wall clock, what the cloud does), a local run that emulates its
+#: cloud (cloud time from training), the planner's simulator (SimPy time, duties virtual, no real waits).
+DRIVERS = ("real", "emulated", "simulated")
+#: On a real cluster the last shard parks at least this long before its deadline (the time the move takes).
+PARK_MARGIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -109,3 +115,28 @@ class RunConfig:
         if latest is None:
             return f"no checkpoint was stored{where}; there is nothing to resume: start the run again"
         return f"the latest checkpoint is step {latest}{where}; resume with --resume {self.run_id}"
+
+
+def run_config_for(driver: str, *, steps: int, workers: int, replacement_timeout_s: float | None = None,
+                   **options: object) -> RunConfig:
+    """The one builder of a :class:`RunConfig`, for the trainer and the simulator alike: the run's own ``options``
+    (sync, duties, revocations that hit, notice lead, rollbacks, step times ...), and what ``driver`` (one of
+    :data:`DRIVERS`) means for the rest.
+
+    * ``real``: a replacement joins when its process is up, and one that never trained is not revoked by injection;
+      the last shard parks :data:`PARK_MARGIN_S` before its deadline; a replacement may take
+      ``replacement_timeout_s`` of cloud time to come;
+    * ``emulated``: replacements join when their emulated start-up ends; no replacement time-out (the emulated
+      start-up is the cloud's);
+    * ``simulated``: as emulated, but duties are virtual (taken the moment their step is passed) and nothing waits
+      on a real process, so no start, probe or progress deadline; the replacement time-out is the plan's.
+    """
+    if driver not in DRIVERS:
+        raise ValueError(f"driver {driver!r}: one of {DRIVERS}")
+    real, simulated = driver == "real", driver == "simulated"
+    kinds: dict[str, object] = {"admit_on_up": real, "trained_on_join": not real,
+                                "park_margin_s": PARK_MARGIN_S if real else 0.0,
+                                "replacement_timeout_s": replacement_timeout_s if real or simulated else None}
+    if simulated:
+        kinds.update(virtual_duties=True, start_timeout_s=math.inf, probe_after_s=math.inf, stuck_after_s=math.inf)
+    return RunConfig(steps=steps, workers=workers, **{**options, **kinds})  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
 from cmdare.control.dispatch import handler_table
 from cmdare.control.kinds import Destination, ShardAction
-from cmdare.control.run_config import RunConfig
+from cmdare.control.run_config import run_config_for
 from cmdare.plan.sim_lifetimes import LIFETIMES_PER_SLOT, SlotLifetimes
 from cmdare.plan.sim_spares import SimSpares
 from cmdare.plan.spec import PS_SERVER, RunResult
@@ -73,12 +73,10 @@ class SimRun:
         ps_source = LifetimeRevocations(self.lifetimes.draw) if revocations is None else source
         ps_kernel = PsServerKernel(ps_source if hit_ps else None, notice_s=notice,
                                    replace=cluster.replacement != "none")
-        config = RunConfig(steps=job.total_steps, workers=cluster.n_workers,
-                           checkpoint_every=job.checkpoint_every_steps, virtual_duties=True,
-                           hit_workers=plan.hits("worker"), hit_ps=hit_ps, ps_notice_s=notice,
-                           replace_ps=cluster.replacement != "none",
-                           replacement_timeout_s=cluster.replacement_timeout_s, start_timeout_s=math.inf,
-                           probe_after_s=math.inf, stuck_after_s=math.inf)
+        config = run_config_for("simulated", steps=job.total_steps, workers=cluster.n_workers,
+                                checkpoint_every=job.checkpoint_every_steps, hit_workers=plan.hits("worker"),
+                                hit_ps=hit_ps, ps_notice_s=notice, replace_ps=cluster.replacement != "none",
+                                replacement_timeout_s=cluster.replacement_timeout_s)
         self.controller = RunController(config, kernel, ps_kernel)
         self.workers: dict[int, ServerSpec] = {}  # live worker servers, billed
         self._awaiting_capacity: set[int] = set()  # replacements asked for while the market has no capacity

@@ -17,15 +17,15 @@ from cmdare.control import (
     RunConfig,
     RunController,
 )
+from cmdare.control.run_config import run_config_for
 from cmdare.train.run.gpu_speeds import catalog_offers, step_time_s
 from cmdare.train.spec import TrainSpec
 
 if TYPE_CHECKING:
     from cmdare.predict.workloads import WorkloadFeatures
 
-__all__ = ["DEFAULT_STEP_S", "PARK_MARGIN_S", "EmulatedStepTimes", "build_controller", "run_config", "run_workload"]
+__all__ = ["DEFAULT_STEP_S", "EmulatedStepTimes", "build_controller", "run_config", "run_workload"]
 
-PARK_MARGIN_S = 5.0  # on a real cluster the last shard parks at least this long before its deadline
 DEFAULT_STEP_S = 0.1  # emulated seconds per step of a GPU type the step-time model cannot rank
 START_TIMEOUT_S = 300.0  # a local worker process that is not up in this long failed to start
 STUCK_AFTER_S = 600.0  # no step for this long, though everything answers: the run fails
@@ -96,13 +96,12 @@ def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool, c
                resumed_from: int | None = None) -> RunConfig:
     """The controller's view of ``spec``: a real cluster's (wall clock, replacements join when up) or an
     emulated run's (cloud time from training, replacements join when their emulated start-up ends)."""
-    return RunConfig(
-        steps=spec.steps, workers=spec.workers, sync=spec.sync, checkpoint_every=spec.checkpoint_every,
-        eval_every=spec.eval_every, balance_every=spec.balance_every, admit_on_up=real, trained_on_join=not real,
+    return run_config_for(
+        "real" if real else "emulated", steps=spec.steps, workers=spec.workers, sync=spec.sync,
+        checkpoint_every=spec.checkpoint_every, eval_every=spec.eval_every, balance_every=spec.balance_every,
         hit_workers=spec.transient and plan.hits("worker"), hit_ps=spec.ps_transient and plan.hits("ps"),
         ps_notice_s=plan.notice_lead_s(spec.cloud), replace_ps=spec.replace != "none",
-        park_margin_s=PARK_MARGIN_S if real else 0.0,
-        replacement_timeout_s=spec.replacement_timeout_s if real else None, start_timeout_s=START_TIMEOUT_S,
+        replacement_timeout_s=spec.replacement_timeout_s, start_timeout_s=START_TIMEOUT_S,
         probe_after_s=max(PROBE_AFTER_S, 40 * spec.chunk_s), stuck_after_s=STUCK_AFTER_S,
         max_rollbacks=spec.max_rollbacks(), rollback_lr_scale=spec.rollback_lr_scale,
         step_s=_step_times(spec, plan), run_id=run_id,
