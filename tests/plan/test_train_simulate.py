@@ -93,6 +93,7 @@ def test_a_joined_run_is_simulated_in_real_time_with_what_that_ignores(monkeypat
 
 @pytest.mark.parametrize(("args", "needle"), [
     (["--runs", "5"], "--runs and --json go with --simulate"),
+    (["--runs", "100"], "--runs and --json go with --simulate"),  # given, though the default
     (["--json"], "--runs and --json go with --simulate"),
     (["--simulate", "--runs", "0"], "--runs must be at least 1"),
     (["--simulate", "--resume", "run-x"], "leave out --resume"),

@@ -32,10 +32,10 @@ class EmulatedSpeed:
         return 1.0 / float(self.step_s[gpu])
 
     def cluster_steps_per_s(self, gpus: Mapping[str, int], ps: int) -> float:
-        speeds = [self.worker_steps_per_s(g) for g, n in gpus.items() if n > 0]
+        speeds = {g: self.worker_steps_per_s(g) for g, n in gpus.items() if n > 0}
         if not speeds:
             return 0.0
-        return min(speeds) if self.sync else sum(self.worker_steps_per_s(g) * n for g, n in gpus.items())
+        return min(speeds.values()) if self.sync else sum(v * gpus[g] for g, v in speeds.items())
 
 
 class CompressedLifetimes:

@@ -229,20 +229,20 @@ class SimRun:
         self.replacements += 1
         spare = self.spares.take(c.spec, now)
         if spare is not None:  # a warm spare's server becomes the worker's (billed already); the new spare is billed
+            wait, delay = 0.0, spare
             self._bill(self._price_s(c.spec))
-            self._pending.append(E.ServerStarting(wall=now, now=now, worker_id=c.worker_id, startup_s=spare))
-            self._later(spare, lambda t: E.WorkerUp(wall=t, now=t, worker_id=c.worker_id))
-            return
-        delay = self._startup_s(c.spec)
-        capacity = getattr(self.sim.models.lifetimes, "capacity_wait", None)
-        # a spot replacement first waits for capacity (no server, nothing billed), then starts up
-        wait = capacity(self.rng, c.spec.gpu_type, c.spec.region) if capacity is not None and c.spec.transient else 0
-        if wait > 0:
-            del self.workers[c.worker_id]
-            self._awaiting_capacity.add(c.worker_id)
-            self.env.timeout(wait).callbacks.append(lambda _ev: self._capacity_came(c.worker_id, c.spec))
         else:
-            self._bill(self._price_s(c.spec))
+            delay = self._startup_s(c.spec)
+            capacity = getattr(self.sim.models.lifetimes, "capacity_wait", None)
+            # a spot replacement first waits for capacity (no server, nothing billed), then starts up
+            wait = capacity(self.rng, c.spec.gpu_type, c.spec.region) if capacity is not None and c.spec.transient \
+                else 0
+            if wait > 0:
+                del self.workers[c.worker_id]
+                self._awaiting_capacity.add(c.worker_id)
+                self.env.timeout(wait).callbacks.append(lambda _ev: self._capacity_came(c.worker_id, c.spec))
+            else:
+                self._bill(self._price_s(c.spec))
         self._pending.append(E.ServerStarting(wall=now, now=now, worker_id=c.worker_id, startup_s=wait + delay))
         self._later(wait + delay, lambda t: E.WorkerUp(wall=t, now=t, worker_id=c.worker_id))
 

@@ -158,7 +158,11 @@ def train_command(
         raise UserInputError("--dataset cifar10 needs --data-dir DIR (the CIFAR-10 python batches)")
     if from_step is not None and not resume:
         raise UserInputError("--from-step needs --resume RUN")
-    if (runs != 100 or as_json) and not simulate:
+    # the options given on the command line, by name: Typer may bring its own copy of click, whose ParameterSource
+    # is another enum
+    explicit = {name for name in ctx.params
+                if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
+    if explicit & {"runs", "as_json"} and not simulate:
         raise UserInputError("--runs and --json go with --simulate")
     if simulate and resume:
         raise UserInputError("--simulate simulates a new run; leave out --resume (or simulate the run's options)")
@@ -194,9 +198,6 @@ def train_command(
         if storage is None and (storage := recorded_storage(resume)) is not None:
             spec = dataclasses.replace(spec, storage=storage)  # where the run was recorded to keep its files
 
-        # by name: Typer may bring its own copy of click, whose ParameterSource is another enum
-        explicit = {name for name in ctx.params
-                    if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
         spec = resumed_spec(run_storage(resume, storage), spec, explicit, joined=address is not None)
     from cmdare.train.run.run_start import preflight
 
