@@ -143,3 +143,20 @@ def test_report_run_shows_the_controllers_decisions_each_with_its_reason(resumed
     assert said[-1][0] == "EndRun" and all(w for _, w in said)  # every decision says why
     assert "decisions" in report.render("table")
     store.close()
+
+
+def test_against_plan_of_a_run_that_recorded_no_options_is_one_line(tmp_path):
+    """A run the store holds without its training options (an imported run): nothing to simulate, said in one
+    line, and the store is left as it was."""
+    from cmdare.errors import UserInputError
+    from cmdare.measure.store.schema import Run
+    from cmdare.run_simulation import against_plan
+
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    with store.session() as s:
+        s.add(Run(run_id="imported", config={}, started_at=0.0, status="finished"))
+    with pytest.raises(UserInputError, match="^run imported recorded no training options .*nothing to simulate$"):
+        against_plan(None, store, "imported")
+    with store.session() as s:
+        assert s.get(Run, "imported").status == "finished"
+    store.close()
