@@ -56,10 +56,11 @@ PINNED: dict[str, list[str]] = {
         "CHIEF_POLICIES", "ChiefChange", "ChiefPolicy", "Decision", "DutySchedule", "EmulatedClock", "Evacuate",
         "LR_POLICIES", "LifetimeRevocations", "LongestServing", "LrChange", "LrPolicy", "Membership",
         "MembershipEvent", "MembershipKernel", "NoReplace", "NoRevocations", "NoWorkersLeft", "Offer",
-        "PendingReplacement", "PeriodicRevocations", "PsServerInfo", "PsServerKernel", "REPLACEMENT_POLICIES",
+        "PendingReplacement", "PeriodicRevocations", "PsServerInfo", "PsServerKernel", "PsTopology", "Quiesce",
+        "REPLACEMENT_POLICIES",
         "REVOCATION_SOURCES", "Registry", "Replace", "ReplacementPolicy", "RequestPsReplacement",
         "RequestReplacement", "RestoreShards", "RevocationPlan", "RevocationSource", "RunConfig", "RunController",
-        "RunState", "TraceRevocations", "WorkerInfo", "build_revocation_source",
+        "RunState", "Topology", "TraceRevocations", "WorkerInfo", "build_revocation_source",
     ],
     "cmdare.public_data": [
         "BUNDLED_DIR", "DATA_ENV", "LIFETIME_FILES", "PUBLIC_SOURCES", "is_bundled", "lifetime_files",

@@ -12,13 +12,18 @@ from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
 from cmdare.control.controller import RunController
 from cmdare.control.dispatch import handler_table, kinds, missing_handlers
+from cmdare.control.ps_topology import PsTopology
 from cmdare.plan.sim_driver import SimRun
 from cmdare.train.run.ray_driver import RayDriver
 
 
 def test_the_controller_takes_every_kind_of_event():
+    """The fleet's events by the controller, the parameter server's by its topology (issue 43's seam)."""
     assert len(kinds(E.Event)) >= 20
-    assert missing_handlers(RunController, "_on_", E.Event) == []
+    assert missing_handlers((RunController, PsTopology), "_on_", E.Event) == []
+    topology_only = missing_handlers(RunController, "_on_", E.Event)
+    assert set(topology_only) == {"_on_PsNotice", "_on_PsUp", "_on_PsStartFailed", "_on_ShardLost",
+                                  "_on_PlacementRequested"}
 
 
 @pytest.mark.parametrize("driver", [RayDriver, SimRun, FakeDriver], ids=lambda d: d.__name__)

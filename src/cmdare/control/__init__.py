@@ -5,7 +5,8 @@
 trainer (:mod:`cmdare.train`) and the SimPy simulator (:mod:`cmdare.plan`) are two drivers of the same
 controller class, which builds on the policy kernels here: :class:`MembershipKernel` (chief election,
 learning rate, replacements) and :class:`PsServerKernel` (parameter servers on transient servers).
-In local emulation cloud time advances with training (:class:`EmulatedClock`).
+In local emulation cloud time advances with training (:class:`EmulatedClock`). The controller is the fleet; how
+its members train together is a :class:`Topology` it consults (:class:`PsTopology`: a parameter server).
 
 Registries (one vocabulary for ``cmdare train`` and ``cmdare plan``): :data:`REPLACEMENT_POLICIES`
 (``same``, ``cheapest``, ``none``), :data:`LR_POLICIES` (``unchanged``, ``linear``, ``sqrt``,
@@ -34,6 +35,7 @@ from cmdare.control.ps_servers import (
     RequestPsReplacement,
     RestoreShards,
 )
+from cmdare.control.ps_topology import PsTopology
 from cmdare.control.registry import Registry
 from cmdare.control.replacement import REPLACEMENT_POLICIES, NoReplace, Offer, Replace, ReplacementPolicy
 from cmdare.control.revocation import (
@@ -48,6 +50,7 @@ from cmdare.control.revocation import (
 )
 from cmdare.control.run_config import RunConfig
 from cmdare.control.run_state import RunState
+from cmdare.control.topology import Quiesce, Topology
 
 __all__ = [
     "CHIEF_POLICIES",
@@ -75,6 +78,8 @@ __all__ = [
     "PeriodicRevocations",
     "PsServerInfo",
     "PsServerKernel",
+    "PsTopology",
+    "Quiesce",
     "Registry",
     "Replace",
     "ReplacementPolicy",
@@ -86,6 +91,7 @@ __all__ = [
     "RunConfig",
     "RunController",
     "RunState",
+    "Topology",
     "TraceRevocations",
     "WorkerInfo",
     "build_revocation_source",

@@ -29,12 +29,11 @@ from cmdare.control.kernel import MembershipKernel
 from cmdare.control.kinds import DutyKind
 from cmdare.control.liveness import Liveness
 from cmdare.control.ps_servers import PsServerKernel
+from cmdare.control.ps_topology import PsTopology
 from cmdare.control.run_commands import (
-    Balance,
     Command,
     Fence,
     HoldAll,
-    SetRoundSize,
     StartDuty,
     Train,
 )
@@ -53,7 +52,7 @@ from cmdare.control.run_events import (
     WorkerUp,
 )
 from cmdare.control.run_state import Ended, Finishing, Holding, Phase, RunState, RunStateMachine, Starting, Training
-from cmdare.control.shard_control import ShardControl
+from cmdare.control.topology import Topology
 from cmdare.control.worker_control import WorkerControl
 
 __all__ = ["RunController"]
@@ -69,10 +68,14 @@ class RunController(RunEnding, RunEventHandlers):
     Args:
         config: the run (target, workers, duties, time-outs; :class:`~cmdare.control.run_config.RunConfig`).
         kernel: the membership kernel (policies: replacement, chief, LR; the revocation source).
-        ps_kernel: the PS-server kernel (notice lead, evacuation policy; the same revocation source when
-            injected revocations hit PS servers).
+        ps_kernel: the PS-server kernel of the default topology, a parameter server (notice lead, evacuation
+            policy; the same revocation source when injected revocations hit PS servers).
         clock: an emulated clock: cloud time advances with the training progress events report (local
             emulation); None: every event brings cloud time as ``now`` (the simulator, a real cluster).
+
+    The controller is the *fleet* (servers, lifetimes, notices, replacements, liveness, duties, the chief, the
+    learning rate, the run's end); how the members train together is its :attr:`topology`
+    (:class:`~cmdare.control.topology.Topology`; today :class:`~cmdare.control.ps_topology.PsTopology`).
     """
 
     def __init__(self, config: RunConfig, kernel: MembershipKernel, ps_kernel: PsServerKernel | None = None,
@@ -80,7 +83,7 @@ class RunController(RunEnding, RunEventHandlers):
         self.config, self.clock = config, clock
         self.out: list[Command] = []
         self.workers = WorkerControl(config, kernel, self.out)
-        self.shards = ShardControl(config, ps_kernel or PsServerKernel(), self.out)
+        self.topology: Topology = PsTopology(config, ps_kernel or PsServerKernel(), self.out)
         self.duties = DutySchedule(config.checkpoint_every, config.eval_every, config.steps)
         self.machine = RunStateMachine()
         self.phase: Phase = Starting()
@@ -89,12 +92,9 @@ class RunController(RunEnding, RunEventHandlers):
         self.now = 0.0
         self.due_now = 0.0  # now, give or take the rounding of emulated time: what falls due by then is due
         self.wall = 0.0
-        self.round_size = config.workers
         self.holding = False
         self.started = False  # training began (the first wave was up)
-        self.action: Command | None = None  # the action on quiesced shards under way
-        self.balance_at = 0  # the next balancing step (0: none)
-        self.balancing = False  # a Balance is out, not answered yet
+        self.action: Command | None = None  # the action on quiesced state under way
         self.liveness = Liveness(config.probe_after_s, config.stuck_after_s)
         self.failed_uploads_in_a_row = 0
         self.target = config.steps  # the step training stops at: the run's steps, or where a requested stop falls
@@ -108,7 +108,8 @@ class RunController(RunEnding, RunEventHandlers):
         #: The decisions taken: ``(cloud time, global step, command)`` of every command but the feeding of
         #: workers (Train, Fence, HoldAll), so two drivers' runs can be compared decision by decision.
         self.history: list[tuple[float, float, Command]] = []
-        self._handlers = handler_table(self, "_on_", Event)  # every kind of event, or it fails here
+        # every kind of event, the fleet's or the topology's, or it fails here
+        self._handlers = handler_table((self, self.topology), "_on_", Event)
 
     # -- views ----------------------------------------------------------------------------------------
     @property
@@ -125,7 +126,7 @@ class RunController(RunEnding, RunEventHandlers):
 
     def rate(self) -> float:
         """The emulated cluster's steps per cloud second now."""
-        return self.workers.rate(self.config.sync)
+        return self.topology.rate(self.workers)
 
     # -- saved with each checkpoint -------------------------------------------------------------------
     def saved_state(self) -> dict[str, float]:
@@ -146,17 +147,16 @@ class RunController(RunEnding, RunEventHandlers):
         """The run starts at ``step``: the first wave of workers (one per data slot) and ``num_ps`` shards;
         ``up``: the first wave's processes are up already (the simulator; else each sends ``WorkerUp``)."""
         self.out.clear()
-        self.wall = self.workers.wall = self.shards.wall = wall
+        self.wall = self.workers.wall = wall
         self.liveness.restart(wall)
         if self.clock is not None:
             self.clock.rebase(step)
             now = self.clock.time
         self.now = float(now if now is not None else wall)
+        self.topology.at(self.now, wall)
         self.step = self.fence = step
         self.duties.restart(step)
-        if self.config.balance_every:
-            self.balance_at = (step // self.config.balance_every + 1) * self.config.balance_every
-        self.shards.start(ps_spec, num_ps, self.now)
+        self.topology.start(ps_spec, num_ps, self.now, step)
         self.workers.start_wave(worker_specs, self.now, wall, up)
         self._settle()
         self._record()
@@ -190,7 +190,7 @@ class RunController(RunEnding, RunEventHandlers):
     def next_wakeup(self) -> float:
         """When the driver should wake the controller (a Tick) at the latest, on its own clock: cloud events
         (for drivers that keep cloud time) and deadlines on real waits (inf: none)."""
-        times = [t for t in (self.workers.next_wall(), self.shards.next_wall()) if t > self.wall]
+        times = [t for t in (self.workers.next_wall(), self.topology.next_wall()) if t > self.wall]
         times.append(self.liveness.next_wall())
         if self.stop_wall is not None:
             times.append(self.stop_wall + self.config.stop_timeout_s)
@@ -199,14 +199,6 @@ class RunController(RunEnding, RunEventHandlers):
         return min(times, default=math.inf)
 
     # -- decisions -----------------------------------------------------------------------------------
-    def _shrink_round(self) -> None:
-        if not self.config.sync:  # only synchronous rounds have a size
-            return
-        n = max(1, self.workers.counted())
-        if n < self.round_size:
-            self.round_size = n
-            self.out.append(SetRoundSize(n, why=f"{n} workers left to count in a synchronous round"))
-
     def _settle(self) -> None:
         if self.ended:
             return
@@ -225,14 +217,14 @@ class RunController(RunEnding, RunEventHandlers):
         # Once the target step is reached the cluster trains no more: nothing is revoked. In emulation cloud events
         # fall at a fence: they are decided at the barrier, once every worker stopped there.
         if not finishing and (self.clock is None or barrier):
-            picked = self.workers.revoke_due(self.now, self.shards.candidates(), due_by=now)
-            self.shards.tick(self.now, picked, due_by=now)
+            picked = self.workers.revoke_due(self.now, self.topology.candidates(), due_by=now)
+            self.topology.tick(self.now, picked, due_by=now)
         self.workers.admit_ready(now)
         self.workers.expire(now, self.wall)
-        self.shards.expire(self.wall)
-        self._shrink_round()
-        if self.shards.failure is not None:
-            self._end("failed", f"{self.shards.failure}; {self._resume_hint()}")
+        self.topology.expire(self.wall)
+        self.topology.membership(self.workers)
+        if self.topology.failure is not None:
+            self._end("failed", f"{self.topology.failure}; {self._resume_hint()}")
             return
         if self.workers.no_workers_left and not self.workers.active:
             self._end("failed", "every worker was lost and no replacement is coming: no worker left to train "
@@ -258,42 +250,36 @@ class RunController(RunEnding, RunEventHandlers):
         return not self.workers.training()
 
     def _hold(self) -> bool:
-        """Actions on quiesced shards: hold training, run them one at a time. True while they keep it held."""
+        """What the topology must do on quiesced state (:meth:`Topology.quiesce`): hold training, run the actions
+        one at a time. True while they keep it held."""
         if self.action is not None:
             return True
-        action = self.shards.next_action(self.due_now)
-        grow = self.config.sync and self.workers.counted() > self.round_size
-        if action is None and not grow and not self.shards.blocked(self.due_now):
+        quiesce = self.topology.quiesce(self.due_now, self.workers, self._quiesced())
+        if quiesce is None:
             return False
         if not self.holding:
             self.holding = True
-            self.out.append(HoldAll(type(action).__name__ if action is not None else "round" if grow else "shards"))
-        if self._quiesced():
-            if action is not None:
-                self.action = action
-                self.out.append(action)
-            elif grow:  # a newcomer's first push must find the round grown
-                self.round_size = self.workers.counted()
-                self.out.append(SetRoundSize(self.round_size, wait=True,
-                                             why=f"a newcomer grows the synchronous round to {self.round_size}"))
-                return False
+            self.out.append(HoldAll(quiesce.why))
+        if quiesce.action is not None:
+            self.action = quiesce.action
+            self.out.append(quiesce.action)
+        elif quiesce.then is not None:
+            self.out.append(quiesce.then)
+            return False
         self._report()
         return True
 
     def _balance(self) -> None:
-        """A balancing step passed: ask the balancers (their changes, if any, wait for quiesced shards)."""
-        if self.balance_at and self.step >= self.balance_at and not self.balancing:
-            step = int(self.step)
-            self.balance_at = (step // self.config.balance_every + 1) * self.config.balance_every
-            self.balancing = True
-            self.out.append(Balance(step, why=f"balancing every {self.config.balance_every} steps"))
+        """A balancing step passed: the topology may ask for its state's balance to be checked."""
+        if (command := self.topology.balance(int(self.step))) is not None:
+            self.out.append(command)
 
     def _barrier(self) -> None:
         """Every worker stopped (at the fence, or held): set the next fence."""
         if not self._quiesced():
             wanted = self._fence_wanted()
             if wanted < self.fence:  # something new falls due sooner (a replacement, a notice): stop there
-                if self.config.sync:  # a synchronous round must not be cut in two: stop after the chunks
+                if self.topology.lockstep:  # a lockstep round must not be cut in two: stop after the chunks
                     if not self.holding:
                         self.holding = True
                         self.out.append(HoldAll("fence"))
@@ -321,7 +307,7 @@ class RunController(RunEnding, RunEventHandlers):
     def _start_duties(self) -> None:
         """Start every waiting duty on the chief, once it is stopped (it runs them in order); not while a shard is
         dead or parked (its state cannot be taken)."""
-        if self.shards.blocked(self.due_now):
+        if self.topology.blocked(self.due_now):
             return
         chief = self.workers.chief
         rec = self.workers.rec(chief) if chief is not None else None
@@ -357,7 +343,7 @@ class RunController(RunEnding, RunEventHandlers):
         trainable = self.workers.trainable()
         if not trainable:
             return
-        if self.config.sync and (self.workers.training() or len(trainable) < self.workers.counted()):
+        if self.topology.lockstep and (self.workers.training() or len(trainable) < self.workers.counted()):
             return
         if not self.workers.training():  # training (re)starts: the silence and progress deadlines too
             self.liveness.restart(self.wall)
@@ -376,7 +362,7 @@ class RunController(RunEnding, RunEventHandlers):
             self.phase = Holding((name or "quiesce",), name)
         else:
             self.phase = Training(self.fence)
-        if self.shards.dead or self.shards.restore_reason is not None:
+        if self.topology.restoring:
             self._to(RunState.RESTORING)
         elif len(self.workers.active) < self.config.workers:
             self._to(RunState.DEGRADED)

@@ -22,19 +22,36 @@ def kinds(base: type) -> tuple[type, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def missing_handlers(owner: type | object, prefix: str, base: type) -> list[str]:
-    """The names of the handlers ``owner`` lacks for the kinds of ``base`` (``prefix`` + kind name)."""
-    return [prefix + k.__name__ for k in kinds(base) if not callable(getattr(owner, prefix + k.__name__, None))]
+def _owners(owner: object) -> tuple[object, ...]:
+    return owner if isinstance(owner, tuple) else (owner,)
 
 
-def handler_table(owner: object, prefix: str, base: type) -> dict[type, Callable[[Any], Any]]:
-    """Kind -> bound handler of ``owner`` for every kind of ``base``.
+def _handler(owners: tuple[object, ...], name: str) -> Callable[[Any], Any] | None:
+    for owner in owners:
+        found = getattr(owner, name, None)
+        if callable(found):
+            return found
+    return None
+
+
+def missing_handlers(owner: type | object | tuple[type | object, ...], prefix: str, base: type) -> list[str]:
+    """The names of the handlers ``owner`` lacks for the kinds of ``base`` (``prefix`` + kind name); ``owner``
+    may be a tuple of owners, of which the first that has a handler takes the kind."""
+    owners = _owners(owner)
+    return [prefix + k.__name__ for k in kinds(base) if _handler(owners, prefix + k.__name__) is None]
+
+
+def handler_table(owner: object | tuple[object, ...], prefix: str, base: type) -> dict[type, Callable[[Any], Any]]:
+    """Kind -> bound handler of ``owner`` (or of the first of a tuple of owners that has one) for every kind of
+    ``base``.
 
     Raises:
-        TypeError: ``owner`` lacks a handler (named) for a kind.
+        TypeError: no owner has a handler (named) for a kind.
     """
-    missing = missing_handlers(owner, prefix, base)
+    owners = _owners(owner)
+    missing = missing_handlers(owners, prefix, base)
     if missing:
-        raise TypeError(f"{type(owner).__name__} handles no {', '.join(missing)}: every kind of {base.__name__} "
-                        "needs its handler")
-    return {k: getattr(owner, prefix + k.__name__) for k in kinds(base)}
+        names = " and ".join(type(o).__name__ for o in owners)
+        raise TypeError(f"{names} handle{'s' if len(owners) == 1 else ''} no {', '.join(missing)}: every kind of "
+                        f"{base.__name__} needs its handler")
+    return {k: _handler(owners, prefix + k.__name__) for k in kinds(base)}  # type: ignore[misc]

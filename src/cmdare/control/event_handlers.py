@@ -24,13 +24,8 @@ from cmdare.control.run_events import (
     CodeFailed,
     DutyDone,
     Event,
-    PlacementRequested,
     ProbeDone,
-    PsNotice,
-    PsStartFailed,
-    PsUp,
     ServerStarting,
-    ShardLost,
     StopRequested,
     Tick,
     WorkerNotice,
@@ -48,7 +43,7 @@ if TYPE_CHECKING:
     from cmdare.control.run_commands import Command
     from cmdare.control.run_config import RunConfig
     from cmdare.control.run_state import Phase
-    from cmdare.control.shard_control import ShardControl
+    from cmdare.control.topology import Topology
     from cmdare.control.worker_control import WorkerControl
 
 __all__ = ["RunEventHandlers"]
@@ -60,7 +55,7 @@ class RunEventHandlers:
     config: RunConfig
     clock: EmulatedClock | None
     workers: WorkerControl
-    shards: ShardControl
+    topology: Topology
     duties: DutySchedule
     liveness: Liveness
     phase: Phase
@@ -69,7 +64,6 @@ class RunEventHandlers:
     fence: int
     now: float
     wall: float
-    balancing: bool
     rollbacks: int
     divergence: DivergenceWatch
     target: int
@@ -90,23 +84,21 @@ class RunEventHandlers:
     def _run_duty(self, duty: Any, rec: Any) -> None:
         raise NotImplementedError
 
-    def _shrink_round(self) -> None:
-        raise NotImplementedError
-
     # -- time ----------------------------------------------------------------------------------------
     def _time(self, event: Event) -> None:
-        self.wall = self.workers.wall = self.shards.wall = event.wall
+        self.wall = self.workers.wall = event.wall
         if self.clock is None:
             if event.now is not None:
                 self.now = max(self.now, float(event.now))
-            return
-        step = getattr(event, "global_step", None)
-        if step is not None and step > self.clock.step:
-            self.now = self.clock.advance(step, self.rate())
-        elif isinstance(event, Tick):
-            at = self._jump_target()
-            if at is not None:
-                self.now = self.clock.jump(at)
+        else:
+            step = getattr(event, "global_step", None)
+            if step is not None and step > self.clock.step:
+                self.now = self.clock.advance(step, self.rate())
+            elif isinstance(event, Tick):
+                at = self._jump_target()
+                if at is not None:
+                    self.now = self.clock.jump(at)
+        self.topology.at(self.now, self.wall)
 
     def _jump_target(self) -> float | None:
         """Emulation: when the emulated cluster cannot train until a cloud time (no member left until a
@@ -115,10 +107,11 @@ class RunEventHandlers:
         real (a process starting, an action under way)."""
         if self.action is not None:
             return None
+        ready: list[float | None]
         if self.rate() == 0:
             ready = [r.ready_at for r in self.workers.waiting.values()]
-        elif self.shards.blocked(self.now):
-            ready = [s.ready_at for s in self.shards.spares.values()]
+        elif self.topology.blocked(self.now):
+            ready = self.topology.ready_times()
         else:
             return None
         future = [t for t in ready if t is not None and t > self.now]
@@ -128,7 +121,7 @@ class RunEventHandlers:
 
     def _next_cloud_time(self) -> float:
         """The next cloud time something falls due (what is due by now was decided already; inf: nothing)."""
-        return min(self.workers.next_time(self.now), self.shards.next_time(self.now))
+        return min(self.workers.next_time(self.now), self.topology.next_time(self.now))
 
     def _progress(self, step: float) -> None:
         if step > self.step:
@@ -156,7 +149,7 @@ class RunEventHandlers:
         """Training diverged (:mod:`cmdare.control.divergence`: ``why``, seen by worker ``worker_id`` at ``step``):
         roll every shard back to the newest stored checkpoint (with a lower learning rate) while rollbacks are
         left, else end the run. Nothing non-finite is ever stored."""
-        if self.shards.restore_reason == "diverged":
+        if self.topology.rolling_back:
             return  # the rollback is on its way
         what = f"worker {worker_id}'s {why} at step {step}"
         if self.rollbacks >= self.config.max_rollbacks or isinstance(self.phase, Finishing):
@@ -167,7 +160,7 @@ class RunEventHandlers:
             return
         self.rollbacks += 1
         self.divergence.why = what
-        self.shards.roll_back("diverged")
+        self.topology.roll_back("diverged")
 
     def rollback_details(self) -> dict[str, Any]:
         """The rollback under way: its number, how many are allowed, the learning-rate factor after it."""
@@ -206,7 +199,7 @@ class RunEventHandlers:
         if ev.worker_id is not None:
             self.workers.server_starting(ev.worker_id, ev.startup_s, self.now)
         elif ev.key is not None:
-            self.shards.spare_starting(ev.key, ev.startup_s, self.now)
+            self.topology.server_starting(ev.key, ev.startup_s, self.now)
 
     def _on_WorkerUp(self, ev: WorkerUp) -> None:
         self.workers.process_up(ev.worker_id, self.now)
@@ -217,18 +210,6 @@ class RunEventHandlers:
             return
         if self.workers.start_failed(ev.worker_id, self.now, ev.error):
             self._after_loss(ev.worker_id)
-
-    def _on_PsNotice(self, ev: PsNotice) -> None:
-        self.shards.notice(ev.key, ev.deadline, self.now)
-
-    def _on_PsUp(self, ev: PsUp) -> None:
-        self.shards.spare_up(ev.key)
-
-    def _on_PsStartFailed(self, ev: PsStartFailed) -> None:
-        self.shards.spare_failed(ev.key)
-
-    def _on_ShardLost(self, ev: ShardLost) -> None:
-        self.shards.lost(ev.keys)
 
     def _on_DutyDone(self, ev: DutyDone) -> None:
         rec = self.workers.rec(ev.worker_id)
@@ -248,7 +229,7 @@ class RunEventHandlers:
                 self._end("failed", f"a parameter shard died during the final {ev.kind}; the latest stored "
                                     f"checkpoint is kept ({self._resume_hint()})")
                 return
-            self.shards.lost(())
+            self.topology.state_lost()
         elif self.workers.lose(ev.worker_id, self.now, "revoked"):
             self._after_loss(ev.worker_id)
 
@@ -270,7 +251,7 @@ class RunEventHandlers:
         self.liveness.progressed(self.wall)
         if command is None:
             return
-        self.shards.done(command, ev.ok, self.now, ev.num_shards, ev.removed_keys)
+        self.topology.action_done(command, ev)
         if ev.ok and ev.action == ShardAction.RESTORE and ev.step is not None:
             if isinstance(command, Restore) and command.reason == "diverged":
                 self.workers.damp_lr(self.config.rollback_lr_scale, self.now)
@@ -280,11 +261,6 @@ class RunEventHandlers:
                 self.clock.rebase(ev.step)
             self.duties.restart(ev.step)
             self.fence = ev.step
-
-    def _on_PlacementRequested(self, ev: PlacementRequested) -> None:
-        self.balancing = False
-        if ev.decisions:
-            self.shards.request_placement(tuple(ev.decisions))
 
     def _on_StopRequested(self, ev: StopRequested) -> None:
         """Stop at the next step boundary: training goes on to the nearest whole step, then the checkpoint of that
@@ -304,7 +280,8 @@ class RunEventHandlers:
         self._end("failed", f"{ev.message}; {self._resume_hint()}")
 
     def _after_loss(self, worker_id: int | None = None) -> None:
-        """A worker left: its duties go to the next chief; a synchronous round shrinks at once."""
+        """A worker left: its duties go to the next chief; the topology hears at once (a synchronous round
+        shrinks)."""
         if worker_id is not None:
             self.duties.chief_lost(worker_id)
-        self._shrink_round()
+        self.topology.membership(self.workers)

@@ -32,6 +32,7 @@ from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
 from cmdare.control.dispatch import handler_table
 from cmdare.control.kinds import ShardAction
+from cmdare.control.ps_topology import PsTopology
 from cmdare.errors import ShardLostError
 from cmdare.events import StepReport
 from cmdare.storage import Storage
@@ -78,6 +79,9 @@ class RayDriver:
                  emitter: RunEmitter, metrics: RunMetrics, detached: DetachedCalls,
                  initial: tuple[np.ndarray, np.ndarray, int], real: bool):
         self.controller, self.spec, self.storage = controller, spec, storage
+        if not isinstance(controller.topology, PsTopology):
+            raise TypeError(f"the Ray driver trains through a parameter server, not {type(controller.topology)}")
+        self.topology: PsTopology = controller.topology
         self._handlers = handler_table(self, "_do_", C.Command)  # every kind of command, or it fails here
         self.workers, self.shards, self.duties, self.changes, self.ps = workers, shards, duties, changes, ps
         self.emitter, self.metrics, self.detached = emitter, metrics, detached
@@ -274,11 +278,11 @@ class RayDriver:
             if self.changes.collect_stats(self.global_step) is None:
                 events.append(E.ShardLost(wall=wall, keys=self.ps.dead_keys()))
         controller = self.controller
-        if controller.action is None and not controller.holding and not controller.shards.placements:
+        if controller.action is None and not controller.holding and not self.topology.placement_waiting():
             decisions = self.changes.poll(self.global_step, balance_due=False)  # against the placement as it is
             if decisions:
                 events.append(E.PlacementRequested(wall=wall, decisions=tuple(decisions)))
-        notices = self.ps.poll_drains(wall, lambda key: key in self.controller.shards.kernel.noticed)
+        notices = self.ps.poll_drains(wall, self.topology.noticed)
         self.drained.update(n.key for n in notices)
         self.workers.tick(wall)
         self._event(*map(self._stamp, [*events, *notices]))
