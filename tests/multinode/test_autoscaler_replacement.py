@@ -109,12 +109,25 @@ def _servers(ns: NetnsCluster) -> list[dict]:
     return servers
 
 
-def _wait_for(what: str, check, proc: subprocess.Popen, timeout: float = 180.0):
+def _replacement_events(ns: NetnsCluster) -> str:
+    """The run's replacement events so far, one per line (for error messages)."""
+    engine = create_engine(f"sqlite:///{ns.tmp / 'driver' / 'cmdare.db'}")
+    try:
+        with engine.connect() as c:
+            rows = c.execute(text("SELECT time, kind, server_id, details FROM events WHERE kind LIKE 'replacement%' "
+                                  "OR kind LIKE 'worker%' ORDER BY time")).all()
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: the store may not exist yet
+        return f"(no events: {exc})"
+    return "\n".join(f"{r.time:.2f} {r.kind} {r.server_id} {r.details}" for r in rows) or "(no events)"
+
+
+def _wait_for(what: str, check, proc: subprocess.Popen, timeout: float = 180.0, ns: NetnsCluster | None = None):
     deadline = time.time() + timeout
     while not (found := check()):
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
-            raise AssertionError(f"run ended or timed out waiting for {what}:\n{proc.communicate()[0][-3000:]}")
+            seen = f"\n{_replacement_events(ns)}\n{ns.logs_tail(40)}" if ns is not None else ""
+            raise AssertionError(f"run ended or timed out waiting for {what}:\n{proc.communicate()[0][-3000:]}{seen}")
         time.sleep(0.5)
     return found
 
@@ -133,7 +146,7 @@ def test_lost_and_drained_worker_nodes_are_replaced_by_the_autoscaler_and_the_ru
     # once the workers reached the shard over its TCP channel (36 s); 20,000 take 2 min at that speed
     proc = _train(netns, storage, "--steps", "20000")
     killed, drained = _kill_a_worker_node_after_first_checkpoint(netns, storage, proc)
-    _wait_for("the replacement", lambda: len(_alive_workers(netns) - {killed}) == 2, proc)
+    _wait_for("the replacement", lambda: len(_alive_workers(netns) - {killed}) == 2, proc, ns=netns)
     # Ray's preemption drain of the other worker's node, 30 s before the cloud takes it
     res = netns.run([RAY, "drain-node", "--address", netns.address, "--node-id", drained, "--reason",
                      "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot preemption (test)",
