@@ -48,6 +48,8 @@ class FakeDriver:
     ps_startup_s: float | None = None
     ps_up_wall_s: float | None = None  # a replacement PS's process start, if not up_wall_s (inf: never by itself)
     fail_start: dict[int, str] = field(default_factory=dict)  # worker id -> constructor error
+    dead_spares: set[int] = field(default_factory=set)  # warm spares that die before they are up
+    spares: dict[int, bool] = field(default_factory=dict)  # warm spare -> whether its process is up
     stuck: bool = False  # the world stops answering (a dead Ray node)
     frozen_shard: bool = False  # a shard stops answering (a stopped process): every push waits on it until a probe
     failing_uploads: set[int] = field(default_factory=set)  # steps whose checkpoint upload fails (a full disk)
@@ -230,9 +232,33 @@ class FakeDriver:
     def _do_ReleaseWorker(self, c: C.ReleaseWorker) -> None:
         self.workers[c.worker_id].alive = False
 
+    def _do_StartSpare(self, c: C.StartSpare) -> None:
+        self.spares[c.key] = False
+        self.feed(E.ServerStarting(wall=self.wall, spare=c.key, startup_s=self.startup_s))
+
+        def up() -> None:
+            if c.key not in self.spares:
+                return  # taken meanwhile
+            if c.key in self.dead_spares:
+                del self.spares[c.key]
+                self.feed(E.SpareLost(wall=self.wall, key=c.key, error="its node died"))
+            else:
+                self.spares[c.key] = True
+                self.feed(E.SpareUp(wall=self.wall, key=c.key))
+
+        self.later(self.up_wall_s, up)
+
+    def _do_CloseSpares(self, c: C.CloseSpares) -> None:
+        pass
+
     def _do_StartWorker(self, c: C.StartWorker) -> None:
         w = self.workers[c.worker_id] = FakeWorker(c.worker_id, c.slot)
         first = c.replaces is None
+        if c.spare is not None and self.spares.pop(c.spare, False):  # a warm spare: its server is up, its process
+            self.feed(E.ServerStarting(wall=self.wall, worker_id=c.worker_id, startup_s=0.0))  # adopts at once
+            w.up = True
+            self.feed(E.WorkerUp(wall=self.wall, worker_id=c.worker_id))
+            return
         self.feed(E.ServerStarting(wall=self.wall, worker_id=c.worker_id, startup_s=0.0 if first else self.startup_s))
         if c.worker_id in self.fail_start:
             self.later(self.up_wall_s, E.WorkerStartFailed(wall=self.wall + self.up_wall_s, worker_id=c.worker_id,

@@ -52,6 +52,7 @@ from cmdare.control.run_events import (
     WorkerUp,
 )
 from cmdare.control.run_state import Ended, Finishing, Holding, Phase, RunState, RunStateMachine, Starting, Training
+from cmdare.control.spares import WarmSpares
 from cmdare.control.topology import Topology
 from cmdare.control.worker_control import WorkerControl
 
@@ -82,7 +83,8 @@ class RunController(RunEnding, RunEventHandlers):
                  clock: EmulatedClock | None = None):
         self.config, self.clock = config, clock
         self.out: list[Command] = []
-        self.workers = WorkerControl(config, kernel, self.out)
+        self.spares = WarmSpares(config.warm_spares, self.out)
+        self.workers = WorkerControl(config, kernel, self.out, self.spares)
         self.topology: Topology = PsTopology(config, ps_kernel or PsServerKernel(), self.out)
         self.duties = DutySchedule(config.checkpoint_every, config.eval_every, config.steps)
         self.machine = RunStateMachine()
@@ -158,6 +160,7 @@ class RunController(RunEnding, RunEventHandlers):
         self.duties.restart(step)
         self.topology.start(ps_spec, num_ps, self.now, step)
         self.workers.start_wave(worker_specs, self.now, wall, up)
+        self.spares.start(worker_specs, self.now)
         self._settle()
         self._record()
         return list(self.out)

@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from cmdare.control.kinds import DutyKind, ShardAction
-from cmdare.control.run_commands import Restore
+from cmdare.control.run_commands import CloseSpares, Restore
 from cmdare.control.run_events import (
     ActionDone,
     AllStopped,
@@ -26,6 +26,8 @@ from cmdare.control.run_events import (
     Event,
     ProbeDone,
     ServerStarting,
+    SpareLost,
+    SpareUp,
     StopRequested,
     Tick,
     WorkerNotice,
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from cmdare.control.run_commands import Command
     from cmdare.control.run_config import RunConfig
     from cmdare.control.run_state import Phase
+    from cmdare.control.spares import WarmSpares
     from cmdare.control.topology import Topology
     from cmdare.control.worker_control import WorkerControl
 
@@ -56,6 +59,8 @@ class RunEventHandlers:
     clock: EmulatedClock | None
     workers: WorkerControl
     topology: Topology
+    spares: WarmSpares
+    out: list[Command]
     duties: DutySchedule
     liveness: Liveness
     phase: Phase
@@ -200,6 +205,19 @@ class RunEventHandlers:
             self.workers.server_starting(ev.worker_id, ev.startup_s, self.now)
         elif ev.key is not None:
             self.topology.server_starting(ev.key, ev.startup_s, self.now)
+        elif ev.spare is not None:
+            self.spares.starting(ev.spare, ev.startup_s, self.now)
+
+    def _on_SpareUp(self, ev: SpareUp) -> None:
+        self.spares.up(ev.key, self.now)
+
+    def _on_SpareLost(self, ev: SpareLost) -> None:
+        was_closed = self.spares.closed
+        self.spares.lost(ev.key, self.now)
+        if self.spares.closed and not was_closed:
+            failed = self.spares.failed_starts
+            self.out.append(CloseSpares(failed, why=f"{failed} warm spares in a row died before they were up: "
+                                                    "no more are asked for"))
 
     def _on_WorkerUp(self, ev: WorkerUp) -> None:
         self.workers.process_up(ev.worker_id, self.now)

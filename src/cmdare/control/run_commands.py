@@ -19,6 +19,7 @@ __all__ = [
     "Balance",
     "CancelWorker",
     "ChangePlacement",
+    "CloseSpares",
     "Command",
     "EndRun",
     "EvacuatePs",
@@ -38,6 +39,7 @@ __all__ = [
     "SetLrScale",
     "SetRoundSize",
     "StartDuty",
+    "StartSpare",
     "StartPs",
     "StartWorker",
     "Train",
@@ -105,12 +107,30 @@ class ReleaseWorker(Command):
 @dataclass(frozen=True)
 class StartWorker(Command):
     """Ask for a server of ``spec`` and start worker ``worker_id`` on it for data slot ``slot``
-    (``replaces``: the worker it replaces, None for the first wave). Answered by ``ServerStarting``."""
+    (``replaces``: the worker it replaces, None for the first wave; ``spare``: the warm spare whose server and
+    process become the worker's instead). Answered by ``ServerStarting``."""
 
     worker_id: int
     slot: int
     spec: ServerSpec
     replaces: int | None = None
+    spare: int | None = None
+
+
+@dataclass(frozen=True)
+class StartSpare(Command):
+    """Ask for a warm spare ``key``: a server of ``spec`` and a worker process on it that is no member of the run
+    (:mod:`cmdare.control.spares`). Answered by ``ServerStarting(spare=key)``, ``SpareUp`` or ``SpareLost``."""
+
+    key: int
+    spec: ServerSpec
+
+
+@dataclass(frozen=True)
+class CloseSpares(Command):
+    """The run asks for no more spares: ``failed_starts`` in a row died before they were up. A report."""
+
+    failed_starts: int
 
 
 @dataclass(frozen=True)

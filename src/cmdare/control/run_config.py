@@ -57,6 +57,8 @@ class RunConfig:
             step it stops at before the run ends without it.
         resumed_from: the step of the checkpoint a resumed run started from (None: a fresh run); a run that
             stored nothing since can still be resumed from it.
+        warm_spares: standby servers whose worker process is started before it is needed
+            (:mod:`cmdare.control.spares`; 0: none).
     """
 
     steps: int
@@ -85,12 +87,15 @@ class RunConfig:
     checkpoints: str = ""
     resumed_from: int | None = None
     stop_timeout_s: float = 120.0
+    warm_spares: int = 0
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.workers < 1:
             raise UserInputError(f"a run needs steps >= 1 and workers >= 1, got {self.steps} and {self.workers}")
         if self.max_failed_uploads < 1:
             raise UserInputError(f"max_failed_uploads must be at least 1, got {self.max_failed_uploads}")
+        if self.warm_spares < 0:
+            raise UserInputError(f"warm_spares must not be negative, got {self.warm_spares}")
         if self.max_rollbacks < 0:
             raise UserInputError(f"max_rollbacks must not be negative, got {self.max_rollbacks}")
         if not 0 < self.rollback_lr_scale <= 1:

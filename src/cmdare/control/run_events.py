@@ -37,6 +37,8 @@ __all__ = [
     "PsUp",
     "ServerStarting",
     "ShardLost",
+    "SpareLost",
+    "SpareUp",
     "StopRequested",
     "Tick",
     "WorkerNotice",
@@ -129,11 +131,13 @@ class CodeFailed(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ServerStarting(Event):
-    """The driver asked for the server of worker ``worker_id`` (or of PS key ``key``): it is ready
-    ``startup_s`` cloud seconds from now (an emulated start-up), or, with None, when its process is up."""
+    """The driver asked for the server of worker ``worker_id`` (or of PS key ``key``, or of warm spare ``spare``):
+    it is ready ``startup_s`` cloud seconds from now (an emulated start-up), or, with None, when its process is
+    up."""
 
     worker_id: int | None = None
     key: int | None = None
+    spare: int | None = None
     startup_s: float | None = None
 
 
@@ -152,6 +156,21 @@ class WorkerStartFailed(Event):
     worker_id: int
     error: str
     deterministic: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpareUp(Event):
+    """Warm spare ``key``'s process is up (warm: it has imported, read the data and built the model)."""
+
+    key: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpareLost(Event):
+    """Warm spare ``key`` died (its server went away, or its process), before or after it was up."""
+
+    key: int
+    error: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

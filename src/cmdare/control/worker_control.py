@@ -34,6 +34,7 @@ from cmdare.control.run_commands import (
     StartWorker,
 )
 from cmdare.control.run_config import RunConfig
+from cmdare.control.spares import WarmSpares
 
 __all__ = ["MAX_START_RETRIES", "WorkerControl", "WorkerRec"]
 
@@ -69,8 +70,10 @@ class WorkerRec:
 class WorkerControl:
     """Worker records plus the membership kernel; appends commands to ``out``."""
 
-    def __init__(self, config: RunConfig, kernel: MembershipKernel, out: list[Command]):
+    def __init__(self, config: RunConfig, kernel: MembershipKernel, out: list[Command],
+                 spares: WarmSpares | None = None):
         self.config, self.kernel, self.out = config, kernel, out
+        self.spares = spares if spares is not None else WarmSpares(0, out)
         self.recs: dict[int, WorkerRec] = {}
         self.active: dict[int, WorkerRec] = {}  # members, not gone
         self.waiting: dict[int, WorkerRec] = {}  # replacements asked for, not joined, not given up
@@ -140,10 +143,14 @@ class WorkerControl:
         self.next_id += 1
         self.recs[rec.worker_id] = self.waiting[rec.worker_id] = rec
         self._changed()
+        spare = self.spares.take(spec) if replaces is not None else None
         why = (f"data slot {slot} of the first wave" if replaces is None else
                f"replaces worker {replaces} ({self.kernel.replacement.name} replacement: {spec.gpu_type} in "
-               f"{spec.region})")
-        self.out.append(StartWorker(rec.worker_id, slot, spec, replaces, why=why))
+               f"{spec.region})" + (f", on warm spare {spare.key}" if spare is not None else ""))
+        self.out.append(StartWorker(rec.worker_id, slot, spec, replaces, spare.key if spare is not None else None,
+                                    why=why))
+        if spare is not None:
+            self.spares.refill(spare, now)
         return rec
 
     def start_wave(self, specs: Sequence[ServerSpec], now: float, wall: float, up: bool = False) -> None:

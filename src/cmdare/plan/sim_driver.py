@@ -28,7 +28,6 @@ from cmdare.control.dispatch import handler_table
 from cmdare.control.kinds import Destination, ShardAction
 from cmdare.control.run_config import run_config_for
 from cmdare.plan.sim_lifetimes import LIFETIMES_PER_SLOT, SlotLifetimes
-from cmdare.plan.sim_spares import SimSpares
 from cmdare.plan.spec import PS_SERVER, RunResult
 
 __all__ = ["HORIZON_FACTOR", "LIFETIMES_PER_SLOT", "SimRun"]
@@ -76,7 +75,7 @@ class SimRun:
         config = run_config_for("simulated", steps=job.total_steps, workers=cluster.n_workers,
                                 checkpoint_every=job.checkpoint_every_steps, hit_workers=plan.hits("worker"),
                                 hit_ps=hit_ps, ps_notice_s=notice, replace_ps=cluster.replacement != "none",
-                                replacement_timeout_s=cluster.replacement_timeout_s)
+                                replacement_timeout_s=cluster.replacement_timeout_s, warm_spares=cluster.warm_spares)
         self.controller = RunController(config, kernel, ps_kernel)
         self.workers: dict[int, ServerSpec] = {}  # live worker servers, billed
         self._awaiting_capacity: set[int] = set()  # replacements asked for while the market has no capacity
@@ -88,9 +87,7 @@ class SimRun:
         self.ended: C.EndRun | None = None
         self._pending: list[E.Event] = []
         self._busy = False
-        self.spares = SimSpares(cluster.warm_spares, sim._specs, self._startup_s)
-        for _ in range(len(self.spares)):  # billed from their request, like any server
-            self._bill(self._price_s(self.spares.spec))  # type: ignore[arg-type]  # spares: a spec
+        self.spare_ready: dict[int, float] = {}  # warm spare -> when its server is (or will be) ready
         first = self.controller.start(sim._specs, self._ps_spec(), cluster.ps, 0, wall=0.0, now=0.0, up=True)
         for spec in sim._specs:  # billing order as before the controller: on-demand, PS, transient (same sums)
             if not spec.transient:
@@ -227,10 +224,8 @@ class SimRun:
             return
         self.lifetimes.replaced(c.slot, c.spec.gpu_type)
         self.replacements += 1
-        spare = self.spares.take(c.spec, now)
-        if spare is not None:  # a warm spare's server becomes the worker's (billed already); the new spare is billed
-            wait, delay = 0.0, spare
-            self._bill(self._price_s(c.spec))
+        if c.spare is not None:  # a warm spare's server becomes the worker's (billed already): the rest of its start
+            wait, delay = 0.0, max(0.0, self.spare_ready.pop(c.spare) - now)
         else:
             delay = self._startup_s(c.spec)
             capacity = getattr(self.sim.models.lifetimes, "capacity_wait", None)
@@ -245,6 +240,18 @@ class SimRun:
                 self._bill(self._price_s(c.spec))
         self._pending.append(E.ServerStarting(wall=now, now=now, worker_id=c.worker_id, startup_s=wait + delay))
         self._later(wait + delay, lambda t: E.WorkerUp(wall=t, now=t, worker_id=c.worker_id))
+
+    def _do_StartSpare(self, c: C.StartSpare) -> None:
+        """A warm spare: its server billed from now, like any server, and up after a start-up drawn now."""
+        now = self.env.now
+        self._bill(self._price_s(c.spec))
+        startup = self._startup_s(c.spec)
+        self.spare_ready[c.key] = now + startup
+        self._pending.append(E.ServerStarting(wall=now, now=now, spare=c.key, startup_s=startup))
+        self._later(startup, lambda t: E.SpareUp(wall=t, now=t, key=c.key))
+
+    def _do_CloseSpares(self, c: C.CloseSpares) -> None:
+        """No simulated spare dies before it is up: never asked."""
 
     def _startup_s(self, spec: ServerSpec) -> float:
         """One start-up delay of a server of ``spec`` (the start-up model's draw)."""

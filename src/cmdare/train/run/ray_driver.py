@@ -113,7 +113,7 @@ class RayDriver:
                                             wall, now=wall if self.real else None))
         self._busy = False
         self._flush()
-        self.workers.start_pool()
+        self.workers.first_wave_done = True
         write_status(self.storage, "running", len(self.shards.shards), self.global_step)
         self._next_stats = time.time() + SHARD_STATS_EVERY_S
         self._next_heartbeat = time.time() + HEARTBEAT_S
@@ -284,7 +284,7 @@ class RayDriver:
                 events.append(E.PlacementRequested(wall=wall, decisions=tuple(decisions)))
         notices = self.ps.poll_drains(wall, self.topology.noticed)
         self.drained.update(n.key for n in notices)
-        self.workers.tick(wall)
+        events += self.workers.tick(wall)
         self._event(*map(self._stamp, [*events, *notices]))
 
     # -- commands: training ---------------------------------------------------------------------------------
@@ -319,6 +319,13 @@ class RayDriver:
     # -- commands: workers ------------------------------------------------------------------------------------
     def _do_StartWorker(self, cmd: C.StartWorker) -> list[E.Event]:
         return self.workers.start(cmd, time.time())
+
+    def _do_StartSpare(self, cmd: C.StartSpare) -> list[E.Event]:
+        return self.workers.start_spare(cmd, time.time())
+
+    def _do_CloseSpares(self, cmd: C.CloseSpares) -> None:
+        if self.workers.pool is not None:
+            self.workers.pool.close(cmd.failed_starts)
 
     def _do_Revoke(self, cmd: C.Revoke) -> None:
         self.workers.revoke(cmd)

@@ -4,14 +4,16 @@ A cold replacement is a server start plus a fresh Python process that imports to
 the data and builds the model before its first pull. With ``TrainSpec.warm_spares = N`` the run keeps N
 standby servers, each with a :class:`StandbyWorker` whose process has done all of that (and one forward
 and backward pass) but is no member of the run: no data slot, no shards, no synchronous barrier. When the
-membership kernel asks for a replacement of a standby's server spec, the executor takes a ready standby
+controller has a replacement take a standby (``StartWorker(spare=K)``), the executor takes it
 (:meth:`WarmPool.take`): its server becomes the replacement's server, :meth:`StandbyWorker.adopt` makes
-its process the worker and pulls the parameters, and the pool requests a new standby at once. A standby
-is billed from its request, idle or not, as a cloud bills a running VM.
+its process the worker and pulls the parameters. A standby is billed from its request, idle or not, as a cloud
+bills a running VM.
 
 Locally (:class:`~cmdare.cloud.local.LocalClusterProvider`) a standby gets its own Ray node; on a real
-cluster it is an actor asking for the worker resources, so the autoscaler brings a node for it. Policies
-still decide: the pool only answers the kernel's :class:`~cmdare.control.RequestReplacement` faster.
+cluster it is an actor asking for the worker resources, so the autoscaler brings a node for it. The pool decides
+nothing: how many standbys, which one a replacement takes, when another is asked for and when to give up are
+the controller's (:mod:`cmdare.control.spares`); the pool starts them (``StartSpare``) and reports ``SpareUp`` and
+``SpareLost``.
 """
 
 from __future__ import annotations
@@ -19,24 +21,23 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from cmdare.cloud.local import Server, ServerProvider
 from cmdare.cloud.servers import ServerSpec
+from cmdare.control import run_events as E
 from cmdare.train.run.detached import DetachedCalls
 from cmdare.train.run.emitter import RunEmitter
 from cmdare.train.spec import TrainSpec
 from cmdare.train.workers.worker import Worker, _ray_node_id
 
-__all__ = ["Standby", "StandbyWorker", "WarmPool", "actor_class", "measured_start", "spare_spec",
-           "startup_timings", "worker_threads"]
+__all__ = ["Standby", "StandbyWorker", "WarmPool", "actor_class", "measured_start", "startup_timings",
+           "worker_threads"]
 
 STANDBY_PING_S = 2.0  # how often a ready standby is asked whether it is still there
 BUFFERS_EVERY_S = 2.0  # how often the chief's batch-norm statistics are copied for the next replacement
-MAX_FAILED_STARTS = 3  # standbys in a row that failed to start before the pool stops starting them
 
 
 @functools.cache
@@ -114,16 +115,12 @@ def measured_start(server: Server, node_id: str | None, up_at: float) -> tuple[f
     return up_at - server.requested_at, registered
 
 
-def spare_spec(worker_specs: Sequence[ServerSpec]) -> ServerSpec:
-    """The server spec of the spares: the first wave's most common one (ties: the lowest slot's)."""
-    counts = Counter(worker_specs)
-    return max(worker_specs, key=lambda s: counts[s])
-
-
 @dataclass
 class Standby:
-    """A standby server and its process (``actor`` None until its emulated start-up delay has passed)."""
+    """The controller's spare ``key``: a standby server and its process (``actor`` None until its emulated
+    start-up delay has passed)."""
 
+    key: int
     server: Server
     actor: Any = None
     ready_ref: Any = None
@@ -132,28 +129,30 @@ class Standby:
 
     def details(self, now: float) -> dict[str, Any]:
         """What a replacement request that takes it reports: warm already (it starts nothing, idle since
-        ``up_at``) or still starting."""
+        ``up_at``), its process still starting, or its server not there yet."""
+        if self.actor is None:
+            return {"warm": True, "spare": "server"}
         if self.up_at is None:
             return {"warm": True, "spare": "starting"}
         return {"warm": True, "spare": "up", "startup_s": 0.0, "standby_idle_s": max(0.0, now - self.up_at)}
 
 
 class WarmPool:
-    """Keeps ``size`` standby workers of one server spec ready: started, taken, refilled, released.
+    """The standby workers the controller asked for: started, taken, released; their start and loss reported.
 
     Args:
         options: the Ray actor options of a worker on a server (resources, GPUs, placement).
     """
 
-    def __init__(self, size: int, spec: TrainSpec, provider: ServerProvider, emitter: RunEmitter,
+    def __init__(self, spec: TrainSpec, provider: ServerProvider, emitter: RunEmitter,
                  detached: DetachedCalls, options: Callable[[Server], dict[str, Any]]):
-        self.size, self.spec, self.provider, self.emitter = size, spec, provider, emitter
+        self.spec, self.provider, self.emitter = spec, provider, emitter
         self.detached, self.options = detached, options
         self.standbys: list[Standby] = []
         self.taken: dict[str, Standby] = {}  # server id -> standby given to a replacement, not yet adopted
         self.actors: list[Any] = []  # every process the pool started (killed at teardown)
         self.closed = False
-        self._failed_starts = 0
+        self._events: list[E.Event] = []  # what the controller has not heard yet
         self._next_ping = 0.0
         # The chief's batch-norm statistics, copied every few seconds: a replacement starts from them at once
         # instead of waiting for the chief's chunk in flight to end (the chief answers between chunks).
@@ -161,20 +160,16 @@ class WarmPool:
         self._buffers_ref: Any = None
         self._next_buffers = 0.0
 
-    def start(self, server_spec: ServerSpec) -> None:
-        """The first standbys, with the first wave (their start-up, like the first wave's, is no part of
-        the run)."""
-        for _ in range(self.size):
-            self._request(server_spec, first_wave=True)
-        self.tick(time.time())
-
-    def _request(self, server_spec: ServerSpec, first_wave: bool = False) -> None:
-        """Ask for a standby's server; its process is started by :meth:`tick` once the server is there."""
+    def request(self, key: int, server_spec: ServerSpec, first_wave: bool, wall: float) -> list[E.Event]:
+        """Ask for spare ``key``'s server (with the first wave: its start-up, like the first wave's, is no part of
+        the run); its process is started by :meth:`tick` once the server is there."""
         server = self.provider.request(server_spec)
         if first_wave:
             server.ready_at = server.requested_at
-        self.standbys.append(Standby(server))
-        self.emitter.server_event("standby_requested", server, extra={"standby": True})
+        self.standbys.append(Standby(key, server))
+        self.emitter.server_event("standby_requested", server, extra={"standby": True, "spare": key})
+        startup_s = max(0.0, server.ready_at - server.requested_at) if self.provider.emulated else None
+        return [E.ServerStarting(wall=wall, spare=key, startup_s=startup_s)]
 
     def _launch(self, s: Standby) -> None:
         """Start the standby's server (a node, locally, on the provider's thread) and its process."""
@@ -185,9 +180,15 @@ class WarmPool:
         s.ready_ref = s.actor.ready.remote()
         self.actors.append(s.actor)
 
+    def reports(self) -> list[E.Event]:
+        """What the controller is to hear since the last call: ``SpareUp``, ``SpareLost``."""
+        events, self._events = self._events, []
+        return events
+
     def tick(self, now: float, source: Any = None) -> None:
-        """Launch standbys whose (emulated) start-up has passed, note those that came up, find lost ones;
-        copy the batch-norm statistics of the ``source`` worker (an actor that trained; None: keep the last)."""
+        """Launch standbys whose (emulated) start-up has passed, note those that came up, find lost ones
+        (:meth:`reports` tells the controller); copy the batch-norm statistics of the ``source`` worker (an actor
+        that trained; None: keep the last)."""
         import ray
 
         self._copy_buffers(now, source)
@@ -233,11 +234,10 @@ class WarmPool:
         try:
             node_id, up_at = ray.get(s.ready_ref)
         except Exception as err:  # noqa: BLE001 - its node or process died before it was warm
-            self._failed_starts += 1
             self._lost(s, err)
             return
-        self._failed_starts = 0
         s.up_at = up_at
+        self._events.append(E.SpareUp(wall=time.time(), key=s.key))
         emulated = self.provider.emulated
         startup, registered = ((up_at - s.server.requested_at, None) if emulated
                                else measured_start(s.server, node_id, up_at))
@@ -245,7 +245,7 @@ class WarmPool:
                                                                      "node_registered_at": registered})
 
     def _lost(self, s: Standby, err: Exception) -> None:
-        """A standby died (its server went away, or its process): end it and start another."""
+        """A standby died (its server went away, or its process): end it (the controller decides on another)."""
         import ray
 
         self.standbys.remove(s)
@@ -255,27 +255,22 @@ class WarmPool:
                            details={"error": type(err).__name__, "warm": s.up_at is not None})
         self.emitter.end_server(s.server, "standby_lost")
         self.provider.release(s.server, "standby_lost")
-        if self._failed_starts >= MAX_FAILED_STARTS:
-            self.closed = True
-            self.emitter.event("warm_pool_closed", details={"failed_starts": self._failed_starts})
-        if not self.closed:
-            self._request(s.server.spec)
+        self._events.append(E.SpareLost(wall=time.time(), key=s.key, error=type(err).__name__))
 
-    def take(self, server_spec: ServerSpec, now: float) -> Standby | None:
-        """A standby on a server of ``server_spec`` for a replacement, or None (cold start): the longest
-        ready, else the one furthest into its start (it has a head start on a cold one, and taking it starts
-        no extra process). A new standby is requested in its place at once."""
-        self.tick(now)
-        mine = [s for s in self.standbys if s.actor is not None and s.server.spec == server_spec]
-        if not mine:
+    def close(self, failed_starts: int) -> None:
+        """The controller asks for no more standbys (``failed_starts`` in a row died before they were up)."""
+        self.closed = True
+        self.emitter.event("warm_pool_closed", details={"failed_starts": failed_starts})
+
+    def take(self, key: int) -> Standby | None:
+        """Spare ``key`` for a replacement (None: it died meanwhile, before the controller heard: a cold start)."""
+        s = next((s for s in self.standbys if s.key == key), None)
+        if s is None:
             return None
-        s = min(mine, key=lambda s: (s.up_at is None, s.up_at or s.server.requested_at))
         self.standbys.remove(s)
         if s.ping is not None:
             self.detached.add(s.ping)
         self.taken[s.server.server_id] = s
-        if not self.closed:
-            self._request(server_spec)
         return s
 
     def release(self) -> None:

@@ -33,7 +33,6 @@ from cmdare.train.workers.warm_pool import (
     WarmPool,
     actor_class,
     measured_start,
-    spare_spec,
     startup_timings,
     worker_threads,
 )
@@ -53,7 +52,7 @@ class WorkerHandle:
     revoked_at: float | None = None  # wall time it was revoked (injected) or told to leave (notice)
     replaces: dict[str, Any] | None = None  # the loss this worker replaces (for recovery figures)
     up: Any = None  # its ready() or adopt() call: when its process was up (start-up figures)
-    spare: str | None = None  # a replacement that was a warm spare: "up" (warm) or "starting" when taken
+    spare: str | None = None  # a replacement on a warm spare: "up" (warm), "starting" or "server" (not up) when taken
     is_up: bool = False
     layout_version: int = 0  # the shard group's version it was built with
     node_id: str | None = None  # its Ray node (hex), once up
@@ -107,7 +106,8 @@ class WorkerExecutor:
         self.num_gpus = 0.0 if spec.gpus_per_worker == "auto" else float(spec.gpus_per_worker)  # set at start
         self.stretch: dict[str, float] = {}  # GPU type -> emulated step stretch (local mixed runs)
         self._reference_step_s: float | None = None  # recent step time of the fastest type's workers
-        self.pool: WarmPool | None = None  # the warm spares (spec.warm_spares > 0)
+        self.pool: WarmPool | None = None  # the warm spares the controller asked for (--warm-spares)
+        self.first_wave_done = False  # the run's start was carried out (set by the driver)
         self.lost_nodes = LostNodes(provider)  # nodes replacements keep off (a real cluster)
 
     # -- starting --------------------------------------------------------------------------------------
@@ -120,29 +120,29 @@ class WorkerExecutor:
         return (worker_id, slot, self.spec.workers, self.spec, self.shards.shards, self.shards.placement,
                 worker_threads(self.spec), self._step(), server.notice, stretch)
 
-    def start_pool(self) -> None:
-        """The warm spares start with the first wave (their start-up, like the first wave's, is no part of the run)."""
-        if self.spec.warm_spares and self.pool is None:
-            from cmdare.train.run.run_start import server_specs
-
-            self.pool = WarmPool(self.spec.warm_spares, self.spec, self.provider, self.emitter, self.detached,
-                                 self._actor_options)
-            self.pool.start(spare_spec(server_specs(self.spec)[0]))
+    def start_spare(self, cmd: C.StartSpare, wall: float) -> list[E.Event]:
+        """Warm spare ``cmd.key``: a standby server and process (:mod:`cmdare.train.workers.warm_pool`). Those the
+        controller asks for before training starts come with the first wave: their start-up is no part of the run."""
+        if self.pool is None:
+            self.pool = WarmPool(self.spec, self.provider, self.emitter, self.detached, self._actor_options)
+        return self.pool.request(cmd.key, cmd.spec, first_wave=not self.first_wave_done, wall=wall)
 
     def start(self, cmd: C.StartWorker, wall: float) -> list[E.Event]:
         """A server for worker ``cmd.worker_id`` and its process: the first wave's now, a replacement's as a warm
         spare's adoption or a new server (a node the provider starts, or the cluster's autoscaler brings)."""
         first = cmd.replaces is None
         lost = self.losses.get(cmd.replaces) if not first else None
-        spare = self.pool.take(cmd.spec, wall) if self.pool is not None and not first else None
-        if spare is not None:
+        spare = self.pool.take(cmd.spare) if self.pool is not None and cmd.spare is not None else None
+        if spare is not None and spare.actor is not None:  # its process is up or starting: it becomes the worker
             server = spare.server
             args = self._worker_args(cmd.worker_id, server, cmd.slot)
             w = WorkerHandle(cmd.worker_id, cmd.slot, spare.actor, server, replaces=lost,
                              up=spare.actor.adopt.remote(*args), spare="up" if spare.up_at is not None else "starting")
-            self.pool.taken.pop(server.server_id, None)
-        else:
-            server = self.provider.request(cmd.spec)
+            self.pool.taken.pop(server.server_id, None)  # type: ignore[union-attr]  # took it from the pool
+        else:  # a new server, or a spare's whose (emulated) start-up is not over: the worker starts on it cold
+            server = spare.server if spare is not None else self.provider.request(cmd.spec)
+            if spare is not None:
+                self.pool.taken.pop(server.server_id, None)  # type: ignore[union-attr]  # took it from the pool
             if first:
                 server.ready_at = server.requested_at
             self.provider.prepare(server)
@@ -150,7 +150,7 @@ class WorkerExecutor:
             actor = actor_class(Worker).options(**self._actor_options(server)).remote(*args)
             server.actor = actor
             w = WorkerHandle(cmd.worker_id, cmd.slot, actor, server, replaces=lost, up=actor.ready.remote(),
-                             avoids=self.lost_nodes.avoided())
+                             avoids=self.lost_nodes.avoided(), spare="server" if spare is not None else None)
         w.layout_version = self.shards.version
         self.workers[w.worker_id] = w
         self.ready_refs[w.up] = w.worker_id
@@ -163,7 +163,8 @@ class WorkerExecutor:
             extra["avoids_nodes"] = list(w.avoids)
         startup_s: float | None = None
         if self.provider.emulated:  # cloud seconds / speedup: when the emulated server is ready
-            startup_s = 0.0 if spare is not None else max(0.0, server.ready_at - server.requested_at)
+            startup_s = max(0.0, server.ready_at - wall) if spare is not None else \
+                max(0.0, server.ready_at - server.requested_at)
             extra.setdefault("startup_s", startup_s)
         self.emitter.server_event("replacement_requested", server, worker_id=cmd.replaces, extra=extra)
         return [E.ServerStarting(wall=wall, worker_id=w.worker_id, startup_s=startup_s)]
@@ -218,16 +219,20 @@ class WorkerExecutor:
         joined = [w for w in others if w.server.joined_at is not None]
         return min(joined or others, key=lambda w: w.worker_id, default=None)
 
-    def tick(self, wall: float) -> None:
+    def tick(self, wall: float) -> list[E.Event]:
         """The warm pool's upkeep (standbys started, found lost, the chief's statistics copied) and the lost nodes
-        replacements avoid: a waiting one is asked for again without a node that turned out alive."""
+        replacements avoid: a waiting one is asked for again without a node that turned out alive. Returns what
+        the controller is to hear (spares up or lost)."""
+        events: list[E.Event] = []
         if self.pool is not None:
             source = self._buffer_source(None)
             self.pool.tick(wall, source.actor if source is not None and source.server.joined_at else None)
+            events += self.pool.reports()
         for node_id in self.lost_nodes.settle(wall):
             for w in [w for w in self.workers.values() if node_id in w.avoids and not w.is_up]:
                 self._ask_again(w, f"kept off node {node_id}, which is still alive {AVOID_S:g} s after its worker "
                                    "was lost (the worker failed, not its node)")
+        return events
 
     def _ask_again(self, w: WorkerHandle, reason: str) -> None:
         """A new actor for the waiting replacement ``w`` (its options as they are now); the old one is killed."""

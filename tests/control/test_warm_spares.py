@@ -1,0 +1,85 @@
+"""Warm spares decided by the controller (issue 43): how many, which one a replacement takes, another in its place,
+and giving up on spares that never come up. The policy alone and whole runs with the fake driver; the trainer
+(tests/train/test_warm_spares.py) and the simulator (tests/plan/test_train_simulate.py) carry the same commands out.
+"""
+
+from __future__ import annotations
+
+from test_run_controller import K80, V100, finished, make
+
+from cmdare.control import run_commands as C
+from cmdare.control.spares import MAX_FAILED_STARTS, WarmSpares, spare_spec
+
+
+def test_the_pool_takes_the_spare_up_longest_else_the_one_furthest_into_its_start_and_asks_for_another():
+    out: list[C.Command] = []
+    spares = WarmSpares(3, out)
+    spares.start([K80, K80, V100], now=0.0)
+    assert [(c.key, c.spec) for c in out] == [(0, K80), (1, K80), (2, K80)]  # the first wave's most common spec
+    spares.starting(0, 30.0, now=0.0)
+    spares.starting(1, 10.0, now=0.0)
+    spares.starting(2, 20.0, now=0.0)
+    out.clear()
+    taken = spares.take(K80)
+    assert taken.key == 1  # none up: the one whose server is ready first
+    spares.refill(taken, now=5.0)
+    assert [(c.key, c.spec) for c in out] == [(3, K80)]
+    spares.up(2, now=20.0)
+    spares.up(0, now=30.0)
+    assert spares.take(K80).key == 2  # up longest
+    assert spares.take(V100) is None  # no spare of that spec: a cold start
+    assert spares.taken == 2 and sorted(spares.spares) == [0, 3]
+
+
+def test_after_three_spares_in_a_row_die_before_they_are_up_no_more_are_asked_for():
+    out: list[C.Command] = []
+    spares = WarmSpares(1, out)
+    spares.start([K80], now=0.0)
+    for i in range(MAX_FAILED_STARTS - 1):
+        spares.lost(i, now=1.0 + i)
+        assert not spares.closed and out[-1] == C.StartSpare(i + 1, K80)
+    spares.up(MAX_FAILED_STARTS - 1, now=5.0)  # one came up: the count starts again
+    spares.lost(MAX_FAILED_STARTS - 1, now=6.0)
+    assert spares.failed_starts == 0 and not spares.closed
+    for _ in range(MAX_FAILED_STARTS):
+        spares.lost(max(spares.spares), now=7.0)
+    assert spares.closed and not spares.spares
+    assert spares.take(K80) is None
+
+
+def test_the_spares_spec_is_the_first_waves_most_common_one():
+    assert spare_spec([V100, K80, K80]) == K80
+    assert spare_spec([V100, K80]) == V100  # a tie: the lowest slot's
+
+
+def test_a_replacement_takes_a_warm_spare_and_another_is_asked_for_in_its_place():
+    d = make(steps=200, revocations="trace=20@0", warm_spares=2)
+    d.run()
+    finished(d)
+    assert [c.key for c in d.of(C.StartSpare)] == [0, 1, 2]
+    (start,) = [c for c in d.of(C.StartWorker) if c.replaces is not None]
+    assert start.spare == 0 and "on warm spare 0" in start.why
+    # the spare was up: the replacement adopted its process at once and the slot was empty for no cloud time
+    (joined,) = d.of(C.Joined)
+    assert joined.recovery_s == 0.0
+    refill = d.commands.index(d.of(C.StartSpare)[2])
+    assert refill > d.commands.index(start)  # asked for once the spare was taken
+
+
+def test_spares_that_never_come_up_are_given_up_and_replacements_start_cold():
+    d = make(steps=200, revocations="trace=40@0", warm_spares=1,
+             driver_kw={"dead_spares": {0, 1, 2, 3}, "up_wall_s": 0.05})  # all dead before the revocation
+    d.run()
+    finished(d)
+    assert [c.key for c in d.of(C.StartSpare)] == [0, 1, 2]
+    (close,) = d.of(C.CloseSpares)
+    assert close.failed_starts == MAX_FAILED_STARTS and "no more are asked for" in close.why
+    (start,) = [c for c in d.of(C.StartWorker) if c.replaces is not None]
+    assert start.spare is None
+
+
+def test_without_warm_spares_nothing_is_asked_for():
+    d = make(steps=200, revocations="trace=20@0")
+    d.run()
+    finished(d)
+    assert d.of(C.StartSpare) == [] and all(c.spare is None for c in d.of(C.StartWorker))
