@@ -21,8 +21,8 @@ Per revocation (the bench's kill times and the run's :class:`EventReport` s):
 
 With ``--warm-spares N`` (default 2) the run keeps N standby servers whose worker process is warm
 (``TrainSpec.warm_spares``; the controller's policy, :mod:`cmdare.control.spares`): a replacement takes the one up
-longest, else the one furthest into its start. ``--warm-spares 0`` measures the cold path alone; ``--cold-baseline`` runs it first, back to back, and
-reports its figures under ``cold_baseline``.
+longest, else the one furthest into its start. ``--warm-spares 0`` measures the cold path alone;
+``--cold-baseline`` runs it first, back to back, and reports its figures under ``cold_baseline``.
 
 Usage: .venv/bin/python bench/revocation.py [--workers 4] [--steps 1600] [--every 250] [--first 150]
        [--warm-spares 2] [--cold-baseline]
