@@ -351,10 +351,13 @@ class FakeDriver:
 
     def _do_ChangePlacement(self, c: C.ChangePlacement) -> None:
         self.num_shards += len(c.new_keys)
-        self._action("placement")
+        self._action("placement", migrations=((c.decisions, 1000 * len(c.decisions), self.action_wall_s),))
 
     def _do_Balance(self, c: C.Balance) -> None:
-        self.feed(E.PlacementRequested(wall=self.wall, decisions=()))
+        self.feed(E.ShardLoads(wall=self.wall, global_step=c.step, balance=True))
+
+    def _do_Note(self, c: C.Note) -> None:
+        pass
 
     def _do_Probe(self, c: C.Probe) -> None:
         self.probes.append(self.wall)

@@ -23,7 +23,7 @@ def test_the_controller_takes_every_kind_of_event():
     assert missing_handlers((RunController, PsTopology), "_on_", E.Event) == []
     topology_only = missing_handlers(RunController, "_on_", E.Event)
     assert set(topology_only) == {"_on_PsNotice", "_on_PsUp", "_on_PsStartFailed", "_on_ShardLost",
-                                  "_on_PlacementRequested"}
+                                  "_on_PlacementRequested", "_on_ShardLoads"}
 
 
 @pytest.mark.parametrize("driver", [RayDriver, SimRun, FakeDriver], ids=lambda d: d.__name__)

@@ -27,7 +27,7 @@ SPOT_PS = ServerSpec(None, "gcp", "us-east1", True, 0.02, role="ps")
 
 def make(steps=200, workers=2, revocations="none", replacement="same", sync=False, checkpoint_every=50,
          eval_every=0, ps=1, ps_transient=False, emulated=True, specs=None, ps_spec=None, start_step=0,
-         lr_policy="unchanged", offers=None, driver_kw=None, saved=None, **config_kw) -> FakeDriver:
+         lr_policy="unchanged", offers=None, driver_kw=None, saved=None, controller_kw=None, **config_kw) -> FakeDriver:
     plan = RevocationPlan.parse(revocations, seed=1)
     source = build_revocation_source(plan, np.random.default_rng(plan.seed))
     kernel = MembershipKernel(workers, replacement=replacement, lr_policy=lr_policy, revocations=source,
@@ -37,7 +37,8 @@ def make(steps=200, workers=2, revocations="none", replacement="same", sync=Fals
     config = RunConfig(steps=steps, workers=workers, sync=sync, checkpoint_every=checkpoint_every,
                        eval_every=eval_every, hit_workers=plan.hits("worker"), hit_ps=ps_transient and plan.hits("ps"),
                        ps_notice_s=plan.notice_lead_s(), step_s={"*": 1.0}, run_id="r", **config_kw)
-    controller = RunController(config, kernel, ps_kernel, EmulatedClock() if emulated else None)
+    controller = RunController(config, kernel, ps_kernel, EmulatedClock() if emulated else None,
+                               **(controller_kw or {}))
     controller.restore_state(saved)  # a resumed run: the state stored with its checkpoint
     driver = FakeDriver(controller, **(driver_kw or {}))
     driver.start(specs or [K80] * workers, ps_spec or (SPOT_PS if ps_transient else PS), ps, start_step)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 from test_ps_equivalence import OPT  # noqa: E402
 
+from cmdare.control.balancers import ScriptedSource, decisions_for_request
 from cmdare.ps.psld.decisions import Move
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
 from cmdare.train.duties.checkpoint import latest_checkpoint, load_checkpoint
-from cmdare.train.ps.balancing import ScriptedSource, decisions_for_request
 
 
 class _Events(TrainCallback):

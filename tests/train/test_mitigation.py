@@ -6,12 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from cmdare.control.mitigation import BottleneckWatch
 from cmdare.ps.blocks import param_infos
 from cmdare.ps.placement import RoundRobin
 from cmdare.ps.psld.decisions import AddShard, Move
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
-from cmdare.train.ps.mitigation import BottleneckWatch
 
 
 def _stats(busy_s, window_s=2.0):
@@ -19,8 +19,8 @@ def _stats(busy_s, window_s=2.0):
 
 
 def test_saturated_shard_is_detected_and_a_shard_added_then_the_effect_reported():
-    events = []
-    watch = BottleneckWatch(lambda kind, d: events.append((kind, d)), auto=True)
+    watch = BottleneckWatch(auto=True)
+    events = watch.reports
     placement = RoundRobin().place(param_infos([("a", (1000,)), ("b", (3000,)), ("c", (10,))]), 1)
     watch.observe([_stats(1.9)], 10)
     for w in range(3):  # each worker: 10 steps in 2 s, of which 0.5 s computing: could do 20 steps/s
@@ -41,8 +41,8 @@ def test_saturated_shard_is_detected_and_a_shard_added_then_the_effect_reported(
 
 
 def test_detection_only_without_auto_mitigate_recommends_and_changes_nothing():
-    events = []
-    watch = BottleneckWatch(lambda kind, d: events.append((kind, d)), auto=False)
+    watch = BottleneckWatch(auto=False)
+    events = watch.reports
     placement = RoundRobin().place(param_infos([("a", (1000,))]), 1)
     watch.observe([_stats(1.95)], 10)
     watch.observe_chunk(0, 10, 2.0, 0.5)

@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from cmdare.cloud.servers import ServerSpec
+from cmdare.control.balancers import DecisionSource
 from cmdare.control.dispatch import handler_table
 from cmdare.control.divergence import DivergenceWatch
 from cmdare.control.duties import DutySchedule
@@ -55,6 +56,7 @@ from cmdare.control.run_state import Ended, Finishing, Holding, Phase, RunState,
 from cmdare.control.spares import WarmSpares
 from cmdare.control.topology import Topology
 from cmdare.control.worker_control import WorkerControl
+from cmdare.ps.placement import Placement
 
 __all__ = ["RunController"]
 
@@ -73,6 +75,8 @@ class RunController(RunEnding, RunEventHandlers):
             policy; the same revocation source when injected revocations hit PS servers).
         clock: an emulated clock: cloud time advances with the training progress events report (local
             emulation); None: every event brings cloud time as ``now`` (the simulator, a real cluster).
+        balancer, placement: the parameter server's placement sources (:mod:`cmdare.control.balancers`) and its
+            placement at the start (None: the driver keeps none, as the simulator).
 
     The controller is the *fleet* (servers, lifetimes, notices, replacements, liveness, duties, the chief, the
     learning rate, the run's end); how the members train together is its :attr:`topology`
@@ -80,12 +84,13 @@ class RunController(RunEnding, RunEventHandlers):
     """
 
     def __init__(self, config: RunConfig, kernel: MembershipKernel, ps_kernel: PsServerKernel | None = None,
-                 clock: EmulatedClock | None = None):
+                 clock: EmulatedClock | None = None, *, balancer: DecisionSource | None = None,
+                 placement: Placement | None = None):
         self.config, self.clock = config, clock
         self.out: list[Command] = []
         self.spares = WarmSpares(config.warm_spares, self.out)
         self.workers = WorkerControl(config, kernel, self.out, self.spares)
-        self.topology: Topology = PsTopology(config, ps_kernel or PsServerKernel(), self.out)
+        self.topology: Topology = PsTopology(config, ps_kernel or PsServerKernel(), self.out, balancer, placement)
         self.duties = DutySchedule(config.checkpoint_every, config.eval_every, config.steps)
         self.machine = RunStateMachine()
         self.phase: Phase = Starting()

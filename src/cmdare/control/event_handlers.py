@@ -140,6 +140,7 @@ class RunEventHandlers:
 
     def _on_ChunkDone(self, ev: ChunkDone) -> None:
         self._progress(ev.global_step)
+        self.topology.chunk_done(ev)
         why = self.divergence.training(ev.loss, ev.params_finite)
         if why is not None:
             self._diverged(ev.worker_id, why, ev.diverged_at if ev.diverged_at is not None else int(ev.global_step))

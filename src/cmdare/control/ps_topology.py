@@ -3,16 +3,20 @@
 The shards' servers, their spares and the actions on quiesced shards (restore, evacuate, park, unpark, fill,
 placement changes) are :class:`~cmdare.control.shard_control.ShardControl`'s; this adds what a parameter server
 means for the rest of the run: asynchronous members add their speeds, synchronous rounds go at the slowest
-member's and are sized to the workers they wait for, and PSLD's balancers are asked every ``balance_every`` steps.
+member's and are sized to the workers they wait for, and the placement's sources (:mod:`cmdare.control.balancers`:
+PSLD's balancer, the bottleneck watch of :mod:`cmdare.control.mitigation`, a script) see the shards' loads and the
+chunks' times and decide placement changes every ``balance_every`` steps (a script at every pass); ``cmdare ps``
+requests become decisions against the placement as it is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from cmdare.control.balancers import DecisionSource, decisions_for_request
 from cmdare.control.ps_servers import PsServerKernel
-from cmdare.control.run_commands import Balance, Command, SetRoundSize
+from cmdare.control.run_commands import Balance, Command, Note, SetRoundSize
 from cmdare.control.shard_control import ShardControl
 from cmdare.control.topology import Quiesce
 
@@ -21,10 +25,12 @@ if TYPE_CHECKING:
     from cmdare.control.run_config import RunConfig
     from cmdare.control.run_events import (
         ActionDone,
+        ChunkDone,
         PlacementRequested,
         PsNotice,
         PsStartFailed,
         PsUp,
+        ShardLoads,
         ShardLost,
     )
     from cmdare.control.worker_control import WorkerControl
@@ -33,11 +39,19 @@ __all__ = ["PsTopology"]
 
 
 class PsTopology:
-    """Parameter-server training: shards on servers of their own, asynchronous or in synchronous rounds."""
+    """Parameter-server training: shards on servers of their own, asynchronous or in synchronous rounds.
 
-    def __init__(self, config: RunConfig, kernel: PsServerKernel, out: list[Command]):
+    Args:
+        balancer: who changes the placement while training (None: nobody; ``cmdare ps`` requests still can).
+        placement: the shards' placement at the start (:class:`~cmdare.ps.placement.Placement`; None where the
+            driver keeps none, as the simulator); drivers report it after every change.
+    """
+
+    def __init__(self, config: RunConfig, kernel: PsServerKernel, out: list[Command],
+                 balancer: DecisionSource | None = None, placement: Any = None):
         self.config, self.out = config, out
         self.shards = ShardControl(config, kernel, out)
+        self.balancer, self.placement = balancer, placement
         self.lockstep = config.sync
         self.round_size = config.workers  # workers a synchronous round waits for
         self.balance_at = 0  # the next balancing step (0: none)
@@ -117,6 +131,12 @@ class PsTopology:
         return Quiesce(why)
 
     def action_done(self, command: Command, ev: ActionDone) -> None:
+        """The shards' records, and the sources told what was carried out (the placement afterwards)."""
+        if ev.placement is not None:
+            self.placement = ev.placement
+        if self.balancer is not None:
+            for done, moved_bytes, pause_s in ev.migrations:
+                self.balancer.applied(list(done), self.placement, moved_bytes, pause_s)
         self.shards.done(command, ev.ok, self.now, ev.num_shards, ev.removed_keys)
 
     def membership(self, workers: WorkerControl) -> None:
@@ -129,12 +149,30 @@ class PsTopology:
             self.out.append(SetRoundSize(n, why=f"{n} workers left to count in a synchronous round"))
 
     def balance(self, step: int) -> Command | None:
-        """A balancing step passed: ask the balancers (their changes, if any, wait for quiesced shards)."""
+        """A balancing step passed: have the shards' load measured (the balancers decide on the answer); a source
+        that decides at every pass (a script) is asked now. Changes wait for quiesced shards."""
+        if self.balancer is not None and self.balancer.every_tick and not self.shards.placements \
+                and self.placement is not None:
+            self._decide(step, f"a placement source that decides at every pass, at step {step}")
         if not self.balance_at or step < self.balance_at or self.balancing:
             return None
         self.balance_at = (step // self.config.balance_every + 1) * self.config.balance_every
         self.balancing = True
         return Balance(step, why=f"balancing every {self.config.balance_every} steps")
+
+    def _decide(self, step: int, why: str) -> None:
+        """Ask the sources for placement changes now; hand on what they report."""
+        assert self.balancer is not None
+        decisions = self.balancer.decide(step, self.placement)
+        for kind, details in self.balancer.take_reports():
+            self.out.append(Note(kind, details, why=f"the bottleneck watch at step {step}"))
+        if decisions:
+            self.shards.request_placement(tuple(decisions), why=why)
+
+    def chunk_done(self, ev: ChunkDone) -> None:
+        """A chunk's times, for the sources that watch worker speed (bottleneck detection)."""
+        if self.balancer is not None and ev.steps:
+            self.balancer.observe_chunk(ev.worker_id, ev.steps, ev.duration_s, ev.compute_s)
 
     def roll_back(self, reason: str) -> None:
         self.shards.roll_back(reason)
@@ -159,7 +197,23 @@ class PsTopology:
     def _on_ShardLost(self, ev: ShardLost) -> None:
         self.shards.lost(ev.keys)
 
+    def _on_ShardLoads(self, ev: ShardLoads) -> None:
+        """The shards' load measured: the sources observe it; on a balancing step's answer they decide."""
+        if ev.placement is not None:
+            self.placement = ev.placement
+        step = int(ev.global_step) if ev.global_step is not None else 0
+        if self.balancer is not None and ev.stats:
+            self.balancer.observe(list(ev.stats), step)
+        if ev.balance:
+            self.balancing = False
+            if self.balancer is not None and self.placement is not None:
+                self._decide(step, f"the placement's sources (PSLD, the bottleneck watch) at balancing step {step}")
+
     def _on_PlacementRequested(self, ev: PlacementRequested) -> None:
-        self.balancing = False
-        if ev.decisions:
-            self.shards.request_placement(tuple(ev.decisions))
+        """``cmdare ps`` requests (against the placement as it is) or ready decisions."""
+        decisions = list(ev.decisions)
+        if self.placement is not None:
+            for request in ev.requests:
+                decisions += decisions_for_request(request, self.placement)
+        if decisions:
+            self.shards.request_placement(tuple(decisions), why="asked for (cmdare ps)")

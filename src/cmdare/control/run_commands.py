@@ -29,6 +29,7 @@ __all__ = [
     "Joined",
     "KillPs",
     "LoseWorker",
+    "Note",
     "ParkPs",
     "PsNoticed",
     "Probe",
@@ -277,10 +278,19 @@ class ChangePlacement(Command):
 
 @dataclass(frozen=True)
 class Balance(Command):
-    """A balancing step: ask the placement balancers (and ``cmdare ps`` requests) for changes now;
-    answered by ``PlacementRequested`` (possibly empty)."""
+    """A balancing step: measure the shards' load now (closing the balancers' window); answered by
+    ``ShardLoads(balance=True)``, on which the balancers decide."""
 
     step: int
+
+
+@dataclass(frozen=True)
+class Note(Command):
+    """Something the controller saw worth reporting (``kind``: ``bottleneck``, ``mitigation``; ``details``): drivers
+    that keep a record record it."""
+
+    kind: str
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ __all__ = [
     "PsStartFailed",
     "PsUp",
     "ServerStarting",
+    "ShardLoads",
     "ShardLost",
     "SpareLost",
     "SpareUp",
@@ -80,6 +81,8 @@ class ChunkDone(Event):
     loss: float | None = None
     params_finite: bool = True
     diverged_at: int | None = None
+    duration_s: float = 0.0  # the chunk's wall time, and the part of it its worker spent computing (where measured)
+    compute_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,21 +243,39 @@ class ActionDone(Event):
     """An action on quiesced shards ended (``evacuate``, ``park``, ``unpark``, ``fill``, ``restore``,
     ``placement``). ``step``: the step training continues from (a restore's checkpoint step).
     ``num_shards``: how many shards hold blocks afterwards; ``removed_keys``: the servers of shards a placement
-    change removed."""
+    change removed; ``migrations``: the block moves carried out, each ``(decisions done, bytes moved, pause
+    seconds)``; ``placement``: the placement afterwards (where the driver keeps one)."""
 
     action: ShardAction
     ok: bool = True
     step: int | None = None
     num_shards: int | None = None
     removed_keys: tuple[int, ...] = ()
+    migrations: tuple[tuple[tuple[Any, ...], int, float], ...] = ()
+    placement: Any = None
     details: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class PlacementRequested(Event):
-    """Placement changes to carry out on quiesced shards (``cmdare ps`` requests, a balancer's moves)."""
+    """Placement changes asked for from outside the run: ``requests`` (``cmdare ps add|remove``: ``{"action": ...,
+    "shard": ...}``, turned into decisions against the placement as it is), or ready ``decisions``."""
 
-    decisions: tuple[Any, ...]
+    decisions: tuple[Any, ...] = ()
+    requests: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardLoads(Event):
+    """The shards' load since the last measurement (``stats``: one ``ShardStats`` per shard) and the placement
+    (a :class:`~cmdare.ps.placement.Placement`) at ``global_step``; ``balance``: the answer to a ``Balance``
+    command (the balancers decide now); else a periodic measurement they only observe. Drivers that measure no
+    shards (the simulator) answer a ``Balance`` with empty ``stats`` and no placement."""
+
+    global_step: float | None = None
+    stats: tuple[Any, ...] = ()
+    placement: Any = None
+    balance: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -41,6 +41,7 @@ from cmdare.control.run_commands import (
     UnparkPs,
 )
 from cmdare.control.run_config import RunConfig
+from cmdare.ps.psld.decisions import AddShard
 
 __all__ = ["MAX_SPARE_TRIES", "ShardControl", "Spare"]
 
@@ -76,7 +77,7 @@ class ShardControl:
         self.parked: dict[int, float] = {}  # key -> deadline of the parked shard's server
         self.dead: set[int] = set()  # keys of shards lost with their updates (a restore is due)
         self.restore_reason: str | None = None
-        self.placements: list[tuple[tuple, tuple[int, ...]]] = []  # (decisions, keys of added shards), waiting
+        self.placements: list[tuple[tuple, tuple[int, ...], str]] = []  # (decisions, added shards' keys, why)
         self.evacuated = 0
         self.wall = 0.0  # the driver's clock at the event being handled (set by the controller)
         self.failure: str | None = None  # why the run cannot go on (replacements that never come up)
@@ -114,10 +115,10 @@ class ShardControl:
         if not keys:
             self.restore_reason = self.restore_reason or "lost"
 
-    def request_placement(self, decisions: tuple) -> None:
+    def request_placement(self, decisions: tuple, why: str = "the balancer or a request moved blocks") -> None:
         """Placement changes to carry out on quiesced shards (each added shard's server gets a key now)."""
-        adds = sum(type(d).__name__ == "AddShard" for d in decisions)
-        self.placements.append((tuple(decisions), tuple(self.kernel.next_key() for _ in range(adds))))
+        adds = sum(isinstance(d, AddShard) for d in decisions)
+        self.placements.append((tuple(decisions), tuple(self.kernel.next_key() for _ in range(adds)), why))
 
     def spare_starting(self, key: int, startup_s: float | None, now: float) -> None:
         spare = self.spares.get(key)
@@ -225,7 +226,8 @@ class ShardControl:
         if ready:  # wanted by no dead, noticed or parked shard: it joins and takes its share of blocks
             return FillPs(ready[0].key, why="a replacement PS is up: it takes its share of the blocks")
         if self.placements:
-            return ChangePlacement(*self.placements[0], why="the balancer or a request moved blocks")
+            decisions, new_keys, why = self.placements[0]
+            return ChangePlacement(decisions, new_keys, why=why)
         return None
 
     def done(self, command: Command, ok: bool, now: float, num_shards: int | None,

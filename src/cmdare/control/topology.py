@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from cmdare.cloud.servers import ServerSpec
     from cmdare.control.run_commands import Command
-    from cmdare.control.run_events import ActionDone
+    from cmdare.control.run_events import ActionDone, ChunkDone
     from cmdare.control.worker_control import WorkerControl
 
 __all__ = ["Quiesce", "Topology"]
@@ -98,6 +98,9 @@ class Topology(Protocol):
 
     def balance(self, step: int) -> Command | None:
         """A command that asks for the state's balance to be checked at ``step``, if one is due."""
+
+    def chunk_done(self, ev: ChunkDone) -> None:
+        """A chunk of training ended (its steps and times)."""
 
     def roll_back(self, reason: str) -> None:
         """Every member goes back to the newest stored checkpoint (training diverged)."""

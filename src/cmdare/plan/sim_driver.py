@@ -357,7 +357,11 @@ class SimRun:
         self._action(ShardAction.PLACEMENT, 0.0)
 
     def _do_Balance(self, c: C.Balance) -> None:
-        self._pending.append(E.PlacementRequested(wall=self.env.now, now=self.env.now, decisions=()))
+        """No shard loads are simulated: the balancers have nothing to decide on."""
+        self._pending.append(E.ShardLoads(wall=self.env.now, now=self.env.now, global_step=c.step, balance=True))
+
+    def _do_Note(self, c: C.Note) -> None:
+        """Nothing is recorded of a simulated run but its result."""
 
     def _do_Probe(self, c: C.Probe) -> None:
         self._pending.append(E.ProbeDone(wall=self.env.now, now=self.env.now))

@@ -31,6 +31,8 @@ from cmdare import __version__
 from cmdare.cloud.local import LocalProcessProvider, ServerProvider, StartupDelay
 from cmdare.cloud.ray_cluster import RayClusterProvider
 from cmdare.control import NoRevocations, RunController, RunState, build_revocation_source
+from cmdare.control.balancers import DecisionSource
+from cmdare.control.mitigation import placement_sources
 from cmdare.errors import ClusterError, RunInterruptedError, StorageError, TransientError, UserInputError
 from cmdare.events import RunInfo, RunSummary, TrainCallback
 from cmdare.ps.blocks import ParamInfo
@@ -38,8 +40,6 @@ from cmdare.storage import Storage
 from cmdare.train.duties.checkpoint import CheckpointStore
 from cmdare.train.duties.checkpoint_uploads import CheckpointUploads
 from cmdare.train.duties.chief_duties import ChiefDuties
-from cmdare.train.ps.balancing import DecisionSource
-from cmdare.train.ps.mitigation import default_decisions
 from cmdare.train.ps.placement_changes import PlacementChanges
 from cmdare.train.ps.ps_evacuation import PsServerExecutor, ps_executor
 from cmdare.train.ps.shard_group import ShardGroup
@@ -189,13 +189,16 @@ class Trainer:
         uploads = CheckpointUploads(CheckpointStore(self.storage, spec.keep_checkpoints), self.background_uploads)
         self.duties = ChiefDuties(uploads, meta, self.infos, self.emitter, self.shard_group)
         if self.decisions is None:
-            self.decisions = default_decisions(spec, self.shard_group.placement, self.emitter)
-        self.placement_changes = PlacementChanges(self.shard_group, self.decisions, self.emitter, self.storage)
+            self.decisions = placement_sources(self.shard_group.placement, psld=spec.placement == "psld",
+                                               elastic=spec.elastic_ps, balance_every=spec.balance_every,
+                                               seed=spec.seed, auto_mitigate=spec.auto_mitigate)
+        self.placement_changes = PlacementChanges(self.shard_group, self.emitter, self.storage)
         self.ps_servers = ps_executor(spec, self.shard_group, self.placement_changes, self.provider, self.emitter,
                                       self.decisions)
         self._first_step = step
         self.controller = build_controller(spec, self.plan, self._source, self.run_id, real=not self.emulated_time,
-                                           checkpoints=self.storage.uri, resumed_from=step if self.resuming else None)
+                                           checkpoints=self.storage.uri, resumed_from=step if self.resuming else None,
+                                           balancer=self.decisions, placement=self.shard_group.placement)
         self.controller.restore_state(self._saved_controller)  # a resumed run decides on as the run would have
         self.driver = RayDriver(self.controller, spec, self.storage, self.members, self.shard_group, self.duties,
                                 self.placement_changes, self.ps_servers, self.emitter, self.metrics, self.detached,

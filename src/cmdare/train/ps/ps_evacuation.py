@@ -29,10 +29,10 @@ from typing import Any
 from cmdare.cloud.local import Server, ServerProvider
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
+from cmdare.control.balancers import add_shard_moves, drain_moves
 from cmdare.control.kinds import Destination, ShardAction
 from cmdare.ps.placement import Placement
 from cmdare.ps.psld.decisions import AddShard, Decision, Move, RemoveShard
-from cmdare.train.ps.balancing import add_shard_moves, drain_moves
 from cmdare.train.ps.placement_changes import PlacementChanges
 from cmdare.train.ps.shard_group import ShardGroup
 from cmdare.train.run.emitter import RunEmitter
@@ -270,8 +270,8 @@ def ps_executor(spec: Any, shards: ShardGroup, changes: PlacementChanges, provid
                 emitter: RunEmitter, decisions: Any) -> PsServerExecutor:
     """The PS executor of a run: with ``--placement psld`` PSLD's balancer chooses where evacuated blocks go;
     with ``--ps-transient`` it watches Ray's drains of the shards' nodes."""
+    from cmdare.control.balancers import PsldSource
     from cmdare.errors import UserInputError
-    from cmdare.train.ps.balancing import PsldSource
 
     psld = next((s for s in getattr(decisions, "sources", [decisions]) if isinstance(s, PsldSource)), None)
     drain, fill = None, None

@@ -22,7 +22,9 @@ from cmdare.train.run.gpu_speeds import catalog_offers, step_time_s
 from cmdare.train.spec import TrainSpec
 
 if TYPE_CHECKING:
+    from cmdare.control.balancers import DecisionSource
     from cmdare.predict.workloads import WorkloadFeatures
+    from cmdare.ps.placement import Placement
 
 __all__ = ["DEFAULT_STEP_S", "EmulatedStepTimes", "build_controller", "run_config", "run_workload"]
 
@@ -117,14 +119,15 @@ def _step_times(spec: TrainSpec, plan: RevocationPlan) -> EmulatedStepTimes:
 
 
 def build_controller(spec: TrainSpec, plan: RevocationPlan, source: RevocationSource, run_id: str,
-                     real: bool, checkpoints: str = "", resumed_from: int | None = None) -> RunController:
+                     real: bool, checkpoints: str = "", resumed_from: int | None = None,
+                     balancer: DecisionSource | None = None, placement: Placement | None = None) -> RunController:
     """The run's controller: the membership kernel (replacement, LR and chief policies; the revocation source),
-    the PS-server kernel (the cloud's notice lead; the same source when it hits PS servers) and, in local
-    emulation, the emulated clock."""
+    the PS-server kernel (the cloud's notice lead; the same source when it hits PS servers), the placement's
+    sources (``balancer``; the shards' ``placement`` at the start) and, in local emulation, the emulated clock."""
     priced = spec.model_name if spec.replace in ("cheapest", "cost-efficient") else None  # speeds cost a model fit
     kernel = MembershipKernel(spec.workers, replacement=spec.replace, lr_policy=spec.lr_policy, revocations=source,
                               offers=lambda lost: catalog_offers(lost, priced))
     ps_source = source if spec.ps_transient and plan.hits("ps") else NoRevocations()
     ps_kernel = PsServerKernel(ps_source, notice_s=plan.notice_lead_s(spec.cloud), replace=spec.replace != "none")
     return RunController(run_config(spec, plan, run_id, real, checkpoints, resumed_from), kernel, ps_kernel,
-                         None if real else EmulatedClock())
+                         None if real else EmulatedClock(), balancer=balancer, placement=placement)

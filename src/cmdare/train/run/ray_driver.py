@@ -21,6 +21,7 @@ derives it from the training progress the events report.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -171,10 +172,27 @@ class RayDriver:
             if not isinstance(cmd, _FEEDING):
                 self.emitter.decision(cmd)
             events = self._handlers[type(cmd)](cmd) or []
-            self._queue.extend(self._stamp(ev) for ev in events)
+            self._queue.extend(self._stamp(self._with_placement(ev)) for ev in events)
         for _at, previous, state in self.controller.transitions[self._reported:]:
             self.emitter.event("run_state", details={"from": str(previous), "to": str(state)})
         self._reported = len(self.controller.transitions)
+
+    def _with_placement(self, ev: E.Event) -> E.Event:
+        """An action's end, with the block moves it carried out and the placement afterwards (the topology's
+        placement sources learn from them)."""
+        if not isinstance(ev, E.ActionDone):
+            return ev
+        return dataclasses.replace(ev, migrations=tuple(self.changes.take_migrations()),
+                                   placement=self.shards.placement)
+
+    def _loads(self, wall: float, step: float, balance: bool = False) -> list[E.Event]:
+        """The shards' load since the last measurement, with the placement (a dead shard: ``ShardLost``)."""
+        stats = self.changes.collect_stats(int(step))
+        if stats is None:
+            lost: list[E.Event] = [E.ShardLost(wall=wall, keys=self.ps.dead_keys())]
+            return [*lost, E.ShardLoads(wall=wall, global_step=step, balance=True)] if balance else lost
+        return [E.ShardLoads(wall=wall, global_step=step, stats=tuple(stats), placement=self.shards.placement,
+                             balance=balance)]
 
     # -- what Ray brings ----------------------------------------------------------------------------------
     def _arrived(self, ref: Any) -> None:
@@ -220,7 +238,8 @@ class RayDriver:
         diverged = res.diverged_at is not None
         events: list[E.Event] = [E.ChunkDone(wall=wall, worker_id=wid, global_step=res.global_step, steps=res.steps,
                                              refused=res.done, loss=res.loss if res.steps or diverged else None,
-                                             params_finite=res.params_finite, diverged_at=res.diverged_at)]
+                                             params_finite=res.params_finite, diverged_at=res.diverged_at,
+                                             duration_s=res.duration_s, compute_s=res.compute_s)]
         if res.notice is not None:
             self.feeding.discard(wid)
             if w.revoked_at is None:  # a chunk queued behind the one that brought the notice brings it again
@@ -253,7 +272,6 @@ class RayDriver:
         if w.server.joined_at is None:
             self.workers.joined(w, now - res.duration_s, self.global_step)
         self.shards.add_waits(res.shard_wait_s)
-        self.changes.observe_chunk(res.worker_id, res.steps, res.duration_s, res.compute_s)
         self.workers.observe_step_time(w, res.steps, res.duration_s)
         if res.steps:
             speed = self.metrics.window_speed(including=(now, self.global_step))
@@ -275,13 +293,12 @@ class RayDriver:
             self._storage_failing = failed is not None
         if wall >= self._next_stats and not self.controller.holding and self.controller.action is None:
             self._next_stats = wall + SHARD_STATS_EVERY_S
-            if self.changes.collect_stats(self.global_step) is None:
-                events.append(E.ShardLost(wall=wall, keys=self.ps.dead_keys()))
+            events += self._loads(wall, self.global_step)
         controller = self.controller
         if controller.action is None and not controller.holding and not self.topology.placement_waiting():
-            decisions = self.changes.poll(self.global_step, balance_due=False)  # against the placement as it is
-            if decisions:
-                events.append(E.PlacementRequested(wall=wall, decisions=tuple(decisions)))
+            requests = self.changes.requests()  # ``cmdare ps add|remove``: decided against the placement as it is
+            if requests:
+                events.append(E.PlacementRequested(wall=wall, requests=tuple(requests)))
         notices = self.ps.poll_drains(wall, self.topology.noticed)
         self.drained.update(n.key for n in notices)
         events += self.workers.tick(wall)
@@ -354,10 +371,11 @@ class RayDriver:
         self.shards.set_num_workers(cmd.n, wait=cmd.wait)
 
     def _do_StartDuty(self, cmd: C.StartDuty) -> list[E.Event]:
+        loads: list[E.Event] = []
         if cmd.final and not self._final_stats:  # the last load window closes with the training
             self._final_stats = True
-            self.changes.collect_stats(self.global_step)
-        return self.duties.start(cmd, self.workers.workers.get(cmd.worker_id), time.time())
+            loads = [e for e in self._loads(time.time(), self.global_step) if isinstance(e, E.ShardLoads)]
+        return [*loads, *self.duties.start(cmd, self.workers.workers.get(cmd.worker_id), time.time())]
 
     # -- commands: parameter servers -------------------------------------------------------------------------
     def _live_actors(self) -> list[Any]:
@@ -411,8 +429,10 @@ class RayDriver:
                              num_shards=len(self.shards.shards), removed_keys=removed)]
 
     def _do_Balance(self, cmd: C.Balance) -> list[E.Event]:
-        decisions = self.changes.poll(cmd.step, balance_due=True)
-        return [E.PlacementRequested(wall=time.time(), decisions=tuple(decisions))]
+        return self._loads(time.time(), cmd.step, balance=True)
+
+    def _do_Note(self, cmd: C.Note) -> None:
+        self.emitter.event(cmd.kind, details=cmd.details)
 
     # -- commands: the run -------------------------------------------------------------------------------------
     def _do_Probe(self, cmd: C.Probe) -> list[E.Event]:

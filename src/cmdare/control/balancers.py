@@ -1,9 +1,11 @@
 """Who decides placement changes during a run: the PSLD balancer, a script, or the user.
 
-Each source turns shard measurements into decision lists (:mod:`cmdare.ps.psld.decisions`); the
-coordinator quiesces the workers, carries them out (:mod:`cmdare.ps.migration`) and reports back.
-``cmdare ps add|remove RUN`` drops a request into the run's storage
-(:mod:`cmdare.train.run.run_files`); the coordinator turns it into decisions with
+Each source turns shard measurements into decision lists (:mod:`cmdare.ps.psld.decisions`); the controller's
+parameter-server topology (:mod:`cmdare.control.ps_topology`) owns the run's sources, feeds them the shard loads
+the driver measures (``ShardLoads``) and the chunks' times, asks them at each balancing step (or at every pass,
+``every_tick``), has the workers quiesced and the driver carry the decisions out (:mod:`cmdare.ps.migration`), and
+tells them what was carried out. ``cmdare ps add|remove RUN`` drops a request into the run's storage
+(:mod:`cmdare.train.run.run_files`); the driver reports it and the topology turns it into decisions with
 :func:`decisions_for_request`.
 """
 
@@ -32,6 +34,13 @@ class DecisionSource:
 
     def applied(self, decisions: Sequence[Decision], placement: Placement, moved_bytes: int, pause_s: float) -> None:
         """The decisions that were carried out and the resulting placement."""
+
+    def observe_chunk(self, worker_id: int, steps: int, duration_s: float, compute_s: float) -> None:  # noqa: B027
+        """A worker's chunk: its steps, its time and the part of it spent computing (bottleneck detection)."""
+
+    def take_reports(self) -> list[tuple[str, dict[str, Any]]]:
+        """What the source saw worth reporting since the last call (``(kind, details)``)."""
+        return []
 
 
 class PsldSource(DecisionSource):

@@ -5,26 +5,34 @@ workers would reach if the parameter servers and network were free (each worker'
 rate, measured in the same window: for an emulated local run this is the honest prediction; the
 planner's models predict it for cloud GPUs). :func:`cmdare.control.bottleneck.diagnose` classifies the
 gap (PS saturated, straggling shard, slow worker, network); :func:`decide_mitigation` picks an
-action; with ``auto`` the watch turns it into placement decisions the coordinator carries out
+action; with ``auto`` the watch turns it into placement decisions the controller has carried out
 (add a shard and fill it, or move load off a straggling shard). Detection, action and effect are
-reported as ``bottleneck`` and ``mitigation`` events.
+kept in :attr:`BottleneckWatch.reports` (``bottleneck`` and ``mitigation``), which the controller hands on as
+``Note`` commands.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from cmdare.control.balancers import DecisionSource, PsldSource, add_shard_moves
+from cmdare.control.bottleneck import AddShard as AddShardAction
+from cmdare.control.bottleneck import Rebalance, decide_mitigation, diagnose
 from cmdare.ps.placement import Placement
 from cmdare.ps.psld.decisions import Decision, Move
-from cmdare.train.ps.balancing import DecisionSource, PsldSource, add_shard_moves
+
+__all__ = ["MAX_SHARDS", "BottleneckWatch", "CompositeSource", "placement_sources"]
+
+MAX_SHARDS = 8  # the most shards a mitigation adds up to
 
 
 class BottleneckWatch(DecisionSource):
     """Detects what limits speed; mitigates when ``auto`` (else only reports)."""
 
-    def __init__(self, emit: Callable[[str, dict[str, Any]], None], auto: bool = False, max_shards: int = 8):
-        self.emit, self.auto, self.max_shards = emit, auto, max_shards
+    def __init__(self, auto: bool = False, max_shards: int = MAX_SHARDS):
+        self.auto, self.max_shards = auto, max_shards
+        self.reports: list[tuple[str, dict[str, Any]]] = []  # (kind, details) not handed on yet
         self.busy: list[float] = []
         self._shard_win: list[list[float]] = []  # shard -> [busy_s, window_s] since the last decision
         self._win: dict[int, list[float]] = {}  # worker -> [steps, duration_s, compute_s]
@@ -43,10 +51,14 @@ class BottleneckWatch(DecisionSource):
         w[1] += duration_s
         w[2] += compute_s
 
-    def decide(self, global_step: int, placement: Placement) -> list[Decision]:
-        from cmdare.control.bottleneck import AddShard as AddShardAction
-        from cmdare.control.bottleneck import Rebalance, decide_mitigation, diagnose
+    def emit(self, kind: str, details: dict[str, Any]) -> None:
+        self.reports.append((kind, details))
 
+    def take_reports(self) -> list[tuple[str, dict[str, Any]]]:
+        reports, self.reports = self.reports, []
+        return reports
+
+    def decide(self, global_step: int, placement: Placement) -> list[Decision]:
         win = {k: v for k, v in self._win.items() if v[0] > 0 and v[1] > 0 and v[2] > 0}
         self._win = {}
         self.busy = [min(1.0, b / w) if w > 0 else 0.0 for b, w in self._shard_win]
@@ -124,14 +136,16 @@ class CompositeSource(DecisionSource):
         for s in self.sources:
             s.applied(decisions, placement, moved_bytes, pause_s)
 
+    def take_reports(self) -> list[tuple[str, dict[str, Any]]]:
+        return [r for s in self.sources for r in s.take_reports()]
 
-def default_decisions(spec: Any, placement: Any, emitter: Any) -> CompositeSource:
-    """A run's placement-change sources: PSLD's balancer with ``--placement psld``, then the bottleneck watch
-    (which acts with ``--auto-mitigate``)."""
+
+def placement_sources(placement: Placement, *, psld: bool = False, elastic: bool = False, balance_every: int = 50,
+                      seed: int = 0, auto_mitigate: bool = False) -> CompositeSource:
+    """A run's placement-change sources: PSLD's balancer with ``--placement psld`` (``elastic``: it may add and
+    remove shards), then the bottleneck watch (which acts with ``--auto-mitigate``)."""
     sources: list[DecisionSource] = []
-    if spec.placement == "psld":
-        sources.append(PsldSource(placement, elastic=spec.elastic_ps, interval_steps=spec.balance_every,
-                                  seed=spec.seed))
-    sources.append(BottleneckWatch(lambda kind, details: emitter.event(kind, details=details),
-                                   auto=spec.auto_mitigate))
+    if psld:
+        sources.append(PsldSource(placement, elastic=elastic, interval_steps=balance_every, seed=seed))
+    sources.append(BottleneckWatch(auto=auto_mitigate))
     return CompositeSource(sources)
