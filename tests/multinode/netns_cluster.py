@@ -83,9 +83,14 @@ def ray_env() -> dict[str, str]:
 
 
 def _kill(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    """Stop every process, then kill them all: a VM revoked without notice dies at one instant. Killed one by one
+    (in PID order, which wraps around on a long-running host), a node's worker could die while its raylet still
+    ran, and the raylet then told the GCS that the worker's resources were free: Ray's autoscaler, which counts a
+    dead node's last report, saw room on the dead node for the replacement and launched nothing."""
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
 
 class NetnsCluster:
