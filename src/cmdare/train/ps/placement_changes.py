@@ -3,10 +3,12 @@ request's), carried out on quiesced shards and reported as ``ps_move`` / ``ps_ad
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from cmdare.control import run_events as E
 from cmdare.ps.migration import MigrationResult
 from cmdare.ps.psld.decisions import Decision, Move
 from cmdare.storage import Storage
@@ -33,6 +35,24 @@ class PlacementChanges:
     def collect_stats(self, global_step: int) -> list[Any] | None:
         """The shards' load since the last collection; None when a shard died."""
         return self.shards.collect_stats(global_step)
+
+    def loads(self, wall: float, step: float, dead_keys: Callable[[], tuple[int, ...]],
+              balance: bool = False) -> list[E.Event]:
+        """The shards' load since the last measurement, with the placement, for the controller (``balance``: the
+        answer to its ``Balance``); a dead shard: ``ShardLost`` with the keys ``dead_keys()`` names."""
+        stats = self.collect_stats(int(step))
+        if stats is None:
+            lost: list[E.Event] = [E.ShardLost(wall=wall, keys=dead_keys())]
+            return [*lost, E.ShardLoads(wall=wall, global_step=step, balance=True)] if balance else lost
+        return [E.ShardLoads(wall=wall, global_step=step, stats=tuple(stats), placement=self.shards.placement,
+                             balance=balance)]
+
+    def with_moves(self, ev: E.Event) -> E.Event:
+        """An action's end, with the block moves it carried out and the placement afterwards (the controller's
+        placement sources learn from them); any other event as it is."""
+        if not isinstance(ev, E.ActionDone):
+            return ev
+        return dataclasses.replace(ev, migrations=tuple(self.take_migrations()), placement=self.shards.placement)
 
     def requests(self) -> list[dict[str, Any]]:
         """``cmdare ps add|remove`` requests queued in the run's storage since the last call (an object store is

@@ -21,7 +21,6 @@ derives it from the training progress the events report.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -172,27 +171,10 @@ class RayDriver:
             if not isinstance(cmd, _FEEDING):
                 self.emitter.decision(cmd)
             events = self._handlers[type(cmd)](cmd) or []
-            self._queue.extend(self._stamp(self._with_placement(ev)) for ev in events)
+            self._queue.extend(self._stamp(self.changes.with_moves(ev)) for ev in events)
         for _at, previous, state in self.controller.transitions[self._reported:]:
             self.emitter.event("run_state", details={"from": str(previous), "to": str(state)})
         self._reported = len(self.controller.transitions)
-
-    def _with_placement(self, ev: E.Event) -> E.Event:
-        """An action's end, with the block moves it carried out and the placement afterwards (the topology's
-        placement sources learn from them)."""
-        if not isinstance(ev, E.ActionDone):
-            return ev
-        return dataclasses.replace(ev, migrations=tuple(self.changes.take_migrations()),
-                                   placement=self.shards.placement)
-
-    def _loads(self, wall: float, step: float, balance: bool = False) -> list[E.Event]:
-        """The shards' load since the last measurement, with the placement (a dead shard: ``ShardLost``)."""
-        stats = self.changes.collect_stats(int(step))
-        if stats is None:
-            lost: list[E.Event] = [E.ShardLost(wall=wall, keys=self.ps.dead_keys())]
-            return [*lost, E.ShardLoads(wall=wall, global_step=step, balance=True)] if balance else lost
-        return [E.ShardLoads(wall=wall, global_step=step, stats=tuple(stats), placement=self.shards.placement,
-                             balance=balance)]
 
     # -- what Ray brings ----------------------------------------------------------------------------------
     def _arrived(self, ref: Any) -> None:
@@ -293,7 +275,7 @@ class RayDriver:
             self._storage_failing = failed is not None
         if wall >= self._next_stats and not self.controller.holding and self.controller.action is None:
             self._next_stats = wall + SHARD_STATS_EVERY_S
-            events += self._loads(wall, self.global_step)
+            events += self.changes.loads(wall, self.global_step, self.ps.dead_keys)
         controller = self.controller
         if controller.action is None and not controller.holding and not self.topology.placement_waiting():
             requests = self.changes.requests()  # ``cmdare ps add|remove``: decided against the placement as it is
@@ -374,8 +356,13 @@ class RayDriver:
         loads: list[E.Event] = []
         if cmd.final and not self._final_stats:  # the last load window closes with the training
             self._final_stats = True
-            loads = [e for e in self._loads(time.time(), self.global_step) if isinstance(e, E.ShardLoads)]
-        return [*loads, *self.duties.start(cmd, self.workers.workers.get(cmd.worker_id), time.time())]
+            loads = [e for e in self.changes.loads(time.time(), self.global_step, self.ps.dead_keys)
+                     if isinstance(e, E.ShardLoads)]
+        started = self.duties.start(cmd, self.workers.workers.get(cmd.worker_id), time.time())
+        if any(isinstance(e, E.DutyDone) and e.shard_lost for e in started) and (dead := self.ps.dead_keys()):
+            # which shards died, so that the controller asks for their replacements by key (lifetimes, notices)
+            started = [E.ShardLost(wall=time.time(), keys=dead), *started]
+        return [*loads, *started]
 
     # -- commands: parameter servers -------------------------------------------------------------------------
     def _live_actors(self) -> list[Any]:
@@ -429,7 +416,7 @@ class RayDriver:
                              num_shards=len(self.shards.shards), removed_keys=removed)]
 
     def _do_Balance(self, cmd: C.Balance) -> list[E.Event]:
-        return self._loads(time.time(), cmd.step, balance=True)
+        return self.changes.loads(time.time(), cmd.step, self.ps.dead_keys, balance=True)
 
     def _do_Note(self, cmd: C.Note) -> None:
         self.emitter.event(cmd.kind, details=cmd.details)
