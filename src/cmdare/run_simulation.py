@@ -98,7 +98,33 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
                           replacement_timeout_s=spec.replacement_timeout_s if joined else None,
                           warm_spares=spec.warm_spares)
     job = JobSpec(spec.model_name, spec.steps, spec.checkpoint_every or spec.steps + 1, lr_policy=spec.lr_policy)
-    return job, cluster, models, lambda: revocation_source(revocations, lifetime, spec.seed, emulated=not joined)[1:]
+
+    def sources() -> tuple[Any, Any]:
+        factory, parsed = revocation_source(revocations, lifetime, spec.seed, emulated=not joined)[1:]
+        if not joined and factory is None and parsed.lifetime is not None:
+            factory = emulated_lifetimes(parsed)
+        return factory, parsed
+
+    return job, cluster, models, sources
+
+
+def emulated_lifetimes(plan: Any) -> Any:
+    """A local run's injected lifetimes as its trainer draws them (``build_revocation_source``: the same model,
+    compression and random stream), so that the first simulated run with a seed revokes the servers the emulated run
+    with that seed revokes; each further run draws from a stream of its own."""
+    from itertools import count
+
+    import numpy as np
+
+    from cmdare.control import build_revocation_source
+
+    runs = count()
+
+    def source() -> Any:
+        i = next(runs)
+        return build_revocation_source(plan, np.random.default_rng(plan.seed if i == 0 else [plan.seed, i]))
+
+    return source
 
 
 def simulate_train(spec: TrainSpec, runs: int, as_json: bool, joined: bool) -> None:
