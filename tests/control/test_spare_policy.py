@@ -15,7 +15,8 @@ def test_the_pool_takes_the_spare_up_longest_else_the_one_furthest_into_its_star
     out: list[C.Command] = []
     spares = WarmSpares(3, out)
     spares.start([K80, K80, V100], now=0.0)
-    assert [(c.key, c.spec) for c in out] == [(0, K80), (1, K80), (2, K80)]  # the first wave's most common spec
+    # the first wave's most common spec, asked for with the first wave (their start-up is no part of the run)
+    assert [(c.key, c.spec, c.first_wave) for c in out] == [(0, K80, True), (1, K80, True), (2, K80, True)]
     spares.starting(0, 30.0, now=0.0)
     spares.starting(1, 10.0, now=0.0)
     spares.starting(2, 20.0, now=0.0)
@@ -23,7 +24,7 @@ def test_the_pool_takes_the_spare_up_longest_else_the_one_furthest_into_its_star
     taken = spares.take(K80)
     assert taken.key == 1  # none up: the one whose server is ready first
     spares.refill(taken, now=5.0)
-    assert [(c.key, c.spec) for c in out] == [(3, K80)]
+    assert [(c.key, c.spec, c.first_wave) for c in out] == [(3, K80, False)]  # a refill starts in the run
     spares.up(2, now=20.0)
     spares.up(0, now=30.0)
     assert spares.take(K80).key == 2  # up longest

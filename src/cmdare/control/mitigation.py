@@ -122,8 +122,7 @@ class CompositeSource(DecisionSource):
 
     def observe_chunk(self, worker_id: int, steps: int, duration_s: float, compute_s: float) -> None:
         for s in self.sources:
-            if hasattr(s, "observe_chunk"):
-                s.observe_chunk(worker_id, steps, duration_s, compute_s)
+            s.observe_chunk(worker_id, steps, duration_s, compute_s)
 
     def decide(self, global_step: int, placement: Placement) -> list[Decision]:
         for s in self.sources:

@@ -121,10 +121,12 @@ class StartWorker(Command):
 @dataclass(frozen=True)
 class StartSpare(Command):
     """Ask for a warm spare ``key``: a server of ``spec`` and a worker process on it that is no member of the run
-    (:mod:`cmdare.control.spares`). Answered by ``ServerStarting(spare=key)``, ``SpareUp`` or ``SpareLost``."""
+    (:mod:`cmdare.control.spares`). Answered by ``ServerStarting(spare=key)``, ``SpareUp`` or ``SpareLost``.
+    ``first_wave``: asked for with the first wave (its start-up, like the first wave's, is no part of the run)."""
 
     key: int
     spec: ServerSpec
+    first_wave: bool = False
 
 
 @dataclass(frozen=True)

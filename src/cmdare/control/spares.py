@@ -66,12 +66,12 @@ class WarmSpares:
             return
         self.spec = spare_spec(worker_specs)
         for _ in range(self.size):
-            self._request(now, "one of the run's warm spares, asked for with the first wave")
+            self._request(now, "one of the run's warm spares, asked for with the first wave", first_wave=True)
 
-    def _request(self, now: float, why: str) -> None:
+    def _request(self, now: float, why: str, first_wave: bool = False) -> None:
         key, self._next_key = self._next_key, self._next_key + 1
         self.spares[key] = Spare(key, self.spec, now)  # type: ignore[arg-type]  # start() set it
-        self.out.append(StartSpare(key, self.spec, why=why))  # type: ignore[arg-type]
+        self.out.append(StartSpare(key, self.spec, first_wave, why=why))  # type: ignore[arg-type]
 
     def take(self, spec: ServerSpec) -> Spare | None:
         """The spare a replacement of ``spec`` takes (None: none of that spec: it starts cold); :meth:`refill`

@@ -113,7 +113,6 @@ class RayDriver:
                                             wall, now=wall if self.real else None))
         self._busy = False
         self._flush()
-        self.workers.first_wave_done = True
         write_status(self.storage, "running", len(self.shards.shards), self.global_step)
         self._next_stats = time.time() + SHARD_STATS_EVERY_S
         self._next_heartbeat = time.time() + HEARTBEAT_S

@@ -149,7 +149,6 @@ class WarmPool:
         self.spec, self.provider, self.emitter = spec, provider, emitter
         self.detached, self.options = detached, options
         self.standbys: list[Standby] = []
-        self.taken: dict[str, Standby] = {}  # server id -> standby given to a replacement, not yet adopted
         self.actors: list[Any] = []  # every process the pool started (killed at teardown)
         self.closed = False
         self._events: list[E.Event] = []  # what the controller has not heard yet
@@ -270,7 +269,6 @@ class WarmPool:
         self.standbys.remove(s)
         if s.ping is not None:
             self.detached.add(s.ping)
-        self.taken[s.server.server_id] = s
         return s
 
     def release(self) -> None:
@@ -279,12 +277,12 @@ class WarmPool:
         self.closed = True
         if self._buffers_ref is not None:
             self.detached.add(self._buffers_ref)
-        for s in [*self.standbys, *self.taken.values()]:
+        for s in self.standbys:
             self.detached.add(*(r for r in (s.ready_ref, s.ping) if r is not None))
             if s.up_at is None and not self.provider.emulated and s.server.alive:
                 s.server.end("not_started", started=False)
             self.emitter.end_server(s.server, s.server.end_reason or "released")
-        self.standbys, self.taken = [], {}
+        self.standbys = []
 
     def kill_all(self) -> None:
         """Kill every process the pool started (at shutdown; adopted ones are the run's workers)."""

@@ -107,7 +107,6 @@ class WorkerExecutor:
         self.stretch: dict[str, float] = {}  # GPU type -> emulated step stretch (local mixed runs)
         self._reference_step_s: float | None = None  # recent step time of the fastest type's workers
         self.pool: WarmPool | None = None  # the warm spares the controller asked for (--warm-spares)
-        self.first_wave_done = False  # the run's start was carried out (set by the driver)
         self.lost_nodes = LostNodes(provider)  # nodes replacements keep off (a real cluster)
 
     # -- starting --------------------------------------------------------------------------------------
@@ -121,11 +120,10 @@ class WorkerExecutor:
                 worker_threads(self.spec), self._step(), server.notice, stretch)
 
     def start_spare(self, cmd: C.StartSpare, wall: float) -> list[E.Event]:
-        """Warm spare ``cmd.key``: a standby server and process (:mod:`cmdare.train.workers.warm_pool`). Those the
-        controller asks for before training starts come with the first wave: their start-up is no part of the run."""
+        """Warm spare ``cmd.key``: a standby server and process (:mod:`cmdare.train.workers.warm_pool`)."""
         if self.pool is None:
             self.pool = WarmPool(self.spec, self.provider, self.emitter, self.detached, self._actor_options)
-        return self.pool.request(cmd.key, cmd.spec, first_wave=not self.first_wave_done, wall=wall)
+        return self.pool.request(cmd.key, cmd.spec, first_wave=cmd.first_wave, wall=wall)
 
     def start(self, cmd: C.StartWorker, wall: float) -> list[E.Event]:
         """A server for worker ``cmd.worker_id`` and its process: the first wave's now, a replacement's as a warm
@@ -138,11 +136,8 @@ class WorkerExecutor:
             args = self._worker_args(cmd.worker_id, server, cmd.slot)
             w = WorkerHandle(cmd.worker_id, cmd.slot, spare.actor, server, replaces=lost,
                              up=spare.actor.adopt.remote(*args), spare="up" if spare.up_at is not None else "starting")
-            self.pool.taken.pop(server.server_id, None)  # type: ignore[union-attr]  # took it from the pool
         else:  # a new server, or a spare's whose (emulated) start-up is not over: the worker starts on it cold
             server = spare.server if spare is not None else self.provider.request(cmd.spec)
-            if spare is not None:
-                self.pool.taken.pop(server.server_id, None)  # type: ignore[union-attr]  # took it from the pool
             if first:
                 server.ready_at = server.requested_at
             self.provider.prepare(server)
