@@ -54,6 +54,7 @@ class FakeDriver:
     frozen_shard: bool = False  # a shard stops answering (a stopped process): every push waits on it until a probe
     failing_uploads: set[int] = field(default_factory=set)  # steps whose checkpoint upload fails (a full disk)
     stalled_uploads: set[int] = field(default_factory=set)  # steps whose upload never ends
+    slow_uploads: dict[int, float] = field(default_factory=dict)  # step -> wall seconds its upload takes (else 0)
     loss_at: Callable[[int], float] | None = None  # the training loss chunks report, by global step (None: none)
     test_loss: dict[int, float] = field(default_factory=dict)  # an evaluation's test loss, by its step (else 1.0)
     real_time: bool = False  # cloud time is this driver's clock (a real cluster): every event brings it
@@ -112,7 +113,7 @@ class FakeDriver:
 
     # -- running --------------------------------------------------------------------------------------
     def start(self, specs, ps_spec, num_ps: int = 1, step: int = 0) -> None:
-        self.num_shards, self.step, self.fence = num_ps, step, step
+        self.num_shards, self.step, self.fence, self.start_step = num_ps, step, step, step
         self.round_size = len(specs)
         self.stored = [step] if step else []
         self._busy = True
@@ -306,8 +307,14 @@ class FakeDriver:
             if ok and c.kind == "checkpoint" and step in self.failing_uploads:
                 self.feed(E.CheckpointFailed(wall=self.wall, step=step, error="No space left on device"))
             elif ok and c.kind == "checkpoint" and step not in self.stalled_uploads:
-                self.stored.append(step)
-                self.feed(E.CheckpointStored(wall=self.wall, step=step))
+                def stored() -> None:
+                    self.stored.append(step)
+                    self.feed(E.CheckpointStored(wall=self.wall, step=step))
+
+                if step in self.slow_uploads:
+                    self.later(self.slow_uploads[step], stored)
+                else:
+                    stored()
 
         self.later(self.action_wall_s, done)
 
@@ -344,7 +351,8 @@ class FakeDriver:
         pass
 
     def _do_Restore(self, c: C.Restore) -> None:
-        back = max((s for s in self.stored if s <= self.step), default=0)
+        assert c.checkpoint is None or c.checkpoint in self.stored, "a restore names a checkpoint the run stored"
+        back = c.checkpoint if c.checkpoint is not None else self.start_step
         self.steps_lost += self.step - back
         self.step = back
         self._action("restore", step=back)

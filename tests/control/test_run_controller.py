@@ -18,6 +18,7 @@ from cmdare.control.controller import RunController
 from cmdare.control.emulated_clock import EmulatedClock
 from cmdare.control.run_config import RunConfig
 from cmdare.control.run_state import RunState
+from cmdare.control.shard_control import UPLOAD_WAIT_S
 
 K80 = ServerSpec("k80", "gcp", "us-east1", True, 0.14)
 V100 = ServerSpec("v100", "gcp", "us-east1", True, 0.74)
@@ -198,6 +199,11 @@ def test_a_late_replacement_parks_the_last_shard_and_nothing_is_lost():
     assert [s for s, c in d.at(C.ParkPs)] == [70]
 
 
+def wall_of(d: FakeDriver, command: C.Command) -> float:
+    """The wall time the driver carried ``command`` out at."""
+    return next(w for w, _s, c in d.log if c is command)
+
+
 def test_without_notice_the_shards_roll_back_to_the_latest_checkpoint():
     d = make(steps=300, ps=1, ps_transient=True, checkpoint_every=40, revocations="trace=45@ps,notice=0,hit=ps")
     d.run()
@@ -205,9 +211,44 @@ def test_without_notice_the_shards_roll_back_to_the_latest_checkpoint():
     (kill,) = d.of(C.KillPs)
     assert kill.reason == "no_notice"
     (restore,) = d.of(C.Restore)
-    assert len(restore.spares) == 1 and d.steps_lost == 90 - 80
+    (start_ps,) = d.of(C.StartPs)
+    # the controller names the checkpoint and which server takes the dead one's place
+    assert restore.checkpoint == 80 and restore.replacements == ((kill.key, start_ps.key),)
+    assert d.steps_lost == 90 - 80
     # duties start again after the checkpoint the shards rolled back to
     assert duty_steps(d, "checkpoint") == [40, 80, 120, 160, 200, 240, 280, 300]
+
+
+def test_a_restore_waits_for_the_checkpoint_on_its_way_to_storage():
+    """The PS dies at step 90 while the checkpoint of step 80 is uploading: the restore waits for it rather than
+    go back to step 40 (the newest checkpoint stored when the PS died)."""
+    d = make(steps=300, ps=1, ps_transient=True, checkpoint_every=40, revocations="trace=45@ps,notice=0,hit=ps",
+             driver_kw={"slow_uploads": {80: 30.0}})
+    d.run()
+    finished(d)
+    (restore,) = d.of(C.Restore)
+    (kill,) = d.of(C.KillPs)
+    assert restore.checkpoint == 80 and d.steps_lost == 90 - 80
+    assert wall_of(d, restore) - wall_of(d, kill) >= 29.0
+
+
+def test_a_restore_waits_for_a_stalled_upload_only_so_long():
+    """The upload of step 80 never ends: the restore goes back to step 40 once it has waited UPLOAD_WAIT_S."""
+    d = make(steps=300, ps=1, ps_transient=True, checkpoint_every=40, revocations="trace=45@ps,notice=0,hit=ps",
+             driver_kw={"stalled_uploads": {80}})
+    d.run()
+    (restore,) = d.of(C.Restore)
+    (kill,) = d.of(C.KillPs)
+    assert restore.checkpoint == 40 and d.steps_lost == 90 - 40
+    assert UPLOAD_WAIT_S <= wall_of(d, restore) - wall_of(d, kill) <= UPLOAD_WAIT_S + 5
+
+
+def test_a_restore_before_any_checkpoint_names_the_start():
+    d = make(steps=200, ps=1, ps_transient=True, checkpoint_every=100, revocations="trace=20@ps,notice=0,hit=ps")
+    d.run()
+    finished(d)
+    (restore,) = d.of(C.Restore)
+    assert restore.checkpoint is None and d.steps_lost == 40
 
 
 def test_a_replacement_ps_up_during_the_chiefs_duty_does_not_strand_a_synchronous_round():

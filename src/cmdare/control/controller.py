@@ -90,8 +90,9 @@ class RunController(RunEnding, RunEventHandlers):
         self.out: list[Command] = []
         self.spares = WarmSpares(config.warm_spares, self.out)
         self.workers = WorkerControl(config, kernel, self.out, self.spares)
-        self.topology: Topology = PsTopology(config, ps_kernel or PsServerKernel(), self.out, balancer, placement)
         self.duties = DutySchedule(config.checkpoint_every, config.eval_every, config.steps)
+        self.topology: Topology = PsTopology(config, ps_kernel or PsServerKernel(), self.out, balancer, placement,
+                                             self.duties)
         self.machine = RunStateMachine()
         self.phase: Phase = Starting()
         self.step: float = 0

@@ -45,6 +45,7 @@ class DutySchedule:
     pending: list[PendingDuty] = field(default_factory=list)
     checkpoints: list[int] = field(default_factory=list)  # stored checkpoint steps, in order stored
     failed: list[int] = field(default_factory=list)  # checkpoint steps whose upload failed
+    uploading: dict[int, float] = field(default_factory=dict)  # checkpoint step -> wall time its upload began
 
     def every(self, kind: DutyKind) -> int:
         return self.checkpoint_every if kind == DutyKind.CHECKPOINT else self.eval_every
@@ -110,12 +111,23 @@ class DutySchedule:
     def running(self) -> list[PendingDuty]:
         return [d for d in self.pending if d.running is not None]
 
+    def upload_began(self, step: int, wall: float) -> None:
+        """The checkpoint of ``step`` was taken; its upload is under way (unless it already ended)."""
+        if step not in self.checkpoints and step not in self.failed:
+            self.uploading.setdefault(step, wall)
+
     def stored(self, step: int) -> None:
         """The checkpoint of ``step`` is durable."""
         self.checkpoints.append(step)
+        self.uploading.pop(step, None)
 
     def upload_failed(self, step: int) -> None:
         self.failed.append(step)
+        self.uploading.pop(step, None)
+
+    def uploads_since(self, wall: float) -> bool:
+        """Whether a checkpoint upload that began at or after ``wall`` is still under way."""
+        return any(began >= wall for began in self.uploading.values())
 
     def latest_checkpoint(self) -> int | None:
         """The step of the newest durable checkpoint (None: none yet)."""

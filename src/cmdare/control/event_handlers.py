@@ -239,6 +239,8 @@ class RunEventHandlers:
             self._diverged(ev.worker_id, why, ev.step)  # a run never ends finished on an exploded model
             return
         if ev.ok:
+            if ev.kind == DutyKind.CHECKPOINT and not self.config.virtual_duties:
+                self.duties.upload_began(ev.step, self.wall)  # a restore waits for it: it may be the newest
             if duty is not None and duty.reason == "notice":
                 self.workers.release(ev.worker_id, self.now)
                 self._after_loss(ev.worker_id)

@@ -22,6 +22,7 @@ from cmdare.control.topology import Quiesce
 
 if TYPE_CHECKING:
     from cmdare.cloud.servers import ServerSpec
+    from cmdare.control.duties import DutySchedule
     from cmdare.control.run_config import RunConfig
     from cmdare.control.run_events import (
         ActionDone,
@@ -45,12 +46,15 @@ class PsTopology:
         balancer: who changes the placement while training (None: nobody; ``cmdare ps`` requests still can).
         placement: the shards' placement at the start (:class:`~cmdare.ps.placement.Placement`; None where the
             driver keeps none, as the simulator); drivers report it after every change.
+        duties: the fleet's duty schedule: the newest checkpoint the run stored, which a restore goes back to,
+            and the uploads under way, which it waits for.
     """
 
     def __init__(self, config: RunConfig, kernel: PsServerKernel, out: list[Command],
-                 balancer: DecisionSource | None = None, placement: Any = None):
+                 balancer: DecisionSource | None = None, placement: Any = None,
+                 duties: DutySchedule | None = None):
         self.config, self.out = config, out
-        self.shards = ShardControl(config, kernel, out)
+        self.shards = ShardControl(config, kernel, out, duties)
         self.balancer, self.placement = balancer, placement
         self.lockstep = config.sync
         self.round_size = config.workers  # workers a synchronous round waits for

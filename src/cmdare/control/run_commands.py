@@ -262,11 +262,27 @@ class KillPs(Command):
 
 @dataclass(frozen=True)
 class Restore(Command):
-    """On quiesced shards: replace dead shards (``spares``: replacement PS servers that are up) and roll
-    every shard back to the latest stored checkpoint. Answered by ``ActionDone('restore', step=...)``."""
+    """On quiesced shards: each dead shard's server is replaced by a replacement PS server that is up
+    (``replacements``: ``(dead server's key, its replacement's key)``), and every shard rolls back to the
+    checkpoint of step ``checkpoint``, the newest this run stored (None: the state the run started from, a fresh
+    model's or the checkpoint it resumed from; never a checkpoint of another timeline that the storage may hold).
+    A rollback after a divergence (``reason`` ``diverged``) takes the workers' batch-norm statistics back too.
+    Answered by ``ActionDone('restore', step=...)``; ``ok=False`` with the loss of a shard or a spare the command
+    did not know of (``ShardLost``, ``PsStartFailed``), after which the controller decides again."""
 
     reason: str
-    spares: tuple[int, ...] = ()
+    replacements: tuple[tuple[int, int], ...] = ()
+    checkpoint: int | None = None
+
+    @property
+    def spares(self) -> tuple[int, ...]:
+        """The replacement servers' keys, in the order of the dead servers they replace."""
+        return tuple(spare for _dead, spare in self.replacements)
+
+    @property
+    def dead(self) -> tuple[int, ...]:
+        """The dead servers' keys."""
+        return tuple(dead for dead, _spare in self.replacements)
 
 
 @dataclass(frozen=True)

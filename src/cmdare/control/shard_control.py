@@ -6,8 +6,9 @@ comes and whether its blocks can leave (onto the other shards, or the last shard
 this part keeps the replacements (spares) and the work waiting for quiesced shards, and decides, at each
 pass, which action runs next:
 
-1. a **restore** (a shard died: every shard rolls back to the latest stored checkpoint), once the
-   replacement servers of the dead shards are ready;
+1. a **restore** (a shard died: every shard rolls back to the newest checkpoint this run stored), once the
+   replacement servers of the dead shards are ready and no checkpoint is on its way to storage (for at most
+   :data:`UPLOAD_WAIT_S`); each dead server's place goes to the spare asked for it;
 2. an **evacuation** of a noticed server (onto the survivors; the last shard's onto a ready replacement);
 3. a **park** of the last shard whose replacement is not ready by half its notice (at least
    ``park_margin_s`` before the deadline): its blocks wait in the coordinator, training pauses;
@@ -26,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from cmdare.cloud.servers import ServerSpec
+from cmdare.control.duties import DutySchedule
 from cmdare.control.kinds import Destination
 from cmdare.control.ps_servers import Evacuate, PsServerKernel, RequestPsReplacement, RestoreShards
 from cmdare.control.run_commands import (
@@ -43,9 +45,10 @@ from cmdare.control.run_commands import (
 from cmdare.control.run_config import RunConfig
 from cmdare.ps.psld.decisions import AddShard
 
-__all__ = ["MAX_SPARE_TRIES", "ShardControl", "Spare"]
+__all__ = ["MAX_SPARE_TRIES", "UPLOAD_WAIT_S", "ShardControl", "Spare"]
 
 MAX_SPARE_TRIES = 3  # replacement PS servers started for one lost server before the run gives up
+UPLOAD_WAIT_S = 120.0  # a restore waits this long (wall time) for a checkpoint's upload: it may be the newest
 
 
 @dataclass
@@ -66,8 +69,11 @@ class Spare:
 class ShardControl:
     """PS servers, spares and the actions waiting for quiesced shards; appends commands to ``out``."""
 
-    def __init__(self, config: RunConfig, kernel: PsServerKernel, out: list[Command]):
+    def __init__(self, config: RunConfig, kernel: PsServerKernel, out: list[Command],
+                 duties: DutySchedule | None = None):
         self.config, self.kernel, self.out = config, kernel, out
+        #: the fleet's duty schedule: the checkpoints this run stored, the uploads under way
+        self.duties = duties or DutySchedule(config.checkpoint_every, config.eval_every, config.steps)
         self.spec: ServerSpec | None = None
         self.num_shards = 0
         self.planned = 0  # the PS count replacements restore
@@ -147,8 +153,12 @@ class ShardControl:
                 self.spare_failed(spare.key, f"not up within {self.config.start_timeout_s:g} s")
 
     def next_wall(self) -> float:
-        return min((s.requested_wall + self.config.start_timeout_s for s in self.spares.values() if not s.up),
-                   default=math.inf)
+        """The next wall time something is due: a spare's start time-out; a restore that stops waiting for an
+        upload."""
+        times = [s.requested_wall + self.config.start_timeout_s for s in self.spares.values() if not s.up]
+        if self.dead or self.restore_reason is not None:
+            times += [began + UPLOAD_WAIT_S for began in self.duties.uploading.values()]
+        return min(times, default=math.inf)
 
     # -- decisions --------------------------------------------------------------------------------
     def _act(self, decisions: list, now: float) -> None:
@@ -206,11 +216,9 @@ class ShardControl:
         :meth:`blocked`)."""
         ready = self._ready_spares(now)
         if self.dead or self.restore_reason is not None:
-            if len(ready) >= len(self.dead):
-                reason = self.restore_reason or "lost"
-                return Restore(reason, tuple(s.key for s in ready[:len(self.dead)]),
-                               why=f"shards {reason}: back to the newest stored checkpoint")
-            return None
+            if len(ready) >= len(self.dead) and not self.duties.uploads_since(self.wall - UPLOAD_WAIT_S):
+                return self._restore(ready)
+            return None  # the dead shards' replacements are not all up, or a checkpoint is on its way to storage
         for key, d in self.evacuations.items():
             if d.onto == Destination.SURVIVORS and self.num_shards > 1:
                 return EvacuatePs(key, Destination.SURVIVORS, d.deadline,
@@ -229,6 +237,20 @@ class ShardControl:
             decisions, new_keys, why = self.placements[0]
             return ChangePlacement(decisions, new_keys, why=why)
         return None
+
+    def _restore(self, ready: list[Spare]) -> Restore:
+        """Every dead server's place to a ready spare (the one asked for it first, else the longest ready), every
+        shard back to the newest checkpoint this run stored."""
+        reason = self.restore_reason or "lost"
+        free = list(ready)
+        pairs = []
+        for dead in sorted(self.dead, reverse=True):  # keys -1, -2, ... then later servers': oldest first
+            spare = next((s for s in free if s.replaces == dead), free[0])
+            free.remove(spare)
+            pairs.append((dead, spare.key))
+        step = self.duties.latest_checkpoint()
+        back = f"the checkpoint of step {step}" if step is not None else "the state the run started from"
+        return Restore(reason, tuple(pairs), step, why=f"shards {reason}: back to {back}, the newest this run stored")
 
     def done(self, command: Command, ok: bool, now: float, num_shards: int | None,
              removed: tuple[int, ...] = ()) -> None:

@@ -347,8 +347,8 @@ class SimRun:
         self._end_ps(c.key)
 
     def _do_Restore(self, c: C.Restore) -> None:
-        """Every shard rolls back to the latest checkpoint the controller's schedule stored."""
-        kept = self.controller.duties.latest_checkpoint() or 0
+        """Every shard rolls back to the checkpoint the controller names (None: the start, step 0)."""
+        kept = c.checkpoint or 0
         self.steps_lost += max(0.0, self.progress - kept)
         self.progress = float(kept)
         self._action(ShardAction.RESTORE, 0.0, step=kept)

@@ -37,7 +37,7 @@ from cmdare.errors import ClusterError, RunInterruptedError, StorageError, Trans
 from cmdare.events import RunInfo, RunSummary, TrainCallback
 from cmdare.ps.blocks import ParamInfo
 from cmdare.storage import Storage
-from cmdare.train.duties.checkpoint import CheckpointStore
+from cmdare.train.duties.checkpoint import Checkpoint, CheckpointStore
 from cmdare.train.duties.checkpoint_uploads import CheckpointUploads
 from cmdare.train.duties.chief_duties import ChiefDuties
 from cmdare.train.ps.placement_changes import PlacementChanges
@@ -202,7 +202,7 @@ class Trainer:
         self.controller.restore_state(self._saved_controller)  # a resumed run decides on as the run would have
         self.driver = RayDriver(self.controller, spec, self.storage, self.members, self.shard_group, self.duties,
                                 self.placement_changes, self.ps_servers, self.emitter, self.metrics, self.detached,
-                                (params, momentum, step), real=not self.emulated_time)
+                                Checkpoint(step, params, momentum, buffers or {}), real=not self.emulated_time)
         self.driver.stop_why = self._stop_why  # asked for while the run was setting up
 
     @property

@@ -184,6 +184,10 @@ class CheckpointStore:
             raise CheckpointError(f"checkpoint {manifest['file']} in {self.storage.uri} is unreadable: "
                                   f"{err or type(err).__name__}") from None
 
+    def load_step(self, step: int) -> Checkpoint:
+        """Load and verify the checkpoint of ``step``."""
+        return self.load(_manifest_name(step))
+
     def resume_point(self, step: int | None = None) -> str:
         """The manifest to resume from: step ``step``'s, or the newest. The newest is refused when checkpoint
         data newer than it has no manifest (an upload cut off, or a manifest deleted): resuming from an older

@@ -12,7 +12,8 @@ dead shards are restored from the checkpoint. This executor acts on the run's sh
   the replacement takes them (``shard_parked``, then ``shard_evacuated``): a pause, nothing lost;
 * ``FillPs``: a replacement joins a run whose other shards took the evacuated blocks (``ps_add``);
 * ``KillPs``: no notice, or the deadline came first: the server is killed (``ps_revocation``); the
-  controller's ``Restore`` follows;
+  controller's ``Restore`` follows: each dead server's place to the spare it names, every shard back to the
+  checkpoint it names (``shard_lost``, ``shard_restored``);
 * Ray's preemption drain of a shard's node is polled every :data:`DRAIN_POLL_S` and reported as ``PsNotice``.
 
 Each PS server has the key the controller knows it by: the initial shards' ``-1, -2, ...`` in shard order,
@@ -33,6 +34,7 @@ from cmdare.control.balancers import add_shard_moves, drain_moves
 from cmdare.control.kinds import Destination, ShardAction
 from cmdare.ps.placement import Placement
 from cmdare.ps.psld.decisions import AddShard, Decision, Move, RemoveShard
+from cmdare.train.duties.checkpoint import Checkpoint
 from cmdare.train.ps.placement_changes import PlacementChanges
 from cmdare.train.ps.shard_group import ShardGroup
 from cmdare.train.run.emitter import RunEmitter
@@ -245,17 +247,32 @@ class PsServerExecutor:
                            details={"shard_id": self._index(server), "reason": cmd.reason, "source": "injected",
                                     "uptime_s": server.uptime_s(), "noticed": cmd.reason == "deadline_passed"})
 
-    def restored(self, spares: Sequence[int], replaced: dict[int, Server]) -> None:
-        """After a restore: the dead shards' servers are gone, the spares (and fresh servers) hold their blocks."""
-        for key in spares:
-            self.spares.pop(key, None)
-        for key, server in list(self.by_key.items()):
-            if not server.alive:
-                del self.by_key[key]
-        self.by_key.update(replaced)
-        for key, server in replaced.items():
-            self._node_refs[key] = server.actor.node_id.remote()
+    def restore(self, cmd: C.Restore, state: Checkpoint, workers: Sequence[Any], global_step: int, wall: float,
+                details: dict[str, Any] | None = None) -> list[E.Event]:
+        """Each dead shard's server replaced by the spare the controller named, every shard loaded with ``state``
+        (the checkpoint the controller chose, or the state the run started from); ``details`` go into the
+        ``shard_restored`` event. A dead shard or a spare the command does not know of (one found dead since) is
+        reported instead, and nothing is done: the controller decides again."""
+        unknown = tuple(k for k in self.dead_keys() if k not in cmd.dead)
+        gone = [k for k in cmd.spares if k not in self.spares]
+        indices = {dead: self._index(self.by_key[dead]) if dead in self.by_key else None for dead in cmd.dead}
+        if unknown or gone or None in indices.values():
+            return [*([E.ShardLost(wall=wall, keys=unknown)] if unknown else []),
+                    *(E.PsStartFailed(wall=wall, key=k, error="gone before the restore") for k in gone),
+                    E.ActionDone(wall=wall, action=ShardAction.RESTORE, ok=False, num_shards=len(self.shards.shards))]
+        servers = {spare: self.spares.pop(spare) for spare in cmd.spares}
+        done = self.shards.restore(state, global_step, workers,
+                                   {indices[dead]: servers[spare] for dead, spare in cmd.replacements},
+                                   with_buffers=cmd.reason == "diverged")
+        for dead, spare in cmd.replacements:
+            del self.by_key[dead]
+            self.by_key[spare] = servers[spare]
+            self._node_refs[spare] = servers[spare].actor.node_id.remote()
             self._replacement_joined()  # a replacement server holds a lost shard's blocks (as the simulator counts)
+        self.emitter.event("shard_restored", details={**done, "from_checkpoint": cmd.checkpoint is not None,
+                                                      **(details or {})})
+        return [E.ActionDone(wall=wall, action=ShardAction.RESTORE, step=state.step,
+                             num_shards=len(self.shards.shards))]
 
     def placement_changed(self, new_keys: Sequence[int], added: Sequence[Server]) -> tuple[int, ...]:
         """After a placement change: the added shards' servers get their keys; returns the removed servers' keys."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,8 +27,7 @@ from cmdare.ps.placement import Placement, get_placement
 from cmdare.ps.psld.decisions import Decision
 from cmdare.ps.psld.load import ShardLoad, block_loads
 from cmdare.ps.shard import AsyncShardActor, BlockData, SyncShardActor
-from cmdare.storage import Storage
-from cmdare.train.duties.checkpoint import CheckpointStore
+from cmdare.train.duties.checkpoint import Checkpoint
 from cmdare.train.run.detached import DetachedCalls
 from cmdare.train.run.emitter import RunEmitter
 from cmdare.train.spec import TrainSpec
@@ -203,58 +202,39 @@ class ShardGroup:
                 dead.append(k)
         return dead
 
-    def restore(self, storage: Storage, initial: tuple[np.ndarray, np.ndarray, int], global_step: int,
-                workers: Sequence[Any], spares: Sequence[Server] = (),
-                with_buffers: bool = False) -> tuple[int, dict[str, Any], dict[int, Server]]:
-        """Replace dead shards (with ``spares`` first, else new servers) and roll every shard back to the latest
-        checkpoint (consistent state). ``with_buffers``: the workers' batch-norm statistics go back too (to the
-        checkpoint's, or a fresh model's when none is stored): after a divergence they may hold NaN.
+    def restore(self, state: Checkpoint, global_step: int, workers: Sequence[Any], replacements: Mapping[int, Server],
+                with_buffers: bool = False) -> dict[str, Any]:
+        """Put each replacement (shard index -> a spare's server, up and empty) in its dead shard's place and load
+        every shard with ``state`` (a checkpoint, or the state the run started from). ``with_buffers``: the
+        workers' batch-norm statistics go back too (``state``'s; a fresh model's where it has none): after a
+        divergence they may hold NaN.
 
-        Returns the step training resumes from, the ``shard_restored`` event's details and, per dead shard's
-        index, the server that took its place.
+        Returns the ``shard_restored`` event's details.
         """
         import ray
 
-        dead = self.dead_shards()
-        store = CheckpointStore(storage)
-        latest = store.latest()
-        buffers = None
-        if latest is not None:
-            ckpt = store.load(latest)
-            params, momentum, step, buffers = ckpt.params, ckpt.momentum, ckpt.step, ckpt.buffers
-        else:
-            params, momentum, step = initial
-        spare_list = list(spares)
-        replaced: dict[int, Server] = {}
-        for k in dead:
+        for k, spare in sorted(replacements.items()):
             server = self.servers[k]
             reason = "unresponsive" if k in self.unresponsive else "revoked"
             self.emitter.event("shard_lost", shard_id=k, server_id=server.server_id,
                                details={"global_step": global_step, "reason": reason})
             self.emitter.end_server(server, reason)
-            if spare_list:
-                spare = spare_list.pop(0)
-                if spare in self.spares:
-                    self.spares.remove(spare)
-                self.shards[k], self.servers[k] = spare.actor, spare
-            else:
-                self.shards[k] = self.new_shard(k)
-                self.servers.insert(k, self.servers.pop())  # keep servers in shard order
-                self.servers.pop(k + 1)
-            replaced[k] = self.servers[k]
+            if spare in self.spares:
+                self.spares.remove(spare)
+            self.shards[k], self.servers[k] = spare.actor, spare
         self.version += 1
         self.unresponsive.clear()
-        self._load(params, momentum, step)
+        self._load(state.params, state.momentum, state.step)
         straggler = self.spec.straggler_factor()
-        if straggler and straggler[0] in dead:
+        if straggler and straggler[0] in replacements:
             ray.get(self.shards[straggler[0]].set_slowdown.remote(straggler[1]))
         if self.spec.sync:
             ray.get(self._send_round_size())
         ray.get([w.set_layout.remote(self.placement, self.shards) for w in workers])
         if with_buffers:
-            ray.get([w.load_buffers.remote(buffers) for w in workers])
-        return step, {"checkpoint_step": step, "steps_lost": max(0, global_step - step),
-                      "from_checkpoint": latest is not None, "dead_shards": dead}, replaced
+            ray.get([w.load_buffers.remote(state.buffers or None) for w in workers])
+        return {"checkpoint_step": state.step, "steps_lost": max(0, global_step - state.step),
+                "dead_shards": sorted(replacements)}
 
     # -- placement changes ------------------------------------------------------------------------
     def migrate(self, decisions: list[Decision], workers: Sequence[Any],

@@ -25,8 +25,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from cmdare.control import RunController
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
@@ -36,6 +34,7 @@ from cmdare.control.ps_topology import PsTopology
 from cmdare.errors import ShardLostError
 from cmdare.events import StepReport
 from cmdare.storage import Storage
+from cmdare.train.duties.checkpoint import Checkpoint, CheckpointStore
 from cmdare.train.duties.chief_duties import ChiefDuties
 from cmdare.train.ps.placement_changes import PlacementChanges
 from cmdare.train.ps.ps_evacuation import PsServerExecutor
@@ -70,14 +69,15 @@ class RayDriver:
         spec, storage: the run's configuration and storage (its status file, the checkpoint a restore loads).
         workers, shards, duties, changes, ps: the executors.
         emitter, metrics, detached: the run's reports, its speed window and calls left to finish.
-        initial: the starting (parameters, momentum, step): what a restore without a checkpoint loads.
+        initial: the state the run started from (a fresh model's, or the checkpoint it resumed from): what a
+            restore loads before the run stored a checkpoint of its own.
         real: a real cluster (cloud time is the wall clock); else local emulation.
     """
 
     def __init__(self, controller: RunController, spec: TrainSpec, storage: Storage, workers: WorkerExecutor,
                  shards: ShardGroup, duties: ChiefDuties, changes: PlacementChanges, ps: PsServerExecutor,
                  emitter: RunEmitter, metrics: RunMetrics, detached: DetachedCalls,
-                 initial: tuple[np.ndarray, np.ndarray, int], real: bool):
+                 initial: Checkpoint, real: bool):
         self.controller, self.spec, self.storage = controller, spec, storage
         if not isinstance(controller.topology, PsTopology):
             raise TypeError(f"the Ray driver trains through a parameter server, not {type(controller.topology)}")
@@ -86,8 +86,8 @@ class RayDriver:
         self.workers, self.shards, self.duties, self.changes, self.ps = workers, shards, duties, changes, ps
         self.emitter, self.metrics, self.detached = emitter, metrics, detached
         self.initial, self.real = initial, real
-        self.global_step = initial[2]
-        self.fence = initial[2]
+        self.global_step = initial.step
+        self.fence = initial.step
         self.feeding: set[int] = set()  # workers told to train, until they stop
         self.inflight: dict[Any, int] = {}  # chunk calls -> their worker
         self.queued: collections.Counter[int] = collections.Counter()  # chunks in flight per worker
@@ -390,21 +390,18 @@ class RayDriver:
         self.ps.kill(cmd)
 
     def _do_Restore(self, cmd: C.Restore) -> list[E.Event]:
-        """Replace dead shards and roll every shard back to the newest stored checkpoint."""
+        """Replace dead shards by the spares named and roll every shard back to the checkpoint named."""
         wall = time.time()
-        events: list[E.Event] = list(self.duties.collect(wall, wait=True, timeout_s=UPLOAD_DRAIN_S))
-        spares = [self.ps.spares[k] for k in cmd.spares if k in self.ps.spares]
-        step, details, replaced = self.shards.restore(self.storage, self.initial, self.global_step, self._live_actors(),
-                                                      spares, with_buffers=cmd.reason == "diverged")
+        state = self.initial if cmd.checkpoint is None else CheckpointStore(self.storage).load_step(cmd.checkpoint)
+        details = {}
         if cmd.reason == "diverged":  # a rollback: say which, and the learning rate from now on
-            details.update(global_step=self.global_step, **self.controller.rollback_details())
-        keys = list(cmd.spares)
-        self.ps.restored(cmd.spares, {keys.pop(0): server for _k, server in sorted(replaced.items()) if keys})
-        self.global_step = self.fence = step
-        self._round_feed.clear()  # the steps come again
-        self.emitter.event("shard_restored", details=details)
-        return [*events, E.ActionDone(wall=time.time(), action=ShardAction.RESTORE, step=step,
-                                      num_shards=len(self.shards.shards))]
+            details = dict(global_step=self.global_step, **self.controller.rollback_details())
+        events = [*self.duties.collect(wall), *self.ps.restore(cmd, state, self._live_actors(), self.global_step,
+                                                                wall, details)]
+        if events[-1].ok:
+            self.global_step = self.fence = state.step
+            self._round_feed.clear()  # the steps come again
+        return events
 
     def _do_ChangePlacement(self, cmd: C.ChangePlacement) -> list[E.Event]:
         before = list(self.shards.servers)
