@@ -17,20 +17,23 @@ and each seed, the bench runs
 
 and puts side by side, per line and seed (``train`` / ``sim``):
 
-=====================  ==========================================================  ================================
-field                  train (the run, read back from the store)                   sim (``--simulate --json``)
-=====================  ==========================================================  ================================
-``revocations``        the run summary's ``revocations`` (``events.is_revocation``) ``revocations_mean``
-``revocations_workers`` events ``revocation`` + ``notice``                          null: the JSON has no split
-``revocations_ps``     events ``ps_notice`` + ``ps_revocation`` without notice     null: the JSON has no split
-``replacements``       the run summary's ``replacements`` (workers and PS)         ``replacements_mean``
-``evacuations``        summary ``shards_evacuated``                                ``evacuations_mean``
-``parks``              summary ``shards_parked``                                   ``parks_mean``
-``checkpoints``        rows of the store's ``checkpoints`` table (stored ones)     null: the JSON has no count
-``steps_lost``         summary ``steps_lost`` + ``steps_rolled_back``              ``steps_lost_mean``
-``cost_usd``           the run's ``cost_usd`` (catalog prices, emulated time)      ``cost_usd.mean``
-``time_s``             the run's emulated cloud time at its end (see below)        ``time_s.mean``
-=====================  ==========================================================  ================================
+=======================  ============================================================  ===============================
+field                    train (the run, read back from the store)                     sim (``--simulate --json``)
+=======================  ============================================================  ===============================
+``revocations``          the run summary's ``revocations`` (``events.is_revocation``)  ``revocations_mean``
+``revocations_workers``  events ``revocation`` + ``notice``                            ``len(revocation_times_s)`` (1)
+``revocations_ps``       events ``ps_notice`` + ``ps_revocation`` without notice       ``revocations_mean`` - (1)
+``replacements``         the run summary's ``replacements`` (workers and PS)           ``replacements_mean``
+``evacuations``          summary ``shards_evacuated``                                  ``evacuations_mean``
+``parks``                summary ``shards_parked``                                     ``parks_mean``
+``checkpoints``          rows of the store's ``checkpoints`` table (stored ones)       null: the JSON has no count
+``steps_lost``           summary ``steps_lost`` + ``steps_rolled_back``                ``steps_lost_mean``
+``cost_usd``             the run's ``cost_usd`` (catalog prices, emulated time)        ``cost_usd.mean``
+``time_s``               the run's emulated cloud time at its end (see below)          ``time_s.mean``
+=======================  ============================================================  ===============================
+
+(1) The JSON has no split of revocations by role; ``revocation_times_s`` lists the first simulated run's worker
+revocations (``plan.markets.revocation_stats``), which with ``--runs 1`` is the run, so the split is derived from it.
 
 The store does not keep a local run's emulated cloud time (``run_simulation.against_plan`` says so too), so the
 bench starts ``cmdare train`` through a small launcher (``cmdare.cli.main`` with the same argv) that adds
@@ -76,8 +79,8 @@ LINES: dict[str, list[str]] = {
 #: (field, what the simulation JSON calls it: a key, a (key, subkey) pair, or None: not in the JSON)
 FIELDS: list[tuple[str, Any]] = [
     ("revocations", "revocations_mean"),
-    ("revocations_workers", None),
-    ("revocations_ps", None),
+    ("revocations_workers", "revocation_times_s"),
+    ("revocations_ps", "revocation_times_s"),
     ("replacements", "replacements_mean"),
     ("evacuations", "evacuations_mean"),
     ("parks", "parks_mean"),
@@ -180,7 +183,12 @@ def read_simulation(out: dict[str, Any]) -> dict[str, Any]:
     """The fields of one ``--simulate --runs 1 --json`` answer (null where the JSON has none)."""
     row: dict[str, Any] = {}
     for name, key in FIELDS:
-        if key is None:
+        if key == "revocation_times_s":  # the worker revocations of the first (here the only) simulated run
+            times, total = out.get(key), out.get("revocations_mean")
+            workers = len(times) if isinstance(times, list) and out.get("runs") == 1 else None
+            ps = total - workers if workers is not None and total is not None else None
+            row[name] = workers if name == "revocations_workers" else ps
+        elif key is None:
             row[name] = None
         elif isinstance(key, tuple):
             row[name] = (out.get(key[0]) or {}).get(key[1])

@@ -55,6 +55,7 @@ class FakeDriver:
     failing_uploads: set[int] = field(default_factory=set)  # steps whose checkpoint upload fails (a full disk)
     stalled_uploads: set[int] = field(default_factory=set)  # steps whose upload never ends
     slow_uploads: dict[int, float] = field(default_factory=dict)  # step -> wall seconds its upload takes (else 0)
+    placement: Any = None  # the shards' placement, where the test gives one: moves change it, ActionDone says so
     loss_at: Callable[[int], float] | None = None  # the training loss chunks report, by global step (None: none)
     test_loss: dict[int, float] = field(default_factory=dict)  # an evaluation's test loss, by its step (else 1.0)
     real_time: bool = False  # cloud time is this driver's clock (a real cluster): every event brings it
@@ -329,10 +330,19 @@ class FakeDriver:
         self.later(self.action_wall_s, E.ActionDone(wall=self.wall + self.action_wall_s, action=name,
                                                     num_shards=self.num_shards, **kw))
 
+    def _moved(self, moves: tuple) -> dict[str, Any]:
+        """The placement after ``moves`` (where this driver keeps one), as a driver reports it."""
+        if self.placement is None or not moves:
+            return {}
+        from cmdare.ps.psld.decisions import apply_decisions
+
+        self.placement = apply_decisions(self.placement, list(moves))
+        return {"placement": self.placement, "migrations": ((tuple(moves), 0, self.action_wall_s),)}
+
     def _do_EvacuatePs(self, c: C.EvacuatePs) -> None:
         if c.onto == "survivors":
             self.num_shards -= 1
-        self._action("evacuate")
+        self._action("evacuate", **self._moved(c.moves))
 
     def _do_ParkPs(self, c: C.ParkPs) -> None:
         self._action("park")
@@ -342,7 +352,7 @@ class FakeDriver:
 
     def _do_FillPs(self, c: C.FillPs) -> None:
         self.num_shards += 1
-        self._action("fill")
+        self._action("fill", **self._moved(c.moves))
 
     def _do_KillPs(self, c: C.KillPs) -> None:
         pass

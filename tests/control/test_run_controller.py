@@ -14,11 +14,15 @@ from cmdare.cloud.servers import ServerSpec
 from cmdare.control import MembershipKernel, PsServerKernel, RevocationPlan, build_revocation_source
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
+from cmdare.control.balancers import DecisionSource, add_shard_moves, drain_moves
 from cmdare.control.controller import RunController
 from cmdare.control.emulated_clock import EmulatedClock
 from cmdare.control.run_config import RunConfig
 from cmdare.control.run_state import RunState
 from cmdare.control.shard_control import UPLOAD_WAIT_S
+from cmdare.ps.blocks import param_infos
+from cmdare.ps.placement import get_placement
+from cmdare.ps.psld.decisions import AddShard, Move, RemoveShard, apply_decisions
 
 K80 = ServerSpec("k80", "gcp", "us-east1", True, 0.14)
 V100 = ServerSpec("v100", "gcp", "us-east1", True, 0.74)
@@ -176,6 +180,42 @@ def test_ps_notice_with_survivors_evacuates_then_a_replacement_fills():
     assert "EvacuatePs" in names and "StartPs" in names and "FillPs" in names
     (evac,) = d.of(C.EvacuatePs)
     assert evac.onto == "survivors" and d.steps_lost == 0
+
+
+class _AllOntoOneShard(DecisionSource):
+    """A placement source with plans of its own: a leaving shard's blocks all go to one shard; a replacement
+    takes one block."""
+
+    def drain(self, placement, shard):
+        dst = 0 if shard else 1
+        return [*(Move(b.block_id, shard, dst) for b in placement.blocks_on(shard)), RemoveShard(shard)]
+
+    def fill(self, placement):
+        return [AddShard(), Move(placement.blocks_on(0)[0].block_id, 0, placement.num_shards)]
+
+
+def test_the_controller_decides_where_an_evacuated_shards_blocks_go_and_what_its_replacement_takes():
+    """Three shards; the noticed one's blocks go to the least-loaded survivors and its shard is removed (the
+    indices above it shift down); its replacement is added last and takes its share by bytes. A placement
+    source's own plans instead where the run has one (PSLD's: ``--placement psld``)."""
+    infos = param_infos([(f"layer{i}.weight", (64, 8 * (i + 1))) for i in range(9)])
+    placement = get_placement("round-robin").place(infos, 3)
+    for source in (None, _AllOntoOneShard()):
+        d = make(steps=300, ps=3, ps_transient=True, revocations="trace=30@ps,notice=10,hit=ps",
+                 controller_kw={"placement": placement, "balancer": source}, driver_kw={"placement": placement})
+        d.run()
+        finished(d)
+        (evac,) = d.of(C.EvacuatePs)
+        shard = [-1, -2, -3].index(evac.key)
+        planned = (drain_moves(placement, shard) + [RemoveShard(shard)] if source is None
+                   else source.drain(placement, shard))
+        assert evac.moves == tuple(planned)
+        (fill,) = d.of(C.FillPs)
+        after = apply_decisions(placement, planned)
+        assert fill.moves == tuple(add_shard_moves(after) if source is None else source.fill(after))
+        # the controller's shard order is the placement's: the noticed shard's place gone, the replacement last
+        assert d.controller.topology.shards.order == [k for k in (-1, -2, -3) if k != evac.key] + [fill.spare]
+        assert d.placement.num_shards == 3 and d.controller.topology.placement is d.placement
 
 
 def test_last_shard_moves_onto_its_replacement_when_it_is_ready_in_time():

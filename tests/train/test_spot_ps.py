@@ -62,6 +62,21 @@ def test_sync_run_with_ps_evacuations_equals_the_fault_free_run(local_ray, tmp_p
     np.testing.assert_array_equal(_params(tmp_path / "spot"), _params(tmp_path / "plain"))
 
 
+@pytest.mark.cluster  # make test-cluster: two more runs
+def test_psld_plans_the_evacuations_the_controller_commands_and_no_value_changes(local_ray, tmp_path):
+    """With --placement psld the controller asks PSLD where a noticed shard's blocks go and what its replacement
+    takes; the driver carries out exactly those moves: the result equals the fault-free run's."""
+    plain = Trainer(_spec(steps=300, checkpoint_every=300, placement="psld"), checkpoint_dir=tmp_path / "plain").run()
+    log = _Events()
+    spot = _spec(steps=300, checkpoint_every=300, ps_transient=True, placement="psld",
+                 revocations="every=1,first=0.3,notice=300,hit=ps,step=0.01")
+    summary = Trainer(spot, [log], checkpoint_dir=tmp_path / "spot").run()
+    assert summary.status == "finished" and plain.global_step == summary.global_step == 300
+    onto = [e.details["onto"] for e in log.kinds("shard_evacuated")]
+    assert "survivors" in onto and not log.kinds("shard_restored")  # PSLD's drain plan carried out
+    np.testing.assert_array_equal(_params(tmp_path / "spot"), _params(tmp_path / "plain"))
+
+
 @pytest.mark.cluster  # make test-cluster: a long run with PS notices
 def test_the_last_shard_moves_to_its_replacement_within_the_notice(local_ray, tmp_path):
     plain = Trainer(_spec(ps=1, steps=300, checkpoint_every=300), checkpoint_dir=tmp_path / "plain").run()

@@ -42,6 +42,15 @@ class DecisionSource:
         """What the source saw worth reporting since the last call (``(kind, details)``)."""
         return []
 
+    def drain(self, placement: Placement, shard: int) -> list[Decision] | None:
+        """Where the blocks of ``shard`` go when its server leaves (the moves, then its removal); None: this
+        source has no plan of its own."""
+        return None
+
+    def fill(self, placement: Placement) -> list[Decision] | None:
+        """A replacement shard added and the blocks it takes; None: this source has no plan of its own."""
+        return None
+
 
 class PsldSource(DecisionSource):
     """The PSLD balancer (UCB exploration over block moves; elastic shards with ``elastic=True``)."""
@@ -73,6 +82,17 @@ class PsldSource(DecisionSource):
 
     def remove_shard(self, shard: int) -> list[Decision]:
         return self.balancer.remove_shard(shard)
+
+    def drain(self, placement: Placement, shard: int) -> list[Decision] | None:
+        return self.remove_shard(shard)
+
+    def fill(self, placement: Placement) -> list[Decision] | None:
+        from cmdare.errors import UserInputError
+
+        try:
+            return self.add_shard()
+        except UserInputError:  # at the balancer's maximum of shards: the replacement is filled by bytes
+            return None
 
 
 class ScriptedSource(DecisionSource):
@@ -124,6 +144,26 @@ def drain_moves(placement: Placement, shard: int) -> list[Decision]:
         moves.append(Move(b.block_id, shard, dst))
         loads[dst] += b.nbytes
     return moves
+
+
+def evacuation_moves(source: DecisionSource | None, placement: Placement, shard: int) -> list[Decision]:
+    """Where a leaving shard's blocks go: the placement sources' plan (PSLD's, where it balances the run), else
+    the least-loaded survivors; then the shard is removed."""
+    plan = source.drain(placement, shard) if source is not None else None
+    return plan if plan is not None else [*drain_moves(placement, shard), RemoveShard(shard)]
+
+
+def onto_replacement_moves(placement: Placement, shard: int) -> list[Decision]:
+    """The last shard's blocks onto its replacement: a shard added, every block moved to it, the old removed."""
+    new = placement.num_shards
+    return [AddShard(), *(Move(b.block_id, shard, new) for b in placement.blocks_on(shard)), RemoveShard(shard)]
+
+
+def fill_decisions(source: DecisionSource | None, placement: Placement) -> list[Decision]:
+    """A replacement shard added and its share of the blocks: the placement sources' plan (PSLD's), else by
+    bytes (:func:`add_shard_moves`)."""
+    plan = source.fill(placement) if source is not None else None
+    return plan if plan is not None else add_shard_moves(placement)
 
 
 def decisions_for_request(req: dict[str, Any], placement: Placement) -> list[Decision]:

@@ -138,6 +138,12 @@ class CompositeSource(DecisionSource):
     def take_reports(self) -> list[tuple[str, dict[str, Any]]]:
         return [r for s in self.sources for r in s.take_reports()]
 
+    def drain(self, placement: Placement, shard: int) -> list[Decision] | None:
+        return next((p for s in self.sources if (p := s.drain(placement, shard)) is not None), None)
+
+    def fill(self, placement: Placement) -> list[Decision] | None:
+        return next((p for s in self.sources if (p := s.fill(placement)) is not None), None)
+
 
 def placement_sources(placement: Placement, *, psld: bool = False, elastic: bool = False, balance_every: int = 50,
                       seed: int = 0, auto_mitigate: bool = False) -> CompositeSource:

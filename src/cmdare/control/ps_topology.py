@@ -11,12 +11,20 @@ requests become decisions against the placement as it is.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from cmdare.control.balancers import DecisionSource, decisions_for_request
+from cmdare.control.balancers import (
+    DecisionSource,
+    decisions_for_request,
+    evacuation_moves,
+    fill_decisions,
+    onto_replacement_moves,
+)
+from cmdare.control.kinds import Destination
 from cmdare.control.ps_servers import PsServerKernel
-from cmdare.control.run_commands import Balance, Command, Note, SetRoundSize
+from cmdare.control.run_commands import Balance, Command, EvacuatePs, FillPs, Note, SetRoundSize
 from cmdare.control.shard_control import ShardControl
 from cmdare.control.topology import Quiesce
 
@@ -127,12 +135,26 @@ class PsTopology:
         if not quiesced:
             return Quiesce(why)
         if action is not None:
-            return Quiesce(why, action=action)
+            return Quiesce(why, action=self._with_moves(action))  # carried out now: its moves decided now
         if grow:
             self.round_size = workers.counted()
             return Quiesce(why, then=SetRoundSize(self.round_size, wait=True,
                                                   why=f"a newcomer grows the synchronous round to {self.round_size}"))
         return Quiesce(why)
+
+    def _with_moves(self, action: Command | None) -> Command | None:
+        """An evacuation or a fill with the block moves that carry it out, decided on the placement as it is (where
+        the driver keeps one): the placement's sources' plan (PSLD's), else the least-loaded survivors, by bytes."""
+        if self.placement is None:
+            return action
+        if isinstance(action, EvacuatePs):
+            shard = self.shards.index_of(action.key)
+            moves = (onto_replacement_moves(self.placement, shard) if action.onto == Destination.REPLACEMENT
+                     else evacuation_moves(self.balancer, self.placement, shard))
+            return dataclasses.replace(action, moves=tuple(moves))
+        if isinstance(action, FillPs):
+            return dataclasses.replace(action, moves=tuple(fill_decisions(self.balancer, self.placement)))
+        return action
 
     def action_done(self, command: Command, ev: ActionDone) -> None:
         """The shards' records, and the sources told what was carried out (the placement afterwards)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from cmdare.cloud.servers import ServerSpec
 from cmdare.control.kinds import Destination, DutyKind
+from cmdare.ps.psld.decisions import Decision
 
 __all__ = [
     "Balance",
@@ -219,12 +220,16 @@ class PsNoticed(Command):
 @dataclass(frozen=True)
 class EvacuatePs(Command):
     """On quiesced shards: move every block of PS server ``key`` onto the other shards (``onto`` is
-    ``survivors``) or onto the replacement ``spare`` (``replacement``), then release the server."""
+    ``survivors``) or onto the replacement ``spare`` (``replacement``), then release the server. ``moves``: the
+    placement changes that do it, in shard indices (the controller's placement sources decided them: PSLD's drain
+    plan, else the least-loaded survivors; onto a spare, an added shard that takes every block); empty where the
+    driver keeps no placement (the simulator)."""
 
     key: int
     onto: Destination
     deadline: float
     spare: int | None = None
+    moves: tuple[Decision, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -246,9 +251,11 @@ class UnparkPs(Command):
 
 @dataclass(frozen=True)
 class FillPs(Command):
-    """On quiesced shards: the replacement PS ``spare`` joins and takes its share of blocks."""
+    """On quiesced shards: the replacement PS ``spare`` joins and takes its share of blocks: ``moves``, an added
+    shard and the blocks it takes (PSLD's choice, else by bytes; empty where the driver keeps no placement)."""
 
     spare: int
+    moves: tuple[Decision, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from cmdare.control.run_commands import (
     UnparkPs,
 )
 from cmdare.control.run_config import RunConfig
-from cmdare.ps.psld.decisions import AddShard
+from cmdare.ps.psld.decisions import AddShard, RemoveShard
 
 __all__ = ["MAX_SPARE_TRIES", "UPLOAD_WAIT_S", "ShardControl", "Spare"]
 
@@ -85,14 +85,28 @@ class ShardControl:
         self.restore_reason: str | None = None
         self.placements: list[tuple[tuple, tuple[int, ...], str]] = []  # (decisions, added shards' keys, why)
         self.evacuated = 0
+        self.order: list[int] = []  # the servers' keys in shard order (a parked shard keeps its place)
         self.wall = 0.0  # the driver's clock at the event being handled (set by the controller)
         self.failure: str | None = None  # why the run cannot go on (replacements that never come up)
 
     def start(self, spec: ServerSpec, num_shards: int, now: float) -> None:
         """The initial shards' servers (keys -1, -2, ... in shard order)."""
         self.spec, self.num_shards, self.planned = spec, num_shards, num_shards
-        for _ in range(num_shards):
-            self.kernel.add(spec, now)
+        self.order = [self.kernel.add(spec, now).worker_id for _ in range(num_shards)]
+
+    def index_of(self, key: int) -> int:
+        """The shard index of PS server ``key``'s shard."""
+        return self.order.index(key)
+
+    def _reorder(self, decisions: tuple, added: tuple[int, ...]) -> None:
+        """The shard order after placement changes carried out: each added shard's server (``added``, in order)
+        last, each removed shard's place gone (indices above it shift down, as the placement's)."""
+        keys = iter(added)
+        for d in decisions:
+            if isinstance(d, AddShard):
+                self.order.append(next(keys))
+            elif isinstance(d, RemoveShard):
+                self.order.pop(d.shard_id)
 
     # -- what happened ----------------------------------------------------------------------------
     def candidates(self) -> list:
@@ -262,17 +276,22 @@ class ShardControl:
             if ok:
                 for key in command.new_keys:
                     self.kernel.add(self.spec, now, key=key)  # type: ignore[arg-type]
+                self._reorder(command.decisions, command.new_keys)
             for key in removed:
                 self.kernel.remove(key)
             return
         if not ok:
             return  # a destination died meanwhile: the notice's deadline (or the next pass) decides
         if isinstance(command, Restore):
-            for key in command.spares:
-                self._join(key, now)
+            for dead, spare in command.replacements:
+                self.order[self.index_of(dead)] = spare
+                self._join(spare, now)
             self.dead.clear()
             self.restore_reason = None
         elif isinstance(command, EvacuatePs):
+            spare = () if command.spare is None else (command.spare,)
+            self._reorder(command.moves or (*(AddShard() for _ in spare), RemoveShard(self.index_of(command.key))),
+                          spare)
             self.evacuations.pop(command.key, None)
             self.kernel.remove(command.key)
             self.evacuated += 1
@@ -283,10 +302,12 @@ class ShardControl:
             self.kernel.remove(command.key)
             self.parked[command.key] = command.deadline
         elif isinstance(command, UnparkPs):
+            self.order[self.index_of(command.key)] = command.spare
             self.parked.pop(command.key, None)
             self.evacuated += 1
             self._join(command.spare, now)
         elif isinstance(command, FillPs):
+            self._reorder(command.moves or (AddShard(),), (command.spare,))
             self._join(command.spare, now)
 
     def _join(self, key: int, now: float) -> None:

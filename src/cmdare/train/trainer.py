@@ -193,8 +193,7 @@ class Trainer:
                                                elastic=spec.elastic_ps, balance_every=spec.balance_every,
                                                seed=spec.seed, auto_mitigate=spec.auto_mitigate)
         self.placement_changes = PlacementChanges(self.shard_group, self.emitter, self.storage)
-        self.ps_servers = ps_executor(spec, self.shard_group, self.placement_changes, self.provider, self.emitter,
-                                      self.decisions)
+        self.ps_servers = ps_executor(spec, self.shard_group, self.placement_changes, self.provider, self.emitter)
         self._first_step = step
         self.controller = build_controller(spec, self.plan, self._source, self.run_id, real=not self.emulated_time,
                                            checkpoints=self.storage.uri, resumed_from=step if self.resuming else None,

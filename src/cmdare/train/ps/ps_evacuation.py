@@ -5,12 +5,13 @@ blocks go to the surviving shards or the last shard's to a replacement, when the
 dead shards are restored from the checkpoint. This executor acts on the run's shards:
 
 * a replacement PS (``StartPs``) is a spare shard actor started ahead; its ping answering is ``PsUp``;
-* ``EvacuatePs``: on quiesced shards, the server's blocks with their momentum move to the survivors (the
-  placement strategy's choice: PSLD's balancer with ``--placement psld``, else the least-loaded shards) or,
-  for the last shard, to the replacement; its server is released before the deadline (``shard_evacuated``);
+* ``EvacuatePs``: on quiesced shards, the server's blocks with their momentum move as the command's moves say
+  (the controller's choice: PSLD's drain plan with ``--placement psld``, else the least-loaded shards; the last
+  shard's onto the replacement); its server is released before the deadline (``shard_evacuated``);
 * ``ParkPs``: the last shard's blocks are taken into the coordinator and its server released; ``UnparkPs``:
   the replacement takes them (``shard_parked``, then ``shard_evacuated``): a pause, nothing lost;
-* ``FillPs``: a replacement joins a run whose other shards took the evacuated blocks (``ps_add``);
+* ``FillPs``: a replacement joins a run whose other shards took the evacuated blocks, taking the blocks the
+  command's moves give it (``ps_add``);
 * ``KillPs``: no notice, or the deadline came first: the server is killed (``ps_revocation``); the
   controller's ``Restore`` follows: each dead server's place to the spare it names, every shard back to the
   checkpoint it names (``shard_lost``, ``shard_restored``);
@@ -30,10 +31,8 @@ from typing import Any
 from cmdare.cloud.local import Server, ServerProvider
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
-from cmdare.control.balancers import add_shard_moves, drain_moves
-from cmdare.control.kinds import Destination, ShardAction
-from cmdare.ps.placement import Placement
-from cmdare.ps.psld.decisions import AddShard, Decision, Move, RemoveShard
+from cmdare.control.kinds import ShardAction
+from cmdare.ps.psld.decisions import RemoveShard
 from cmdare.train.duties.checkpoint import Checkpoint
 from cmdare.train.ps.placement_changes import PlacementChanges
 from cmdare.train.ps.shard_group import ShardGroup
@@ -43,24 +42,12 @@ __all__ = ["PsServerExecutor", "ps_executor"]
 
 DRAIN_POLL_S = 0.5  # how often the GCS is asked for draining nodes (one request)
 
-#: Where an evacuated shard's blocks go: (placement, shard) -> decisions that empty and remove it.
-DrainPlan = Callable[[Placement, int], list[Decision]]
-
-
-def default_drain(placement: Placement, shard: int) -> list[Decision]:
-    """Move the shard's blocks to the least-loaded survivors, then remove it."""
-    return [*drain_moves(placement, shard), RemoveShard(shard)]
-
-
 class PsServerExecutor:
     """The run's PS servers by key: spares started, blocks evacuated, parked and restored, servers killed."""
 
     def __init__(self, shards: ShardGroup, changes: PlacementChanges, provider: ServerProvider, emitter: RunEmitter,
-                 drain: DrainPlan | None = None, fill: Callable[[Placement], list[Decision]] | None = None,
                  watch_drains: bool = False):
         self.shards, self.changes, self.provider, self.emitter = shards, changes, provider, emitter
-        self.drain_plan = drain or default_drain
-        self.fill_plan = fill or add_shard_moves
         self.watch_drains = watch_drains
         self.by_key: dict[int, Server] = {-1 - k: srv for k, srv in enumerate(shards.servers)}
         self.spares: dict[int, Server] = {}  # key -> a replacement's server (its actor started, empty)
@@ -157,19 +144,15 @@ class PsServerExecutor:
     # -- actions on quiesced shards ----------------------------------------------------------------------
     def evacuate(self, cmd: C.EvacuatePs, workers: Sequence[Any], global_step: int, wall: float,
                  now: float) -> E.ActionDone:
+        """The controller's moves carried out: the server's blocks onto the survivors or onto the spare named."""
         server = self.by_key[cmd.key]
         k = self._index(server)
-        placement = self.shards.placement
-        assert placement is not None and k is not None
-        onto_spare = not (cmd.onto == Destination.SURVIVORS and len(self.shards.shards) > 1)
-        if not onto_spare:
-            decisions = self.drain_plan(placement, k)
-        else:  # onto the spare: it becomes shard n, then shard k is emptied into it and removed
-            assert cmd.spare is not None
+        if k is None or RemoveShard(k) not in cmd.moves:
+            raise RuntimeError(f"the evacuation of PS server {cmd.key} (shard {k}) does not remove its shard: "
+                               f"{cmd.moves}")
+        if cmd.spare is not None:  # the last shard: the spare is added, takes every block, the old is removed
             self._use_spare(cmd.spare)
-            n = placement.num_shards
-            decisions = [AddShard(), *(Move(b.block_id, k, n) for b in placement.blocks_on(k)), RemoveShard(k)]
-        result, pause_s = self.changes.migrate(decisions, workers, global_step, removed_reason="evacuated")
+        result, pause_s = self.changes.migrate(list(cmd.moves), workers, global_step, removed_reason="evacuated")
         if result.rolled_back:  # a destination died: the shard stays; the deadline (or a retry) decides
             return E.ActionDone(wall=wall, action=ShardAction.EVACUATE, ok=False, num_shards=len(self.shards.shards))
         self.by_key.pop(cmd.key, None)
@@ -177,7 +160,7 @@ class PsServerExecutor:
                            details={"shard_id": k, "onto": cmd.onto, "moved_bytes": result.moved_bytes,
                                     "pause_s": pause_s, "margin_s": cmd.deadline - now,
                                     "num_shards": len(self.shards.shards), "global_step": global_step})
-        if onto_spare:
+        if cmd.spare is not None:
             self._replacement_joined()
         return E.ActionDone(wall=wall, action=ShardAction.EVACUATE, num_shards=len(self.shards.shards))
 
@@ -221,9 +204,7 @@ class PsServerExecutor:
     def fill(self, cmd: C.FillPs, workers: Sequence[Any], global_step: int, wall: float) -> E.ActionDone:
         """The replacement joins and takes its share of the blocks."""
         self._use_spare(cmd.spare)
-        placement = self.shards.placement
-        assert placement is not None
-        result, _pause = self.changes.migrate(self.fill_plan(placement), workers, global_step)
+        result, _pause = self.changes.migrate(list(cmd.moves), workers, global_step)
         if not result.rolled_back:
             self._replacement_joined()
         return E.ActionDone(wall=wall, action=ShardAction.FILL, ok=not result.rolled_back,
@@ -284,22 +265,6 @@ class PsServerExecutor:
 
 
 def ps_executor(spec: Any, shards: ShardGroup, changes: PlacementChanges, provider: ServerProvider,
-                emitter: RunEmitter, decisions: Any) -> PsServerExecutor:
-    """The PS executor of a run: with ``--placement psld`` PSLD's balancer chooses where evacuated blocks go;
-    with ``--ps-transient`` it watches Ray's drains of the shards' nodes."""
-    from cmdare.control.balancers import PsldSource
-    from cmdare.errors import UserInputError
-
-    psld = next((s for s in getattr(decisions, "sources", [decisions]) if isinstance(s, PsldSource)), None)
-    drain, fill = None, None
-    if psld is not None:
-        def drain(_placement: Placement, shard: int) -> list[Decision]:
-            return psld.remove_shard(shard)
-
-        def fill(placement: Placement) -> list[Decision]:
-            try:
-                return psld.add_shard()
-            except UserInputError:  # at the balancer's maximum: fill by bytes
-                return add_shard_moves(placement)
-
-    return PsServerExecutor(shards, changes, provider, emitter, drain, fill, watch_drains=spec.ps_transient)
+                emitter: RunEmitter) -> PsServerExecutor:
+    """The PS executor of a run; with ``--ps-transient`` it watches Ray's drains of the shards' nodes."""
+    return PsServerExecutor(shards, changes, provider, emitter, watch_drains=spec.ps_transient)
