@@ -160,3 +160,29 @@ def test_the_first_simulated_run_with_a_seed_revokes_what_the_emulated_run_with_
     simulated = json.loads(out)
     assert simulated["runs"] == 1
     assert (simulated["revocations_mean"], simulated["replacements_mean"]) == (revoked, replaced)
+
+
+@pytest.mark.parametrize("gpus", [None, "k80:1,v100:1"])
+def test_cheapest_chooses_from_the_same_offers_in_the_trainer_and_in_its_simulation(gpus):
+    """``--replacement cheapest``: the trainer's controller and the simulation of the same command line offer a
+    replacement the same servers (every transient offering of the lost server's cloud, any region, at the speed
+    the run trains at on each type), so both rent the same one."""
+    from cmdare.control import NoRevocations, RevocationPlan
+    from cmdare.plan.simulator import Simulator
+    from cmdare.run_simulation import simulation_inputs
+    from cmdare.train.run.controller_setup import build_controller
+    from cmdare.train.run.run_start import server_specs
+    from cmdare.train.spec import TrainSpec
+
+    spec = TrainSpec(model="resnet15", workers=2, worker_gpus=gpus, transient=True, replace="cheapest",
+                     revocations="every=5")
+    controller = build_controller(spec, RevocationPlan.parse(spec.revocations), NoRevocations(), "r", real=False)
+    job, cluster, models, _sources = simulation_inputs(spec, joined=False)
+    simulator = Simulator(job, cluster, models)
+    for lost in server_specs(spec)[0]:
+        trained = list(controller.kernel.offers(lost))
+        simulated = list(simulator.offers(lost))
+        assert trained == simulated
+        assert len({o.spec.region for o in trained}) > 1 and len({o.spec.gpu_type for o in trained}) > 1
+        pick = controller.kernel.replacement.decide(lost, trained)
+        assert pick == controller.kernel.replacement.decide(lost, simulated)

@@ -130,7 +130,7 @@ class SimRun:
         if self.training:
             chief = controller.workers.chief
             chief = chief if chief in self.workers else min(self.training)
-            chief_gpu = self.sim.gpu_index[self.workers[chief].gpu_type]
+            chief_gpu = self.sim.index_of(self.workers[chief].gpu_type)
             self.speed = self.sim.rate(tuple(self._counts), chief_gpu, self.num_shards) * self.speed_factor
         at = controller.next_wakeup()
         if self.speed > 0:
@@ -207,7 +207,14 @@ class SimRun:
     def _do_Train(self, c: C.Train) -> None:
         if c.worker_id not in self.training:
             self.training.add(c.worker_id)
-            self._counts[self.sim.gpu_index[self.workers[c.worker_id].gpu_type]] += 1
+            self._count(self.workers[c.worker_id].gpu_type, +1)
+
+    def _count(self, gpu: str, change: int) -> None:
+        """Workers of ``gpu`` training, counted per GPU type (a type a replacement brought gets a count)."""
+        index = self.sim.index_of(gpu)
+        if index >= len(self._counts):
+            self._counts += [0] * (index + 1 - len(self._counts))
+        self._counts[index] += change
 
     def _stop_all(self) -> None:
         self.training = set()
@@ -269,7 +276,7 @@ class SimRun:
         spec = self.workers.pop(worker_id, None)
         if worker_id in self.training:
             self.training.discard(worker_id)
-            self._counts[self.sim.gpu_index[spec.gpu_type]] -= 1  # type: ignore[union-attr]  # training: live
+            self._count(spec.gpu_type, -1)  # type: ignore[union-attr]  # training: live
         if spec is not None:
             self._bill(-self._price_s(spec))
 

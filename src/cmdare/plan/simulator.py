@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,7 +59,8 @@ from cmdare.control import (
     RevocationPlan,
     RevocationSource,
 )
-from cmdare.errors import UserInputError
+from cmdare.control.offers import ReplacementOffers
+from cmdare.errors import CmdareError, UserInputError
 from cmdare.plan.sim_driver import LIFETIMES_PER_SLOT, SimRun
 from cmdare.plan.spec import (
     MAX_JOB_DAYS,
@@ -125,6 +126,10 @@ class Simulator:
         ]
         #: What a replacement may run on, per region: the cluster's GPU types at spot prices, with their speeds.
         self._offers: dict[str, tuple[Offer, ...]] = {}
+        catalog = getattr(models.prices, "catalog", None)
+        priced = cluster.replacement in ("cheapest", "cost-efficient")
+        self._catalog_offers = (ReplacementOffers(catalog, self._speed_of if priced else None)
+                                if catalog is not None else None)
         self._ps_price_s = (
             models.prices.price_per_hour_usd(PS_SERVER, cluster.region, cluster.ps_transient) / 3600
         )
@@ -140,8 +145,13 @@ class Simulator:
         #: The job is longer than the simulator runs (:data:`MAX_JOB_DAYS` without revocations).
         self.beyond_horizon = self.base_time_s > MAX_JOB_DAYS * 86400
 
-    def offers(self, lost: ServerSpec) -> tuple[Offer, ...]:
-        """The offerings a replacement of ``lost`` may run on (for the kernel's ``cheapest`` policy)."""
+    def offers(self, lost: ServerSpec) -> Sequence[Offer]:
+        """The offerings a replacement of ``lost`` may run on (for the kernel's ``cheapest`` policy): the trainer's
+        rule (:class:`~cmdare.control.offers.ReplacementOffers`: every transient offering of the lost server's cloud
+        in the catalog, at the workload's speed on each GPU type); a price book without a catalog (a toy's): the
+        cluster's types in the lost server's region."""
+        if self._catalog_offers is not None:
+            return self._catalog_offers(lost)
         offers = self._offers.get(lost.region)
         if offers is None:
             price = self.models.prices.price_per_hour_usd
@@ -151,6 +161,23 @@ class Simulator:
                 for i, g in enumerate(self.gpus)
             )
         return offers
+
+    def _speed_of(self, gpu: str) -> float | None:
+        """Steps per second a worker of ``gpu`` trains the job at (None: the speed model cannot say)."""
+        try:
+            return float(self.models.speed.worker_steps_per_s(gpu.lower()))
+        except CmdareError:
+            return None
+
+    def index_of(self, gpu: str) -> int:
+        """The index of GPU type ``gpu`` in the membership counts; a type a replacement brought (``cheapest``
+        rents what is cheapest per step) is added."""
+        index = self.gpu_index.get(gpu)
+        if index is None:
+            index = self.gpu_index[gpu] = len(self.gpus)
+            self.gpus.append(gpu)
+            self._worker_speed.append(self._speed_of(gpu) or 0.0)
+        return index
 
     # ---- speed ---------------------------------------------------------------------------------
     def price_s(self, spec: ServerSpec) -> float:
@@ -165,6 +192,7 @@ class Simulator:
     def rate(self, counts: tuple[int, ...], chief_gpu: int, ps: int | None = None) -> float:
         """Effective steps/s of a live membership (``counts`` per GPU type) with ``ps`` PS up (default all)."""
         ps = self.cluster.ps if ps is None else ps
+        counts = counts + (0,) * (len(self.gpus) - len(counts))  # types a replacement brought since
         key = (counts, chief_gpu, ps)
         rate = self._rates.get(key)
         if rate is None:

@@ -17,8 +17,9 @@ from cmdare.control import (
     RunConfig,
     RunController,
 )
+from cmdare.control.offers import ReplacementOffers
 from cmdare.control.run_config import run_config_for
-from cmdare.train.run.gpu_speeds import catalog_offers, step_time_s
+from cmdare.train.run.gpu_speeds import step_time_s, steps_per_s
 from cmdare.train.spec import TrainSpec
 
 if TYPE_CHECKING:
@@ -124,10 +125,15 @@ def build_controller(spec: TrainSpec, plan: RevocationPlan, source: RevocationSo
     """The run's controller: the membership kernel (replacement, LR and chief policies; the revocation source),
     the PS-server kernel (the cloud's notice lead; the same source when it hits PS servers), the placement's
     sources (``balancer``; the shards' ``placement`` at the start) and, in local emulation, the emulated clock."""
-    priced = spec.model_name if spec.replace in ("cheapest", "cost-efficient") else None  # speeds cost a model fit
+    from cmdare.cloud.catalog import default_catalog
+
+    config = run_config(spec, plan, run_id, real, checkpoints, resumed_from)
+    speed = None  # ``cheapest`` prices the offers at the speeds the run would train at: emulated, or the model's
+    if spec.replace in ("cheapest", "cost-efficient"):  # (speeds cost a model fit: asked only where needed)
+        speed = steps_per_s(spec.model_name) if real else lambda gpu: 1.0 / config.step_s[gpu]
     kernel = MembershipKernel(spec.workers, replacement=spec.replace, lr_policy=spec.lr_policy, revocations=source,
-                              offers=lambda lost: catalog_offers(lost, priced))
+                              offers=ReplacementOffers(default_catalog(), speed))
     ps_source = source if spec.ps_transient and plan.hits("ps") else NoRevocations()
     ps_kernel = PsServerKernel(ps_source, notice_s=plan.notice_lead_s(spec.cloud), replace=spec.replace != "none")
-    return RunController(run_config(spec, plan, run_id, real, checkpoints, resumed_from), kernel, ps_kernel,
-                         None if real else EmulatedClock(), balancer=balancer, placement=placement)
+    return RunController(config, kernel, ps_kernel, None if real else EmulatedClock(), balancer=balancer,
+                         placement=placement)

@@ -1,5 +1,6 @@
 """How fast a run's model trains on each GPU type, by the step-time model: the speeds that price a
-replacement (``cheapest``) and the compute stretch that emulates a mixed cluster on one machine.
+replacement (``cheapest``: :class:`~cmdare.control.offers.ReplacementOffers`) and the compute stretch that
+emulates a mixed cluster on one machine.
 
 Locally every worker computes on this machine's CPU, so a run of ``k80:2,v100:1`` emulates the types: each
 worker's steps are stretched to the step-time model's ratio between its type and the fastest type present
@@ -13,18 +14,16 @@ taken from He's ResNet-32 against T2T's, and ``resnet15``/``resnet32`` took T2T'
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from cmdare.cloud.servers import ServerSpec
-from cmdare.control import Offer
 from cmdare.errors import CmdareError
 
 if TYPE_CHECKING:
     from cmdare.train.run.emitter import RunEmitter
     from cmdare.train.spec import TrainSpec
 
-__all__ = ["catalog_offers", "compute_stretch", "emulated_step_stretch", "step_time_s"]
+__all__ = ["compute_stretch", "emulated_step_stretch", "step_time_s", "steps_per_s"]
 
 
 @functools.cache
@@ -59,21 +58,11 @@ def emulated_step_stretch(spec: TrainSpec, emitter: RunEmitter) -> dict[str, flo
     return stretch
 
 
-def catalog_offers(lost: ServerSpec, model: str | None = None) -> list[Offer]:
-    """Transient worker offerings in the catalog (any region of the lost server's cloud) that could replace
-    ``lost``, each with the speed ``model`` trains at on its GPU type (the step-time model); without a
-    model, only offerings of the lost server's type, all at the same speed (``cheapest`` then picks the
-    lowest price)."""
-    from cmdare.cloud.catalog import default_catalog
+def steps_per_s(model: str) -> Callable[[str], float | None]:
+    """Steps per second a worker trains ``model`` at, by GPU type (None: the step-time model cannot say)."""
 
-    cloud = lost.cloud if lost.cloud != "local" else None
-    out = []
-    for o in default_catalog().find(gpu=None if model else lost.gpu_type, cloud=cloud, role="worker",
-                                    include_retired=True):
-        price = o.slot_price_per_hour_usd(True)
-        if price is None or o.gpu is None:
-            continue
-        t = step_time_s(model, o.gpu) if model else 1.0
-        if t is not None:
-            out.append(Offer(ServerSpec(o.gpu, o.cloud, o.region, True, price, o.role), 1.0 / t))
-    return out
+    def speed(gpu: str) -> float | None:
+        t = step_time_s(model, gpu.lower())
+        return 1.0 / t if t else None
+
+    return speed

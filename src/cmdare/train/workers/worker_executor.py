@@ -26,7 +26,6 @@ from cmdare.control import run_events as E
 from cmdare.train.ps.shard_group import ShardGroup
 from cmdare.train.run.detached import DetachedCalls
 from cmdare.train.run.emitter import RunEmitter
-from cmdare.train.run.gpu_speeds import catalog_offers
 from cmdare.train.spec import TrainSpec
 from cmdare.train.workers.lost_nodes import LostNodes
 from cmdare.train.workers.warm_pool import (
@@ -38,7 +37,7 @@ from cmdare.train.workers.warm_pool import (
 )
 from cmdare.train.workers.worker import Worker
 
-__all__ = ["WorkerExecutor", "WorkerHandle", "catalog_offers", "start_error"]
+__all__ = ["WorkerExecutor", "WorkerHandle", "start_error"]
 
 
 @dataclass
