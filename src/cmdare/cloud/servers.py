@@ -76,10 +76,11 @@ class ServerSpec:
         return f"{self.gpu_type or 'CPU'} {model} {self.cloud}/{self.region}"
 
 
-def cost_usd(spec: ServerSpec, uptime_s: float, minimum_s: float = 0.0) -> float:
+def cost_usd(spec: ServerSpec, uptime_s: float, minimum_s: float = 0.0, whole_seconds: bool = True) -> float:
     """What ``spec`` costs for ``uptime_s`` seconds with per-second billing.
 
-    Uptime is rounded up to whole seconds. GCE and EC2 (Linux) bill at least one minute per start;
+    Uptime is rounded up to whole seconds (``whole_seconds=False``: billed continuously, as emulated time is,
+    where one second stands for many of the cloud's). GCE and EC2 (Linux) bill at least one minute per start;
     pass ``minimum_s=60`` to include that minimum.
 
     Raises:
@@ -88,5 +89,5 @@ def cost_usd(spec: ServerSpec, uptime_s: float, minimum_s: float = 0.0) -> float
     for name, value in (("uptime_s", uptime_s), ("minimum_s", minimum_s)):
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
             raise UserInputError(f"{name} must be a finite number >= 0, got {value!r}")
-    billed_s = max(math.ceil(uptime_s), minimum_s) if uptime_s > 0 else 0.0
+    billed_s = max(math.ceil(uptime_s) if whole_seconds else uptime_s, minimum_s) if uptime_s > 0 else 0.0
     return spec.price_per_hour_usd * billed_s / 3600.0

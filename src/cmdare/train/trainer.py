@@ -338,7 +338,7 @@ class Trainer:
         summary = self.metrics.summary(self.run_id, status, t_start, self.global_step, self.provider.servers,
                                     duties.last_accuracy if duties else None, duties.last_loss if duties else None,
                                     planned_workers=self.spec.workers, emulated=self.emulated,
-                                    checkpoint_dir=self.storage.uri,
+                                    emulated_time=self.emulated_time, checkpoint_dir=self.storage.uri,
                                     failed_checkpoints=duties.failed_uploads if duties else 0,
                                     cloud_now=self.controller.now if self.controller is not None else None)
         summary.details["clock"] = "emulated" if self.emulated_time else "wall"

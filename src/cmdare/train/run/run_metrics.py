@@ -131,16 +131,19 @@ class RunMetrics(TrainCallback):
 
     def summary(self, run_id: str, status: str, t_start: float, global_step: int, servers: Sequence[Server],
                 accuracy: float | None, loss: float | None, *, planned_workers: int, emulated: bool,
-                checkpoint_dir: str, failed_checkpoints: int = 0, cloud_now: float | None = None) -> RunSummary:
+                checkpoint_dir: str, failed_checkpoints: int = 0, cloud_now: float | None = None,
+                emulated_time: bool = False) -> RunSummary:
         """The run's :class:`RunSummary`: speed, losses, time lost per planned worker (``cloud_now``: the run's
-        cloud time at its end, default the wall clock), and the servers' cost (per-second billing of every server
-        that joined or ended, in emulated cloud time where the run emulates it)."""
+        cloud time at its end, default the wall clock), and the servers' cost: per-second billing of every server
+        that joined or ended; in emulated cloud time where the run emulates it (``emulated_time``), billed
+        continuously, as the simulation of its command line bills (an emulated second stands for ``speedup`` of
+        the cloud's, so whole emulated seconds would round each server up by as much)."""
         now = time.time()
         end = now if cloud_now is None else cloud_now
         # a replacement asked for and never joined: its slot was empty from the loss to the end
         lost_worker_s = self.lost_worker_s + sum(max(0.0, end - t) for t in self._open_losses.values())
         billed = [s for s in servers if s.joined_at is not None or not s.alive]
-        cost = sum(cost_usd(s.spec, s.billed_s(cloud_now, now)) for s in billed)
+        cost = sum(cost_usd(s.spec, s.billed_s(cloud_now, now), whole_seconds=not emulated_time) for s in billed)
         time_lost_s = lost_worker_s / max(1, planned_workers)
         if not self.parts:  # a run whose start this callback did not hear: one part
             self.parts = [RunPart(1, t_start, emulated=emulated)]
