@@ -11,6 +11,7 @@ planner's own models. Every option the simulator cannot honour is named in the o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from typing import Any
@@ -64,7 +65,7 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
     """The planner's job, cluster and models for the run ``spec`` describes, and a factory of its revocation
     sources (fresh streams at each call)."""
     from cmdare.plan.adapters import load_plan_models
-    from cmdare.plan.emulation import emulated_models
+    from cmdare.plan.emulation import TrainerStartups, emulated_models
     from cmdare.plan.evacuation import with_evacuation
     from cmdare.plan.one_config import revocation_source
     from cmdare.plan.spec import ClusterSpec, JobSpec, WorkerGroup
@@ -81,8 +82,6 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
     models = with_evacuation(load_plan_models(spec.model_name, lifetime, None, spec.cloud,
                                               input_shape=_input_shape(spec)), spec.ps_transient)
     if not (spec.dataset == "cifar10" and is_builtin_dataset(spec.dataset)):
-        import dataclasses
-
         source = models.source.replace("accuracy: ICAC 2019 ResNet-32/CIFAR-10 points",
                                        f"no accuracy predicted on {spec.dataset} (the accuracy points are CIFAR-10's)")
         models = dataclasses.replace(models, accuracy=None, source=source)
@@ -92,6 +91,9 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
                                    tuple(spec.slot_gpus()))
         fixed = None if spec.startup == "model" else float(spec.startup)
         models = emulated_models(models, step_s, sync=spec.sync, speedup=plan.speedup, startup_s=fixed)
+        if fixed is None:  # start-ups drawn as the trainer draws them: its phases, its stream
+            first_wave = [(None, spec.ps_transient)] * spec.ps + [(g, spec.transient) for g in spec.slot_gpus()]
+            models = dataclasses.replace(models, startup=TrainerStartups(plan.speedup, spec.seed, first_wave))
     counts = Counter(spec.slot_gpus())
     cluster = ClusterSpec(tuple(WorkerGroup(g, n, spec.transient, region) for g, n in counts.items()), ps=spec.ps,
                           region=region, ps_transient=spec.ps_transient, replacement=spec.replace,

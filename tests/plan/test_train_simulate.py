@@ -186,3 +186,30 @@ def test_cheapest_chooses_from_the_same_offers_in_the_trainer_and_in_its_simulat
         assert len({o.spec.region for o in trained}) > 1 and len({o.spec.gpu_type for o in trained}) > 1
         pick = controller.kernel.replacement.decide(lost, trained)
         assert pick == controller.kernel.replacement.decide(lost, simulated)
+
+
+def test_a_simulated_local_run_draws_the_start_ups_its_trainer_draws():
+    """The trainer draws a start-up for every server it starts (the shards, the first wave's workers, then each
+    replacement), the framework's phase left out (a local process start takes no emulated time); the first
+    simulated run with the seed draws the replacements' start-ups from the same stream; the next run its own."""
+    import numpy as np
+
+    from cmdare.cloud.local import StartupDelay
+    from cmdare.cloud.servers import ServerSpec
+    from cmdare.plan.emulation import TrainerStartups
+    from cmdare.predict import startup_model
+    from cmdare.run_simulation import simulation_inputs
+    from cmdare.train.spec import TrainSpec
+
+    spec = TrainSpec(workers=2, ps=1, transient=True, seed=3, revocations="lifetime=bathtub,speedup=7200")
+    _job, _cluster, models, _sources = simulation_inputs(spec, joined=False)
+    assert isinstance(models.startup, TrainerStartups)
+    trainer = StartupDelay("model", 7200, 3, model=startup_model)
+    worker = ServerSpec("k80", "gcp", "us-central1", True, 0.45, "worker")
+    first_wave = [ServerSpec(None, "gcp", "us-central1", False, 0.05, "ps"), worker, worker]
+    for server in first_wave:
+        trainer.sample(server)
+    replacements = [trainer.wall_s(trainer.sample(worker)) for _ in range(3)]
+    run = np.random.default_rng(0)
+    assert [models.startup.sample(run, "k80", True, "us-central1") for _ in range(3)] == replacements
+    assert models.startup.sample(np.random.default_rng(1), "k80", True, "us-central1") != replacements[0]

@@ -12,14 +12,16 @@ revocations, time and cost, not a real cloud's.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from cmdare.plan.spec import PlanModels
+from cmdare.cloud.servers import ServerSpec
+from cmdare.plan.spec import PS_SERVER, PlanModels
 
-__all__ = ["CompressedLifetimes", "CompressedStartup", "EmulatedSpeed", "InstantEvacuation", "emulated_models"]
+__all__ = ["CompressedLifetimes", "CompressedStartup", "EmulatedSpeed", "InstantEvacuation", "TrainerStartups",
+           "emulated_models"]
 
 
 class EmulatedSpeed:
@@ -67,6 +69,38 @@ class CompressedStartup:
         if self.seconds is not None:
             return self.seconds / self.speedup
         return float(self.inner.sample(rng, server, transient, region)) / self.speedup
+
+
+class TrainerStartups:
+    """A local run's start-ups as its trainer draws them (:class:`~cmdare.cloud.local.StartupDelay`): the
+    start-up model's phases but the framework's (a local worker's real process start, which takes no emulated
+    time), divided by ``speedup``, from the trainer's random stream (seeded by ``--seed``), whose first draws are
+    the first wave's servers (``first_wave``: ``(GPU type or None for a PS server, transient)`` in the order the
+    trainer starts them: the shards, then the workers by data slot). The simulated run after draws the start-ups
+    the emulated run with that seed draws, server by server; each further simulated run draws a stream of its
+    own (seeded from its generator)."""
+
+    def __init__(self, speedup: float, seed: int, first_wave: Sequence[tuple[str | None, bool]]):
+        self.speedup, self.seed, self.first_wave = float(speedup), seed, tuple(first_wave)
+        self._run: np.random.Generator | None = None  # the simulated run drawing now
+        self._delay: Any = None
+        self._runs = 0
+
+    def sample(self, rng: np.random.Generator, server: str, transient: bool, region: str) -> float:
+        if rng is not self._run:  # a simulated run's first start-up: its own stream, the first wave drawn first
+            from cmdare.cloud.local import StartupDelay
+            from cmdare.predict import startup_model
+
+            self._run, self._runs = rng, self._runs + 1
+            seed = self.seed if self._runs == 1 else int(rng.integers(2**31))
+            self._delay = StartupDelay("model", self.speedup, seed, model=startup_model)
+            for gpu, first_transient in self.first_wave:
+                self._draw(gpu, first_transient)
+        return self._draw(None if server == PS_SERVER else server, transient)
+
+    def _draw(self, gpu: str | None, transient: bool) -> float:
+        spec = ServerSpec(gpu, "gcp", "us-central1", transient, 0.0, "worker" if gpu else "ps")
+        return float(self._delay.wall_s(self._delay.sample(spec)))
 
 
 class InstantEvacuation:
