@@ -117,11 +117,14 @@ def emulated_models(models: PlanModels, step_s: Mapping[str, float], *, sync: bo
                     startup_s: float | None = None) -> PlanModels:
     """``models`` as a local run emulates them: the emulated cluster's speed, the cloud's clocks ``speedup``
     times faster (``startup_s``: a fixed start-up, as ``--startup S``), duties and PS evacuations free of cloud
-    time, no model error."""
+    time, no model error; cloud events take effect at whole steps while workers train (the trainer's controller
+    acts at step boundaries: a revocation due mid-step falls at the step's end, a replacement ready mid-step
+    joins at the next, a PS notice shorter than a step leaves no boundary to evacuate at)."""
     source = (f"{models.source}; emulated local run: step time per GPU type from the step-time model, the cloud's "
               f"clocks / {speedup:g}, checkpoints free of cloud time")
     evacuation = InstantEvacuation() if models.evacuation is not None else None
     return dataclasses.replace(models, speed=EmulatedSpeed(step_s, sync), evacuation=evacuation,
                                lifetimes=CompressedLifetimes(models.lifetimes, speedup),
                                startup=CompressedStartup(models.startup, speedup, startup_s),
-                               checkpoint_s=0.0, notice_s=models.notice_s / speedup, source=source)
+                               checkpoint_s=0.0, notice_s=models.notice_s / speedup, source=source,
+                               whole_steps=True)

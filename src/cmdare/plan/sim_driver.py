@@ -134,7 +134,7 @@ class SimRun:
             self.speed = self.sim.rate(tuple(self._counts), chief_gpu, self.num_shards) * self.speed_factor
         at = controller.next_wakeup()
         if self.speed > 0:
-            at = min(at, self.env.now + (min(self.fence, self.total) - self.progress) / self.speed)
+            at = min(self._at_whole_step(at), self.env.now + (min(self.fence, self.total) - self.progress) / self.speed)
         if math.isfinite(at):
             ev = self.env.timeout(max(0.0, at - self.env.now))
             ev.callbacks.append(lambda _ev: self._wake(gen))
@@ -193,7 +193,19 @@ class SimRun:
         if self.ended is not None:
             return
         self._advance()
+        if (wait := self._at_whole_step(self.env.now) - self.env.now) > 0:  # mid-step: at the step's end
+            self._later(wait, event)
+            return
         self._feed_at_once([self._tick(), event(self.env.now) if callable(event) else event])
+
+    def _at_whole_step(self, at: float) -> float:
+        """When a cloud event due ``at`` takes effect: then; with ``whole_steps`` while workers train, at the first
+        whole step reached by then (the speed holds until the next event)."""
+        if not self.sim.models.whole_steps or self.speed <= 0 or not math.isfinite(at):
+            return at
+        step = self.progress + (at - self.t_last) * self.speed
+        whole = math.ceil(step - 1e-6)  # an event within a millionth of a step of a boundary: at that one
+        return self.t_last + (whole - self.progress) / self.speed
 
     def _give_up(self, _ev: simpy.Event) -> None:
         if not self.result_done.triggered:

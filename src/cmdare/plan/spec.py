@@ -133,6 +133,8 @@ class PlanModels:
             the checkpoint, as without notices).
         ps_state_bytes: bytes the PS servers hold in all (parameters and momentum), shared by the shards.
         notice_s: a spot PS server's notice lead (the cloud's: GCE 30 s, AWS 120 s).
+        whole_steps: cloud events take effect at the next whole global step while workers train, as in a local
+            emulated run, whose controller acts at step boundaries (:mod:`cmdare.plan.emulation`).
     """
 
     speed: SpeedModel
@@ -145,6 +147,7 @@ class PlanModels:
     evacuation: Any = None
     ps_state_bytes: float = 0.0
     notice_s: float = 30.0
+    whole_steps: bool = False
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,7 @@ class PsServerExecutor:
         self.provider.revoke(server)
         with contextlib.suppress(Exception):  # providers that place PS servers on shared nodes kill only the actor
             ray.kill(server.actor, no_restart=True)
+        server.end("revoked")  # billed to now, not to the restore (its ``server_ended`` event comes with the restore)
         self.emitter.event("ps_revocation", server_id=server.server_id,
                            details={"shard_id": self._index(server), "reason": cmd.reason, "source": "injected",
                                     "uptime_s": server.uptime_s(), "noticed": cmd.reason == "deadline_passed"})
