@@ -99,7 +99,8 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
                           region=region, ps_transient=spec.ps_transient, replacement=spec.replace,
                           replacement_timeout_s=spec.replacement_timeout_s if joined else None,
                           warm_spares=spec.warm_spares)
-    job = JobSpec(spec.model_name, spec.steps, spec.checkpoint_every or spec.steps + 1, lr_policy=spec.lr_policy)
+    job = JobSpec(spec.model_name, spec.steps, spec.checkpoint_every or spec.steps + 1, lr_policy=spec.lr_policy,
+                  sync=spec.sync)
 
     def sources() -> tuple[Any, Any]:
         factory, parsed = revocation_source(revocations, lifetime, spec.seed, emulated=not joined)[1:]

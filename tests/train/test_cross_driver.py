@@ -9,10 +9,13 @@ start-up, so cloud time means the same in both.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from cmdare.cloud.local import LocalClusterProvider, StartupDelay
+from cmdare.cloud.servers import ServerSpec
 from cmdare.control import TraceRevocations
 from cmdare.control import run_commands as C
 from cmdare.plan.replay import FixedStartup, FlatPrices, MeasuredSpeed, ScriptedLifetimes
@@ -85,3 +88,56 @@ def test_bad_emulated_step_times_are_refused(text):
 
     with pytest.raises(UserInputError, match="step"):
         RevocationPlan.parse(f"trace=1@0,{text}")
+
+
+#: What only one driver can decide: liveness probes (wall-clock silence), the chief's periodic duties (virtual in
+#: the simulator: taken the moment their step passes) and the placement sources' measurements and reports.
+_ONE_DRIVER_ONLY = (C.Train, C.Fence, C.HoldAll, C.Probe, C.StartDuty, C.Balance, C.Note)
+
+
+def _comparable(value):
+    """Times to a millionth (emulated time is summed in another order); a GPU type as either spells it (the
+    catalog ``K80``, the simulator's cluster ``k80``)."""
+    if isinstance(value, float):
+        return round(value, 6)
+    if isinstance(value, ServerSpec):
+        return dataclasses.replace(value, gpu_type=value.gpu_type.lower() if value.gpu_type else None)
+    return value
+
+
+def _history(controller) -> list[tuple]:
+    """A run's decisions in order, with the step each was taken at and what it does (not why)."""
+    out = []
+    for _now, step, c in controller.history:
+        if not isinstance(c, _ONE_DRIVER_ONLY):
+            fields = {k: _comparable(v) for k, v in c.__dict__.items() if k not in ("why", "state")}
+            out.append((type(c).__name__, round(float(step), 6), tuple(sorted(fields.items()))))
+    return out
+
+
+@pytest.mark.cluster  # make test-cluster: three emulated runs against their simulations
+@pytest.mark.parametrize("line", [
+    {"transient": True},  # a worker revoked, replaced (the default lifetimes)
+    {"transient": True, "ps_transient": True, "checkpoint_every": 50},  # a PS notice shorter than a step: rollback
+    {"transient": True, "warm_spares": 2},  # a replacement takes a warm spare, another is asked for
+])  # not --sync: the trainer admits a replacement at the end of the workers' chunks (a lockstep round is never cut
+#     in two: step 43 of seed 3, chunks of 10), the simulation at the next step (34); the revocations agree
+def test_a_command_line_trained_and_simulated_takes_the_same_decisions_at_the_same_steps(line, tmp_path):
+    """``cmdare train LINE --seed 3`` (the emulated Ray run) and the first run of ``cmdare train LINE --seed 3
+    --simulate``: the same decisions, with the same arguments, at the same global steps."""
+    from cmdare.plan.simulator import Simulator
+    from cmdare.run_simulation import simulation_inputs
+    from cmdare.train.cli.train_cmd import DEFAULT_REVOCATIONS
+
+    spec = TrainSpec(steps=300, seed=3, revocations=DEFAULT_REVOCATIONS, **{"checkpoint_every": 200, **line})
+    trainer = Trainer(spec, checkpoint_dir=tmp_path)
+    summary = trainer.run()
+    assert summary.status == "finished" and summary.revocations >= 1
+    job, cluster, models, sources = simulation_inputs(spec, joined=False)
+    factory, plan = sources()
+    simulator = Simulator(job, cluster, models, revocations=factory, plan=plan)
+    word = np.random.SeedSequence(spec.seed).generate_state(1, dtype=np.uint64)[0]  # the first run's stream
+    run = simulator._run(np.random.Generator(np.random.PCG64(int(word))))
+    assert run.result().finished
+    trained, simulated = _history(trainer.controller), _history(run.controller)
+    assert trained == simulated, "\n".join(f"{a}  |  {b}" for a, b in zip(trained, simulated, strict=False))

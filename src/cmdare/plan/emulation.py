@@ -127,4 +127,4 @@ def emulated_models(models: PlanModels, step_s: Mapping[str, float], *, sync: bo
                                lifetimes=CompressedLifetimes(models.lifetimes, speedup),
                                startup=CompressedStartup(models.startup, speedup, startup_s),
                                checkpoint_s=0.0, notice_s=models.notice_s / speedup, source=source,
-                               whole_steps=True)
+                               event_steps=1)

@@ -72,7 +72,7 @@ class SimRun:
         ps_source = LifetimeRevocations(self.lifetimes.draw) if revocations is None else source
         ps_kernel = PsServerKernel(ps_source if hit_ps else None, notice_s=notice,
                                    replace=cluster.replacement != "none")
-        config = run_config_for("simulated", steps=job.total_steps, workers=cluster.n_workers,
+        config = run_config_for("simulated", steps=job.total_steps, workers=cluster.n_workers, sync=job.sync,
                                 checkpoint_every=job.checkpoint_every_steps, hit_workers=plan.hits("worker"),
                                 hit_ps=hit_ps, ps_notice_s=notice, replace_ps=cluster.replacement != "none",
                                 replacement_timeout_s=cluster.replacement_timeout_s, warm_spares=cluster.warm_spares)
@@ -134,7 +134,7 @@ class SimRun:
             self.speed = self.sim.rate(tuple(self._counts), chief_gpu, self.num_shards) * self.speed_factor
         at = controller.next_wakeup()
         if self.speed > 0:
-            at = min(self._at_whole_step(at), self.env.now + (min(self.fence, self.total) - self.progress) / self.speed)
+            at = min(self._at_whole_step(at), self.env.now + (self._stop_step() - self.progress) / self.speed)
         if math.isfinite(at):
             ev = self.env.timeout(max(0.0, at - self.env.now))
             ev.callbacks.append(lambda _ev: self._wake(gen))
@@ -143,7 +143,7 @@ class SimRun:
         if gen != self.gen or self.ended is not None:
             return
         self._advance()
-        fence = min(self.fence, self.total)
+        fence = self._stop_step()
         if self.training and self.progress >= fence - 1e-9 * max(1.0, fence):
             self.progress = fence
             self._stop_all()
@@ -199,13 +199,18 @@ class SimRun:
         self._feed_at_once([self._tick(), event(self.env.now) if callable(event) else event])
 
     def _at_whole_step(self, at: float) -> float:
-        """When a cloud event due ``at`` takes effect: then; with ``whole_steps`` while workers train, at the first
-        whole step reached by then (the speed holds until the next event)."""
-        if not self.sim.models.whole_steps or self.speed <= 0 or not math.isfinite(at):
+        """When a cloud event due ``at`` takes effect: then; with the models' ``event_steps`` while workers train, at
+        the first multiple of that many steps reached by then (the speed holds until the next event)."""
+        every = self.sim.models.event_steps
+        if not every or self.speed <= 0 or not math.isfinite(at):
             return at
         step = self.progress + (at - self.t_last) * self.speed
-        whole = math.ceil(step - 1e-6)  # an event within a millionth of a step of a boundary: at that one
-        return self.t_last + (whole - self.progress) / self.speed
+        whole = every * math.ceil(step / every - 1e-6)  # an event within a millionth of a step of one: at that one
+        return self.t_last + (min(whole, self._stop_step()) - self.progress) / self.speed
+
+    def _stop_step(self) -> float:
+        """Where training stops next: the fence, or the last step."""
+        return min(self.fence, self.total)
 
     def _give_up(self, _ev: simpy.Event) -> None:
         if not self.result_done.triggered:

@@ -112,7 +112,7 @@ class Simulator:
         for g in cluster.workers:
             self._slots += [_Slot(gpus.index(g.gpu), g.transient, g.region) for _ in range(g.count)]
         self.gpus = gpus
-        self.gpu_index = {g: i for i, g in enumerate(gpus)}
+        self.gpu_index = {g.lower(): i for i, g in enumerate(gpus)}  # names as any source spells them
         self._worker_speed = [models.speed.worker_steps_per_s(g) for g in gpus]
         price = models.prices.price_per_hour_usd
         self._slot_price_s = {
@@ -172,9 +172,9 @@ class Simulator:
     def index_of(self, gpu: str) -> int:
         """The index of GPU type ``gpu`` in the membership counts; a type a replacement brought (``cheapest``
         rents what is cheapest per step) is added."""
-        index = self.gpu_index.get(gpu)
+        index = self.gpu_index.get(gpu.lower())
         if index is None:
-            index = self.gpu_index[gpu] = len(self.gpus)
+            index = self.gpu_index[gpu.lower()] = len(self.gpus)
             self.gpus.append(gpu)
             self._worker_speed.append(self._speed_of(gpu) or 0.0)
         return index

@@ -133,8 +133,9 @@ class PlanModels:
             the checkpoint, as without notices).
         ps_state_bytes: bytes the PS servers hold in all (parameters and momentum), shared by the shards.
         notice_s: a spot PS server's notice lead (the cloud's: GCE 30 s, AWS 120 s).
-        whole_steps: cloud events take effect at the next whole global step while workers train, as in a local
-            emulated run, whose controller acts at step boundaries (:mod:`cmdare.plan.emulation`).
+        event_steps: while workers train, cloud events take effect at the next multiple of this many global steps,
+            as in a local emulated run, whose controller acts at step boundaries (1); 0: at once
+            (:mod:`cmdare.plan.emulation`).
     """
 
     speed: SpeedModel
@@ -147,7 +148,7 @@ class PlanModels:
     evacuation: Any = None
     ps_state_bytes: float = 0.0
     notice_s: float = 30.0
-    whole_steps: bool = False
+    event_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,8 @@ class JobSpec:
     CM-DARE's runs used as ``save_checkpoints_steps``.
 
     ``lr_policy`` (a :data:`cmdare.control.LR_POLICIES` name) is applied on every membership change,
-    as in the trainer.
+    as in the trainer. ``sync``: synchronous rounds, which the run controller shrinks and grows with the
+    membership (the speed model says how fast they go).
 
     ``start_hour`` is the hour of day (0-23, the lifetime data's clock: US Pacific) at which the job
     starts; with it, every server's lifetime comes from the model of the hour it is requested
@@ -171,6 +173,7 @@ class JobSpec:
     batch_size: int | None = None
     start_hour: int | None = None
     lr_policy: str = "unchanged"
+    sync: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lr_policy", LR_POLICIES.canonical(self.lr_policy))
