@@ -243,7 +243,10 @@ def test_a_snapshot_waits_for_a_push_whose_pieces_are_being_applied(nodes):
     expected.load(BlockData((Block(0, 0, "p", 0, n),), start, np.zeros(n, np.float32), 0))
     expected.apply(np.ones(n, np.float32))
     np.testing.assert_array_equal(taken.params, expected.params)
+    applied = ray.get(shard.stats.remote(reset=False)).pieces_applied
     client.send_piece(0, n, 1, 0)  # a push opened, then its worker goes away
+    while ray.get(shard.stats.remote(reset=False)).pieces_applied == applied:  # the shard has it (on a loaded
+        assert time.monotonic() < deadline + 30  # machine a snapshot can arrive first, and rightly not wait)
     client.close()
     assert ray.get(shard.snapshot.remote(), timeout=30).step == 2  # released: its claim and piece stay
     ray.kill(shard)
