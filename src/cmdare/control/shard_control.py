@@ -260,8 +260,8 @@ class ShardControl:
         return None
 
     def _restore(self, ready: list[Spare]) -> Restore:
-        """Every dead server's place to a ready spare (the one asked for it first, else the longest ready), every
-        shard back to the newest checkpoint this run stored."""
+        """Every dead server's place to a ready spare (the one asked for it, else the first asked for of those
+        left), every shard back to the newest checkpoint this run stored."""
         reason = self.restore_reason or "lost"
         free = list(ready)
         pairs = []

@@ -229,10 +229,11 @@ class PsServerExecutor:
                            details={"shard_id": self._index(server), "reason": cmd.reason, "source": "injected",
                                     "uptime_s": server.uptime_s(), "noticed": cmd.reason == "deadline_passed"})
 
-    def restore(self, cmd: C.Restore, state: Checkpoint, workers: Sequence[Any], global_step: int, wall: float,
-                details: dict[str, Any] | None = None) -> list[E.Event]:
-        """Each dead shard's server replaced by the spare the controller named, every shard loaded with ``state``
-        (the checkpoint the controller chose, or the state the run started from); ``details`` go into the
+    def restore(self, cmd: C.Restore, load: Callable[[], Checkpoint], workers: Sequence[Any], global_step: int,
+                wall: float, details: dict[str, Any] | None = None) -> list[E.Event]:
+        """Each dead shard's server replaced by the spare the controller named, every shard loaded with ``load()``
+        (the checkpoint the controller chose, or the state the run started from; read only once the restore can
+        go ahead); ``details`` go into the
         ``shard_restored`` event. A dead shard or a spare the command does not know of (one found dead since) is
         reported instead, and nothing is done: the controller decides again."""
         unknown = tuple(k for k in self.dead_keys() if k not in cmd.dead)
@@ -242,6 +243,7 @@ class PsServerExecutor:
             return [*([E.ShardLost(wall=wall, keys=unknown)] if unknown else []),
                     *(E.PsStartFailed(wall=wall, key=k, error="gone before the restore") for k in gone),
                     E.ActionDone(wall=wall, action=ShardAction.RESTORE, ok=False, num_shards=len(self.shards.shards))]
+        state = load()
         servers = {spare: self.spares.pop(spare) for spare in cmd.spares}
         done = self.shards.restore(state, global_step, workers,
                                    {indices[dead]: servers[spare] for dead, spare in cmd.replacements},

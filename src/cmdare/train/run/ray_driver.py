@@ -392,14 +392,19 @@ class RayDriver:
     def _do_Restore(self, cmd: C.Restore) -> list[E.Event]:
         """Replace dead shards by the spares named and roll every shard back to the checkpoint named."""
         wall = time.time()
-        state = self.initial if cmd.checkpoint is None else CheckpointStore(self.storage).load_step(cmd.checkpoint)
+        step = cmd.checkpoint
+
+        def load() -> Checkpoint:
+            return self.initial if step is None else CheckpointStore(self.storage).load_step(step)
+
         details = {}
         if cmd.reason == "diverged":  # a rollback: say which, and the learning rate from now on
             details = dict(global_step=self.global_step, **self.controller.rollback_details())
-        events = [*self.duties.collect(wall), *self.ps.restore(cmd, state, self._live_actors(), self.global_step,
+        events = [*self.duties.collect(wall), *self.ps.restore(cmd, load, self._live_actors(), self.global_step,
                                                                 wall, details)]
-        if events[-1].ok:
-            self.global_step = self.fence = state.step
+        done = events[-1]
+        if isinstance(done, E.ActionDone) and done.ok and done.step is not None:
+            self.global_step = self.fence = done.step
             self._round_feed.clear()  # the steps come again
         return events
 
