@@ -76,18 +76,14 @@ class RunEventHandlers:
     stop_why: str
     started: bool
 
-    # provided by the controller
-    def rate(self) -> float:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # the controller's, which this is a base of (declared for type checkers, never stubbed)
+        def rate(self) -> float: ...
 
-    def _end(self, status: str, message: str = "") -> None:
-        raise NotImplementedError
+        def _end(self, status: str, message: str = "") -> None: ...
 
-    def _resume_hint(self) -> str:
-        raise NotImplementedError
+        def _resume_hint(self) -> str: ...
 
-    def _run_duty(self, duty: Any, rec: Any) -> None:
-        raise NotImplementedError
+        def _run_duty(self, duty: Any, rec: Any) -> None: ...
 
     # -- time ----------------------------------------------------------------------------------------
     def _time(self, event: Event) -> None:

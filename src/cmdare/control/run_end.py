@@ -44,19 +44,15 @@ class RunEnding:
     stop_wall: float | None
     stop_why: str
 
-    # provided by the controller
-    @property
-    def ended(self) -> bool:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # the controller's, which this is a base of (declared for type checkers, never stubbed)
+        @property
+        def ended(self) -> bool: ...
 
-    def _to(self, state: RunState) -> None:
-        raise NotImplementedError
+        def _to(self, state: RunState) -> None: ...
 
-    def _quiesced(self) -> bool:
-        raise NotImplementedError
+        def _quiesced(self) -> bool: ...
 
-    def _start_duties(self) -> None:
-        raise NotImplementedError
+        def _start_duties(self) -> None: ...
 
     def _finishing(self) -> None:
         """The target step: the final evaluation and checkpoint on the chief, then the end."""
