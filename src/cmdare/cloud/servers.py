@@ -75,6 +75,16 @@ class ServerSpec:
         model = "spot" if self.transient else "on-demand"
         return f"{self.gpu_type or 'CPU'} {model} {self.cloud}/{self.region}"
 
+    def as_dict(self) -> dict[str, object]:
+        """The spec as JSON-able values (:meth:`from_dict` reads it back)."""
+        return {"gpu_type": self.gpu_type, "cloud": self.cloud, "region": self.region, "transient": self.transient,
+                "price_per_hour_usd": self.price_per_hour_usd, "role": self.role}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, object]) -> ServerSpec:
+        """A spec from :meth:`as_dict`'s values (raises ``UserInputError`` on a bad field)."""
+        return cls(**values)  # type: ignore[arg-type]
+
 
 def cost_usd(spec: ServerSpec, uptime_s: float, minimum_s: float = 0.0, whole_seconds: bool = True) -> float:
     """What ``spec`` costs for ``uptime_s`` seconds with per-second billing.

@@ -16,8 +16,10 @@ fence is set.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from cmdare.cloud.servers import ServerSpec
 from cmdare.control.balancers import DecisionSource
@@ -35,6 +37,7 @@ from cmdare.control.run_commands import (
     Command,
     Fence,
     HoldAll,
+    Note,
     StartDuty,
     Train,
 )
@@ -116,6 +119,8 @@ class RunController(RunEnding, RunEventHandlers):
         #: The decisions taken: ``(cloud time, global step, command)`` of every command but the feeding of
         #: workers (Train, Fence, HoldAll), so two drivers' runs can be compared decision by decision.
         self.history: list[tuple[float, float, Command]] = []
+        self._saved: dict[str, Any] = {}  # the state of the run this one resumes (restore_state)
+        self._wave: list[dict] = []  # the first wave's server specs (a resumed run's fleet is the saved one's if equal)
         # every kind of event, the fleet's or the topology's, or it fails here
         self._handlers = handler_table((self, self.topology), "_on_", Event)
 
@@ -137,14 +142,29 @@ class RunController(RunEnding, RunEventHandlers):
         return self.topology.rate(self.workers)
 
     # -- saved with each checkpoint -------------------------------------------------------------------
-    def saved_state(self) -> dict[str, float]:
-        """What a run resumed from a checkpoint needs to decide as this one would from there: the rollbacks taken
-        after divergences (so ``--on-diverge rollback:N`` counts over the whole run) and the learning-rate damping
-        they left. Stored with each checkpoint (``StartDuty.state``)."""
-        return {"rollbacks": float(self.rollbacks), "lr_damping": float(self.kernel.lr_damping)}
+    def saved_state(self) -> dict[str, Any]:
+        """What a run resumed from a checkpoint needs to decide as this one would from there, as JSON-able values;
+        stored with each checkpoint (``StartDuty.state``):
 
-    def restore_state(self, state: Mapping[str, float] | None) -> None:
+        * the rollbacks taken after divergences (so ``--on-diverge rollback:N`` counts over the whole run) and the
+          learning-rate damping they left; the duties due and not begun;
+        * in emulation, the emulated fleet: cloud time, every worker, replacement on its way and spare with its
+          server, ready time and drawn lifetime, the PS servers (when the shards are at rest), the chief, and the
+          revocation source's draws so far. Emulated time advances only with training, so none passes while a run
+          is stopped: the resumed run goes on with the same fleet. (A real cluster's servers are new on resume.)
+        """
+        state: dict[str, Any] = {"rollbacks": self.rollbacks, "lr_damping": self.kernel.lr_damping,
+                                 "duties": self.duties.snapshot()}
+        if self.clock is not None:
+            state["fleet"] = {"step": self.clock.step, "cloud_time": self.clock.time, "wave": self._wave,
+                              "source": self.kernel.revocations.name,
+                              "workers": self.workers.snapshot(), "spares": self.spares.snapshot(),
+                              "topology": self.topology.snapshot()}
+        return state
+
+    def restore_state(self, state: Mapping[str, Any] | None) -> None:
         """Before :meth:`start`: go on from a checkpoint's :meth:`saved_state` (None or empty: a fresh run's)."""
+        self._saved = dict(state or {})
         if state:
             self.rollbacks = int(state.get("rollbacks", 0))
             self.kernel.lr_damping = float(state.get("lr_damping", 1.0))
@@ -164,9 +184,25 @@ class RunController(RunEnding, RunEventHandlers):
         self.topology.at(self.now, wall)
         self.step = self.fence = step
         self.duties.restart(step)
-        self.topology.start(ps_spec, num_ps, self.now, step)
-        self.workers.start_wave(worker_specs, self.now, wall, up)
-        self.spares.start(worker_specs, self.now)
+        self.duties.resume(self._saved.get("duties", []))
+        self._wave = [spec.as_dict() for spec in worker_specs]
+        fleet = self._saved.get("fleet")
+        if self.clock is not None and fleet and (fleet["step"], fleet["wave"], fleet["source"]) != \
+                (step, self._wave, self.kernel.revocations.name):
+            self.out.append(Note("new_fleet", {"step": step}, why="the resumed run's workers or revocations are not "
+                                                                   "the saved run's: it starts a new emulated fleet"))
+            fleet = None
+        if self.clock is not None and fleet:  # the saved run's emulated fleet goes on
+            self.now = self.clock.jump(fleet["cloud_time"])
+            self.topology.at(self.now, wall)
+            self.topology.start(ps_spec, num_ps, self.now, step)
+            self.topology.resume(fleet["topology"], self.now)
+            self.workers.resume(fleet["workers"], self.now, wall, up)
+            self.spares.resume(fleet["spares"])
+        else:
+            self.topology.start(ps_spec, num_ps, self.now, step)
+            self.workers.start_wave(worker_specs, self.now, wall, up)
+            self.spares.start(worker_specs, self.now)
         self._settle()
         self._record()
         return list(self.out)
@@ -332,7 +368,7 @@ class RunController(RunEnding, RunEventHandlers):
         rec.duties += 1
         why = {"schedule": f"every {self.duties.every(duty.kind)} steps", "notice": "the chief's server was noticed",
                "retry": "the last try was cut short"}.get(duty.reason, duty.reason)
-        state = tuple(sorted(self.saved_state().items())) if duty.kind == DutyKind.CHECKPOINT else ()
+        state = json.dumps(self.saved_state(), sort_keys=True) if duty.kind == DutyKind.CHECKPOINT else ""
         self.out.append(StartDuty(duty.kind, rec.worker_id, duty.step, duty.final, duty.reason, state,
                                   why="the run's end" if duty.final else why))
 

@@ -56,6 +56,16 @@ class DutySchedule:
         self.next = {kind: _next_multiple(step, self.every(kind)) for kind in DUTY_KINDS}
         self.pending = [d for d in self.pending if d.step <= step or d.reason != "schedule"]
 
+    def snapshot(self) -> list[list]:
+        """The duties due and not begun (``[kind, step, reason]``; not the final ones), saved with a checkpoint: a
+        resumed run does them first."""
+        return [[str(d.kind), d.step, d.reason] for d in self.waiting() if not d.final]
+
+    def resume(self, saved: list[list]) -> None:
+        """After :meth:`restart`: the duties a saved run had due and had not begun (:meth:`snapshot`) are due."""
+        for kind, step, reason in saved:
+            self.add(DutyKind(kind), int(step), reason=reason)
+
     def next_step(self) -> int | None:
         """The next step a periodic duty falls due at (None: none before the last step)."""
         steps = [s for s in self.next.values() if s and s < self.steps]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from cmdare.cloud.servers import ServerSpec
 from cmdare.control.chief import CHIEF_POLICIES, ChiefPolicy
@@ -83,6 +84,39 @@ class MembershipKernel:
         self._revoking: set[int] = set()  # revoked by the driver, loss not yet detected
         self._tried: dict[int, list[ServerSpec]] = {}  # slot -> specs requested for it that did not come
         self.lr_damping = 1.0  # the product of the rollbacks' learning-rate scales
+
+    # -- saved with a checkpoint -----------------------------------------------------------------
+    def snapshot(self, leaving: Sequence[int] = ()) -> dict[str, Any]:
+        """The membership and what was drawn for it, as JSON-able values; ``leaving``: noticed workers, left out
+        (a resumed run does not bring them back)."""
+        s = self.state
+        return {"workers": [{"worker_id": w.worker_id, "slot": w.slot, "server": w.server.as_dict(),
+                             "ready_at": w.ready_at, "trained_at": w.trained_at}
+                            for w in s.workers if w.worker_id not in leaving],
+                "chief": s.chief, "lr_scale": s.lr_scale,
+                "pending": [{"slot": p.slot, "server": p.server.as_dict(), "requested_at": p.requested_at,
+                             "replaces": p.replaces} for p in s.pending],
+                "deadlines": [[k, t] for k, t in self.deadlines.items() if k not in leaving],
+                "tried": [[slot, [spec.as_dict() for spec in specs]] for slot, specs in self._tried.items()],
+                "revocations": self.revocations.snapshot()}
+
+    def resume(self, saved: dict[str, Any], now: float) -> list[Decision]:
+        """Take the membership of a :meth:`snapshot` as it was (no election, no lifetime drawn); returns the
+        decisions that tell a driver the chief and the learning rate."""
+        workers = tuple(WorkerInfo(w["worker_id"], w["slot"], ServerSpec.from_dict(w["server"]), w["ready_at"],
+                                   w["trained_at"]) for w in saved["workers"])
+        pending = tuple(PendingReplacement(p["slot"], ServerSpec.from_dict(p["server"]), p["requested_at"],
+                                           p["replaces"]) for p in saved["pending"])
+        chief = saved["chief"] if any(w.worker_id == saved["chief"] for w in workers) else \
+            self.chief_policy.elect(workers)
+        self.state = Membership(self.state.planned, workers, None, pending, 1.0)
+        self.deadlines = {int(k): float(t) for k, t in saved["deadlines"]}
+        self._tried = {int(slot): [ServerSpec.from_dict(x) for x in specs] for slot, specs in saved["tried"]}
+        self.revocations.restore(saved["revocations"])
+        for w in workers:
+            self._record("join", now, w.worker_id, w.slot, gpu=w.server.gpu_type, resumed=True)
+        decisions: list[Decision] = [self._set_chief(chief, now)]
+        return decisions + self._apply_lr(now)
 
     # -- what happened ---------------------------------------------------------------------------
     def start(self, workers: Sequence[WorkerInfo], now: float) -> list[Decision]:

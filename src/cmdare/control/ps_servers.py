@@ -90,10 +90,24 @@ class PsServerKernel:
         self.deadlines: dict[int, float] = {}  # key -> when its lifetime ends (the revocation)
         self.noticed: dict[int, float] = {}  # key -> deadline, once the notice came
         self._keys = itertools.count()
+        self.issued = 0  # keys handed out so far
 
     def next_key(self) -> int:
         """A new server key (negative, never a worker id), for a server about to be started."""
+        self.issued += 1
         return -1 - next(self._keys)
+
+    def issue_from(self, issued: int) -> None:
+        """Keys asked for from now on go on after the first ``issued`` ones (a resumed run's)."""
+        self._keys, self.issued = itertools.count(issued), issued
+
+    def adopt(self, key: int, spec: ServerSpec, ready_at: float, deadline: float | None) -> None:
+        """Server ``key`` is one a resumed run goes on with: ready at ``ready_at``, revoked at ``deadline`` (as
+        drawn by the saved run; None: never)."""
+        self.servers[key] = PsServerInfo(key, spec, ready_at)
+        self.deadlines.pop(key, None)
+        if deadline is not None:
+            self.deadlines[key] = deadline
 
     def add(self, spec: ServerSpec, now: float, key: int | None = None) -> PsServerInfo:
         """A PS server is up (``key``: given by :meth:`next_key` when it was started); its lifetime is drawn now

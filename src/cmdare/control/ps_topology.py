@@ -79,6 +79,12 @@ class PsTopology:
             self.balance_at = (step // self.config.balance_every + 1) * self.config.balance_every
         self.shards.start(spec, count, now)
 
+    def snapshot(self) -> dict[str, Any] | None:
+        return self.shards.snapshot()
+
+    def resume(self, saved: dict[str, Any] | None, now: float) -> bool:
+        return self.shards.resume(saved, now)
+
     def at(self, now: float, wall: float) -> None:
         self.now, self.shards.wall = now, wall
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -197,6 +198,22 @@ class RevocationSource:
         """The next time :meth:`due` may return a worker (None: never)."""
         return None
 
+    def snapshot(self) -> dict[str, Any]:
+        """What this source has drawn and done so far, as JSON-able values (saved with a checkpoint)."""
+        return {}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Go on from a :meth:`snapshot`: the draws and picks to come are the ones the saved run would have made."""
+
+
+def _rng_state(rng: np.random.Generator | None) -> dict[str, Any]:
+    return {} if rng is None else {"rng": rng.bit_generator.state}
+
+
+def _restore_rng(rng: np.random.Generator | None, saved: dict[str, Any]) -> None:
+    if rng is not None and saved.get("rng"):
+        rng.bit_generator.state = saved["rng"]
+
 
 REVOCATION_SOURCES: Registry[RevocationSource] = Registry("revocation source")
 
@@ -212,8 +229,10 @@ class LifetimeRevocations(RevocationSource):
 
     name = "lifetime"
 
-    def __init__(self, draw: Callable[[WorkerInfo], float | None], speedup: float = 1.0):
+    def __init__(self, draw: Callable[[WorkerInfo], float | None], speedup: float = 1.0,
+                 rng: np.random.Generator | None = None):
         self.draw, self.speedup = draw, speedup
+        self.rng = rng  # the generator ``draw`` draws from (saved and restored with the run's state)
 
     @classmethod
     def from_model(cls, model_name: str, rng: np.random.Generator, speedup: float = 1.0) -> LifetimeRevocations:
@@ -221,13 +240,19 @@ class LifetimeRevocations(RevocationSource):
         from cmdare.measure.lifetime_models import load_lifetime_model
 
         model = load_lifetime_model(model_name)
-        return cls(lambda _w: float(model.sample(rng, 1)[0]), speedup)
+        return cls(lambda _w: float(model.sample(rng, 1)[0]), speedup, rng)
 
     def deadline(self, worker: WorkerInfo) -> float | None:
         if not worker.server.transient:
             return None
         life = self.draw(worker)
         return None if life is None else worker.ready_at + life / self.speedup
+
+    def snapshot(self) -> dict[str, Any]:
+        return _rng_state(self.rng)
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        _restore_rng(self.rng, saved)
 
 
 @REVOCATION_SOURCES.register("periodic", "every")
@@ -252,6 +277,13 @@ class PeriodicRevocations(RevocationSource):
         self._next = now + self.every_s
         eligible = [w for w in live if w.trained_at is not None and w.server.transient]
         return [eligible[int(self.rng.integers(len(eligible)))].worker_id] if eligible else []
+
+    def snapshot(self) -> dict[str, Any]:
+        return {**_rng_state(self.rng), "next": self._next}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        _restore_rng(self.rng, saved)
+        self._next = saved.get("next", self._next)
 
 
 @REVOCATION_SOURCES.register("trace")
@@ -290,6 +322,12 @@ class TraceRevocations(RevocationSource):
             out += [hit[0].worker_id] if hit else []
         return out
 
+    def snapshot(self) -> dict[str, Any]:
+        return {"done": self._done}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        self._done = int(saved.get("done", self._done))
+
 
 def build_revocation_source(plan: RevocationPlan, rng: np.random.Generator | None = None) -> RevocationSource:
     """The source a parsed plan describes (raises a one-line error for an unreadable lifetime model)."""
@@ -297,7 +335,7 @@ def build_revocation_source(plan: RevocationPlan, rng: np.random.Generator | Non
     if plan.lifetime == "auto":  # each server's catalog offering picks its market's lifetime model
         from cmdare.measure.lifetime_markets import offering_draw
 
-        return LifetimeRevocations(offering_draw(rng), plan.speedup)
+        return LifetimeRevocations(offering_draw(rng), plan.speedup, rng)
     if plan.lifetime is not None:
         return LifetimeRevocations.from_model(plan.lifetime, rng, plan.speedup)
     if plan.every_s is not None:

@@ -194,8 +194,8 @@ class StartDuty(Command):
     step: int
     final: bool = False
     reason: str = "schedule"
-    #: A checkpoint's: the controller's state to store with it (:meth:`RunController.saved_state`), as pairs.
-    state: tuple[tuple[str, float], ...] = field(default=(), compare=False)
+    #: A checkpoint's: the controller's state to store with it (:meth:`RunController.saved_state`), as JSON text.
+    state: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -311,8 +311,8 @@ class Balance(Command):
 
 @dataclass(frozen=True)
 class Note(Command):
-    """Something the controller saw worth reporting (``kind``: ``bottleneck``, ``mitigation``; ``details``): drivers
-    that keep a record record it."""
+    """Something the controller saw worth reporting (``kind``: ``bottleneck``, ``mitigation``, ``new_fleet``;
+    ``details``): drivers that keep a record record it."""
 
     kind: str
     details: dict[str, Any] = field(default_factory=dict)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from cmdare.cloud.servers import ServerSpec
 from cmdare.control.duties import DutySchedule
@@ -93,6 +94,29 @@ class ShardControl:
         """The initial shards' servers (keys -1, -2, ... in shard order)."""
         self.spec, self.num_shards, self.planned = spec, num_shards, num_shards
         self.order = [self.kernel.add(spec, now).worker_id for _ in range(num_shards)]
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """The PS servers in shard order with their ready times and drawn lifetimes, as JSON-able values; None while
+        the shards are not at rest (a notice, an evacuation, a parked or dead shard, a spare on its way): a resumed
+        run then starts its PS servers afresh."""
+        if self.evacuations or self.kernel.noticed or self.spares or self.parked or self.dead or \
+                len(self.order) != self.num_shards:
+            return None
+        servers = [[s.server.as_dict(), s.ready_at, self.kernel.deadlines.get(s.worker_id)]
+                   for s in (self.kernel.servers[k] for k in self.order)]
+        return {"next_key": self.kernel.issued, "keys": list(self.order), "servers": servers}
+
+    def resume(self, saved: dict[str, Any] | None, now: float) -> bool:
+        """After :meth:`start`: the started shards' servers are the saved run's (:meth:`snapshot`), in shard order,
+        ready and revoked when they were to be. Their keys are -1, -2, ... again (a driver keys the shards it starts
+        so), in place of the saved ``keys``; keys asked for later go on from the saved run's. False (nothing
+        changed): none saved, or not as many shards."""
+        if not saved or len(saved["servers"]) != len(self.order):
+            return False
+        for key, (server, ready_at, deadline) in zip(self.order, saved["servers"], strict=True):
+            self.kernel.adopt(key, ServerSpec.from_dict(server), ready_at, deadline)
+        self.kernel.issue_from(saved["next_key"])
+        return True
 
     def index_of(self, key: int) -> int:
         """The shard index of PS server ``key``'s shard."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from cmdare.cloud.servers import ServerSpec
 from cmdare.control.run_commands import Command, StartSpare
@@ -40,6 +41,7 @@ class Spare:
     requested_at: float
     ready_at: float | None = None
     up_at: float | None = None
+    resumed: bool = False  # the saved run's spare, asked for again by a resumed run: its times are that run's
 
     def head_start(self) -> tuple[bool, float]:
         """Sort key: up ones first, the longest up first; then the one furthest into its start."""
@@ -68,6 +70,24 @@ class WarmSpares:
         for _ in range(self.size):
             self._request(now, "one of the run's warm spares, asked for with the first wave", first_wave=True)
 
+    def snapshot(self) -> dict[str, Any]:
+        """The pool as JSON-able values (saved with a checkpoint)."""
+        return {"spec": self.spec.as_dict() if self.spec is not None else None, "next_key": self._next_key,
+                "taken": self.taken, "failed_starts": self.failed_starts, "closed": self.closed,
+                "spares": [[s.key, s.requested_at, s.ready_at, s.up_at] for s in self.spares.values()]}
+
+    def resume(self, saved: dict[str, Any]) -> None:
+        """A resumed run's pool is the saved one (:meth:`snapshot`): each spare is asked for again, under its key,
+        ready and warm when it was (emulated time did not pass while the run was stopped)."""
+        if self.size <= 0 or saved.get("spec") is None:
+            return
+        self.spec = ServerSpec.from_dict(saved["spec"])
+        self._next_key, self.taken = saved["next_key"], saved["taken"]
+        self.failed_starts, self.closed = saved["failed_starts"], saved["closed"]
+        for key, requested_at, ready_at, up_at in saved["spares"]:
+            self.spares[key] = Spare(key, self.spec, requested_at, ready_at, up_at, resumed=True)
+            self.out.append(StartSpare(key, self.spec, True, why=f"spare {key} of the resumed run"))
+
     def _request(self, now: float, why: str, first_wave: bool = False) -> None:
         key, self._next_key = self._next_key, self._next_key + 1
         self.spares[key] = Spare(key, self.spec, now)  # type: ignore[arg-type]  # start() set it
@@ -92,13 +112,13 @@ class WarmSpares:
     def starting(self, key: int, startup_s: float | None, now: float) -> None:
         """Spare ``key``'s server is ready ``startup_s`` after ``now`` (None: when its process is up)."""
         spare = self.spares.get(key)
-        if spare is not None:
+        if spare is not None and not (spare.resumed and spare.ready_at is not None):
             spare.ready_at = None if startup_s is None else now + max(0.0, startup_s)
 
     def up(self, key: int, now: float) -> None:
         """Spare ``key``'s process is warm."""
         spare = self.spares.get(key)
-        if spare is not None:
+        if spare is not None and not (spare.resumed and spare.up_at is not None):
             spare.up_at = now
             spare.ready_at = now if spare.ready_at is None else spare.ready_at
             self.failed_starts = 0

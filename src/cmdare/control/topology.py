@@ -12,7 +12,7 @@ own events (for a PS: its servers' notices, start-ups and deaths, placement requ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -50,6 +50,14 @@ class Topology(Protocol):
 
     def start(self, spec: ServerSpec, count: int, now: float, step: int) -> None:
         """Training starts at ``step``: the topology's own servers (``count`` of ``spec``; a PS: its shards)."""
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """The topology's emulated servers (their ready times and drawn lifetimes), as JSON-able values saved with
+        a checkpoint (None: nothing a resumed run can go on with)."""
+
+    def resume(self, saved: dict[str, Any] | None, now: float) -> bool:
+        """After :meth:`start` of a resumed run: its servers are the saved run's (:meth:`snapshot`). False: not
+        restored (none saved, or they do not fit)."""
 
     def at(self, now: float, wall: float) -> None:
         """The time of the event being handled (cloud ``now`` and the driver's ``wall``)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from cmdare.cloud.servers import ServerSpec
 from cmdare.control.kernel import ChiefChange, Decision, LrChange, MembershipKernel, NoWorkersLeft, RequestReplacement
@@ -61,6 +62,7 @@ class WorkerRec:
     leaving: bool = False  # noticed: leaves after its checkpoint
     gone: bool = False
     retries: int = 0  # starts of its slot's replacement asked for again before it (a failed start not its own)
+    resumed: bool = False  # asked for by the run a resumed run goes on from (its ready time is that run's)
 
     @property
     def active(self) -> bool:
@@ -167,6 +169,42 @@ class WorkerControl:
         if self.config.trained_on_join:
             self.started_at = now
 
+    # -- saved with a checkpoint -------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The emulated fleet of workers as JSON-able values: the members (their servers, ready times and drawn
+        lifetimes), the replacements on their way, the next worker id. A noticed worker is left out: it leaves."""
+        leaving = [wid for wid, r in self.active.items() if r.leaving]
+        waiting = [{"worker_id": r.worker_id, "slot": r.slot, "server": r.spec.as_dict(), "replaces": r.replaces,
+                    "requested_at": r.requested_at, "ready_at": r.ready_at, "retries": r.retries,
+                    "lost_at": self.lost_at.get(r.replaces) if r.replaces is not None else None}
+                   for r in self.waiting.values() if not r.gone]
+        return {"next_id": self.next_id, "started_at": self.started_at, "membership": self.kernel.snapshot(leaving),
+                "waiting": waiting}
+
+    def resume(self, saved: dict[str, Any], now: float, wall: float, up: bool = False) -> None:
+        """A resumed run's workers are the saved run's (:meth:`snapshot`): the same ids, data slots, servers and
+        lifetimes; each is started again (their start-up, like a first wave's, is no part of the run: emulated time
+        did not pass while the run was stopped); replacements on their way are asked for again, ready when they were
+        to be."""
+        decisions = self.kernel.resume(saved["membership"], now)
+        for info in self.kernel.state.workers:
+            rec = WorkerRec(info.worker_id, info.slot, info.server, None, info.ready_at, wall, info.ready_at,
+                            member=True, up=up)
+            self.recs[rec.worker_id] = self.active[rec.worker_id] = rec
+            self.out.append(StartWorker(rec.worker_id, rec.slot, rec.spec, None, None,
+                                        why=f"data slot {rec.slot}: worker {rec.worker_id} of the resumed run"))
+        for w in saved["waiting"]:
+            rec = WorkerRec(w["worker_id"], w["slot"], ServerSpec.from_dict(w["server"]), w["replaces"],
+                            w["requested_at"], wall, w["ready_at"], retries=w["retries"], resumed=True)
+            self.recs[rec.worker_id] = self.waiting[rec.worker_id] = rec
+            if w["lost_at"] is not None:
+                self.lost_at[rec.replaces] = w["lost_at"]  # type: ignore[index]
+            self.out.append(StartWorker(rec.worker_id, rec.slot, rec.spec, rec.replaces, None,
+                                        why=f"replaces worker {rec.replaces}: asked for again by the resumed run"))
+        self.next_id, self.started_at = saved["next_id"], saved["started_at"]
+        self._changed()
+        self.execute(decisions, now, announce_chief=False)
+
     def _join(self, rec: WorkerRec) -> None:
         rec.member = True
         self.waiting.pop(rec.worker_id, None)
@@ -175,7 +213,7 @@ class WorkerControl:
 
     def server_starting(self, worker_id: int, startup_s: float | None, now: float) -> None:
         rec = self.waiting.get(worker_id)
-        if rec is not None:
+        if rec is not None and not (rec.resumed and rec.ready_at is not None):  # a resumed one is ready as it was
             rec.ready_at = None if startup_s is None else now + max(0.0, startup_s)
             self._changed()
 

@@ -115,7 +115,7 @@ class Trainer:
         self.detached = DetachedCalls()
         self.controller: RunController | None = None
         self._first_step = 0
-        self._saved_controller: dict[str, float] = {}  # the controller's state stored with the checkpoint resumed
+        self._saved_controller: dict[str, Any] = {}  # the controller's state stored with the checkpoint resumed
         self.infos: list[ParamInfo] = []
         self._started_ray = False
         self.emulated = self.provider.kind != "ray"

@@ -12,6 +12,7 @@ the schedule named. The snapshot is stored in the run's storage in the backgroun
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -125,7 +126,7 @@ class ChiefDuties:
             self.emitter.emit("on_eval", EvalReport(run_id, time.time(), step, cmd.worker_id, result.accuracy,
                                                     result.loss, dict(result.metrics)))
         else:
-            meta = dict(self.meta, chief=cmd.worker_id, controller=dict(cmd.state))
+            meta = dict(self.meta, chief=cmd.worker_id, controller=json.loads(cmd.state) if cmd.state else {})
             ckpt = Checkpoint(snap.step, snap.params, snap.momentum, res, meta)
             upload = Upload(snap.step, cmd.worker_id, len(self.infos), snap.stall_s, time.time() - started, started)
             self.uploads.submit(ckpt, upload)
