@@ -32,13 +32,14 @@ def _cli(env: dict[str, str], *args: str, timeout: int = 300) -> subprocess.Comp
 
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory):
-    """A 60-step run of the user's regression, slot 0 revoked 20 worker steps into each part (emulated cloud time
-    0.02 s a step), then its resume to step 120: (env, run id, stdout of each part)."""
+    """A 60-step run of the user's regression, slot 0 revoked about steps 40 and 100 (emulated cloud time 0.02 s a
+    worker step; the resumed part goes on with the first part's emulated timeline), then its resume to step 120:
+    (env, run id, stdout of each part)."""
     home = tmp_path_factory.mktemp("parts")
     env = dict(os.environ, CMDARE_HOME=str(home), PYTHONPATH=str(PROJECT), COLUMNS="200")
     env.pop("CMDARE_STORAGE", None)
     first = _cli(env, "train", *USER_MODEL, "--workers", "2", "--ps", "1", "--steps", "60", "--transient",
-                 "--revocations", "trace=0.4@0,step=0.02", "--startup", "0", "--checkpoint-every", "30",
+                 "--revocations", "trace=0.4@0+1.0@0,step=0.02", "--startup", "0", "--checkpoint-every", "30",
                  "--eval-every", "30", "--tensorboard", "none")
     assert first.returncode == 0, first.stderr[-3000:]
     run_id = re.search(r"run (\S+) finished: step 60", first.stdout).group(1)

@@ -39,10 +39,11 @@ def user_ray():
 
 
 def _spec(steps: int) -> TrainSpec:
-    # emulated cloud time 0.02 s a worker step: slot 0 is revoked 5 worker steps into each part (about step 10)
+    # emulated cloud time 0.02 s a worker step: slot 0 is revoked about steps 10 and 30 (the second part goes on with
+    # the first part's emulated fleet and timeline, as a resumed emulated run does)
     return TrainSpec(model="mypkg.tasks:build_regressor", dataset="mypkg.tasks:vectors", loss="mypkg.tasks:mse",
                      metric="mypkg.tasks:mae", workers=2, ps=1, steps=steps, batch_size=16, checkpoint_every=10,
-                     eval_every=10, seed=1, transient=True, revocations="trace=0.1@0,step=0.02", startup="0")
+                     eval_every=10, seed=1, transient=True, revocations="trace=0.1@0+0.3@0,step=0.02", startup="0")
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +118,8 @@ def test_report_run_against_plan_puts_the_run_beside_the_simulation_of_its_comma
     assert list(table.index) == ["cost_usd", "revocations", "replacements"]  # no time: emulated, not stored
     assert table.loc["cost_usd", "run"] == pytest.approx(totals["cost_usd"])
     assert table.loc["revocations", "run"] == totals["revocations"]
-    # the trace revokes slot 0 once 0.1 emulated seconds into the simulated run, as in each part of the real one
-    assert table.loc["revocations", "simulated_mean"] == pytest.approx(1.0)
+    # the trace revokes slot 0 at 0.1 and 0.3 emulated seconds in the simulated run, as over the real run's two parts
+    assert table.loc["revocations", "simulated_mean"] == pytest.approx(2.0) == totals["revocations"]
     assert table.loc["cost_usd", "simulated_mean"] > 0
     assert any("emulated cloud time" in n and "2 parts" in n for n in report.notes)
     assert "against_plan" in report.render("table")
