@@ -165,7 +165,7 @@ def test_replacement_timeout_falls_back_to_the_cheapest_other_type_on_a_real_clu
     d = make(steps=20000, revocations="trace=5@0", replacement="cheapest", emulated=False, admit_on_up=True,
              trained_on_join=False, replacement_timeout_s=30.0, offers=lambda lost: offers,
              driver_kw={"replacement_up_wall_s": 60.0, "real_time": True})  # nodes come after a minute: too late
-    d.run(max_wall=1000)
+    d.run(max_wall=100)
     starts = [c for c in d.of(C.StartWorker) if c.replaces is not None]
     assert [c.spec.gpu_type for c in starts][:2] == ["t4", "k80"]
     assert [c.worker_id for c in d.of(C.CancelWorker)][:1] == [starts[0].worker_id]
@@ -295,14 +295,15 @@ def test_a_replacement_ps_up_during_the_chiefs_duty_does_not_strand_a_synchronou
     """The CLI hang (1 run in 3 to 6): at a barrier the chief took its checkpoint and worker 1 alone was told to
     train; it pushed and waited at the shards' barrier for the chief. The replacement PS came up meanwhile: a
     FillPs hold, which waits for every worker to stop, so the chief was never told to train and worker 1 never
-    stopped. A synchronous round starts with all its workers: nobody trains while a member is busy."""
-    d = make(steps=200, sync=True, ps=2, ps_transient=True, checkpoint_every=50,
-             revocations="trace=30@ps,notice=10,hit=ps", driver_kw={"ps_up_wall_s": float("inf")})
+    stopped. A synchronous round starts with all its workers: nobody trains while a member is busy. (The replacement's
+    emulated start-up ends at step 50.5: its fill comes at step 51, once its process is up, as in the simulator.)"""
+    d = make(steps=200, sync=True, ps=2, ps_transient=True, checkpoint_every=50, revocations="trace=30@ps,notice=10,"
+             "hit=ps", driver_kw={"ps_up_wall_s": float("inf"), "ps_startup_s": 20.5})
     # the replacement requested at the notice (step 30) comes up as the chief's checkpoint of step 50 ends
     d.on_duty[50] = lambda d: d.feed(E.PsUp(wall=d.wall, key=d.of(C.StartPs)[-1].key))
     d.run(max_wall=100)
     finished(d)
-    assert [s for s, c in d.at(C.FillPs)] == [50] and d.steps_lost == 0
+    assert [s for s, c in d.at(C.FillPs)] == [51] and d.steps_lost == 0
     # the workers of a synchronous round are told to train together, never one alone
     told: dict[float, set[int]] = {}
     for wall, _step, c in d.log:
@@ -340,7 +341,7 @@ def test_a_final_checkpoint_that_cannot_be_stored_fails_the_run_and_names_the_la
 
 def test_the_end_waits_for_the_final_upload_and_fails_when_it_never_ends():
     d = make(steps=100, checkpoint_every=50, stuck_after_s=30.0, driver_kw={"stalled_uploads": {100}})
-    end = d.run(max_wall=1000)
+    end = d.run(max_wall=100)
     assert end.status == "failed" and "the final checkpoint (step 100) was not stored within 30 s" in end.message
     assert d.wall >= 30.0
 
@@ -371,7 +372,7 @@ def test_a_frozen_shard_found_by_a_probe_is_restored_and_not_probed_again_at_onc
     never got back to Ray's results, and the run sat at one step in silence."""
     d = make(steps=200, checkpoint_every=50, probe_after_s=5.0)
     d.on_step[130] = lambda d: setattr(d, "frozen_shard", True)
-    end = d.run(max_wall=1000)
+    end = d.run(max_wall=100)
     finished(d)
     assert end.status == "finished" and [c.reason for c in d.of(C.Restore)] == ["lost"]
     assert len(d.probes) == 1 and d.steps_lost == 30  # back to the checkpoint of step 100
@@ -380,7 +381,7 @@ def test_a_frozen_shard_found_by_a_probe_is_restored_and_not_probed_again_at_onc
 def test_no_progress_though_everything_answers_ends_the_run():
     d = make(steps=200, probe_after_s=2.0, stuck_after_s=20.0)
     d.on_step[30] = lambda d: setattr(d, "step_wall_s", 1e9)  # every worker hangs in its step
-    end = d.run(max_wall=1000)
+    end = d.run(max_wall=100)
     assert end.status == "failed" and "no training progress" in end.message and "step 30" in end.message
 
 

@@ -246,15 +246,14 @@ class ShardControl:
         return d.deadline - max(lead / 2, self.config.park_margin_s)
 
     def blocked(self, now: float) -> bool:
-        """Whether no training can happen: a shard is dead (restore due) or parked, or the last shard's blocks wait
-        for a replacement whose emulated start-up has ended but whose process has not answered yet (cloud time is
-        the run's steps: the emulator's own process start must not let training run past the step the
-        replacement is ready at, nor end the run before the evacuation)."""
+        """Whether no training can happen: a shard is dead (restore due) or parked, or a replacement PS's emulated
+        start-up has ended but its process has not answered yet. Cloud time is the run's steps: the emulator's own
+        process start must not let training run past the step the replacement is ready at (its fill, the last
+        shard's evacuation onto it, an unpark, a restore fall at that step, as in the simulator), nor end the run
+        before it."""
         if self.dead or self.restore_reason is not None or self.parked:
             return True
-        waiting = any(d.onto == Destination.REPLACEMENT for d in self.evacuations.values())
-        return waiting and any(not s.up and s.ready_at is not None and s.ready_at <= now
-                               for s in self.spares.values())
+        return any(not s.up and s.ready_at is not None and s.ready_at <= now for s in self.spares.values())
 
     def next_action(self, now: float) -> Command | None:
         """The action to carry out on quiesced shards now, or None (the caller holds training while
