@@ -192,15 +192,15 @@ class RunController(RunEnding, RunEventHandlers):
             self.out.append(Note("new_fleet", {"step": step}, why="the resumed run's workers or revocations are not "
                                                                    "the saved run's: it starts a new emulated fleet"))
             fleet = None
-        if self.clock is not None and fleet:  # the saved run's emulated fleet goes on
+        if self.clock is not None and fleet:  # the saved run's emulated fleet goes on, at its cloud time
             self.now = self.clock.jump(fleet["cloud_time"])
             self.topology.at(self.now, wall)
-            self.topology.start(ps_spec, num_ps, self.now, step)
-            self.topology.resume(fleet["topology"], self.now)
+        self.topology.start(ps_spec, num_ps, self.now, step)
+        if self.clock is not None and fleet:
+            self.topology.resume(fleet["topology"])
             self.workers.resume(fleet["workers"], self.now, wall, up)
             self.spares.resume(fleet["spares"])
         else:
-            self.topology.start(ps_spec, num_ps, self.now, step)
             self.workers.start_wave(worker_specs, self.now, wall, up)
             self.spares.start(worker_specs, self.now)
         self._settle()

@@ -93,7 +93,7 @@ class MembershipKernel:
         return {"workers": [{"worker_id": w.worker_id, "slot": w.slot, "server": w.server.as_dict(),
                              "ready_at": w.ready_at, "trained_at": w.trained_at}
                             for w in s.workers if w.worker_id not in leaving],
-                "chief": s.chief, "lr_scale": s.lr_scale,
+                "chief": s.chief,
                 "pending": [{"slot": p.slot, "server": p.server.as_dict(), "requested_at": p.requested_at,
                              "replaces": p.replaces} for p in s.pending],
                 "deadlines": [[k, t] for k, t in self.deadlines.items() if k not in leaving],

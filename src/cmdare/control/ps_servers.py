@@ -15,7 +15,6 @@ its notice (0: none). The policy decides, drivers act (the Ray trainer and the S
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -89,17 +88,16 @@ class PsServerKernel:
         self.servers: dict[int, PsServerInfo] = {}
         self.deadlines: dict[int, float] = {}  # key -> when its lifetime ends (the revocation)
         self.noticed: dict[int, float] = {}  # key -> deadline, once the notice came
-        self._keys = itertools.count()
-        self.issued = 0  # keys handed out so far
+        self.issued = 0  # keys handed out so far: the n-th is -n
 
     def next_key(self) -> int:
         """A new server key (negative, never a worker id), for a server about to be started."""
         self.issued += 1
-        return -1 - next(self._keys)
+        return -self.issued
 
     def issue_from(self, issued: int) -> None:
         """Keys asked for from now on go on after the first ``issued`` ones (a resumed run's)."""
-        self._keys, self.issued = itertools.count(issued), issued
+        self.issued = issued
 
     def adopt(self, key: int, spec: ServerSpec, ready_at: float, deadline: float | None) -> None:
         """Server ``key`` is one a resumed run goes on with: ready at ``ready_at``, revoked at ``deadline`` (as

@@ -82,8 +82,8 @@ class PsTopology:
     def snapshot(self) -> dict[str, Any] | None:
         return self.shards.snapshot()
 
-    def resume(self, saved: dict[str, Any] | None, now: float) -> bool:
-        return self.shards.resume(saved, now)
+    def resume(self, saved: dict[str, Any] | None) -> None:
+        self.shards.resume(saved)
 
     def at(self, now: float, wall: float) -> None:
         self.now, self.shards.wall = now, wall

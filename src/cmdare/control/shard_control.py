@@ -106,17 +106,16 @@ class ShardControl:
                    for s in (self.kernel.servers[k] for k in self.order)]
         return {"next_key": self.kernel.issued, "keys": list(self.order), "servers": servers}
 
-    def resume(self, saved: dict[str, Any] | None, now: float) -> bool:
+    def resume(self, saved: dict[str, Any] | None) -> None:
         """After :meth:`start`: the started shards' servers are the saved run's (:meth:`snapshot`), in shard order,
         ready and revoked when they were to be. Their keys are -1, -2, ... again (a driver keys the shards it starts
-        so), in place of the saved ``keys``; keys asked for later go on from the saved run's. False (nothing
-        changed): none saved, or not as many shards."""
+        so), in place of the saved ``keys``; keys asked for later go on from the saved run's. Nothing changes
+        when none was saved, or not as many shards."""
         if not saved or len(saved["servers"]) != len(self.order):
-            return False
+            return
         for key, (server, ready_at, deadline) in zip(self.order, saved["servers"], strict=True):
             self.kernel.adopt(key, ServerSpec.from_dict(server), ready_at, deadline)
         self.kernel.issue_from(saved["next_key"])
-        return True
 
     def index_of(self, key: int) -> int:
         """The shard index of PS server ``key``'s shard."""

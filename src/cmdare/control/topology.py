@@ -55,9 +55,9 @@ class Topology(Protocol):
         """The topology's emulated servers (their ready times and drawn lifetimes), as JSON-able values saved with
         a checkpoint (None: nothing a resumed run can go on with)."""
 
-    def resume(self, saved: dict[str, Any] | None, now: float) -> bool:
-        """After :meth:`start` of a resumed run: its servers are the saved run's (:meth:`snapshot`). False: not
-        restored (none saved, or they do not fit)."""
+    def resume(self, saved: dict[str, Any] | None) -> None:
+        """After :meth:`start` of a resumed run: its servers are the saved run's (:meth:`snapshot`), where they fit
+        (else they stay as started)."""
 
     def at(self, now: float, wall: float) -> None:
         """The time of the event being handled (cloud ``now`` and the driver's ``wall``)."""
