@@ -124,6 +124,39 @@ def test_a_synchronous_run_trains_on_with_a_warm_replacement(cluster, tmp_path):
     assert summary.final_accuracy is not None and summary.final_accuracy > 0.8  # digits: ~0.95 fault-free
 
 
+@pytest.mark.cluster  # make test-cluster: real shard and worker actors
+def test_a_synchronous_standby_pushes_its_first_step_on_the_rounds_parameters(cluster):
+    """A standby adopted as a synchronous worker pulls at once; the survivor's lone rounds go on until the round
+    grows to count it, so its first step pulls again: its push is part of a round on the parameters it pulled."""
+    import ray
+
+    from cmdare.ps.layout import shard_arrays_from_model_flat
+    from cmdare.ps.placement import get_placement
+    from cmdare.ps.shard import BlockData, SyncShardActor
+    from cmdare.train.run.run_start import initial_state
+    from cmdare.train.workers.warm_pool import StandbyWorker
+    from cmdare.train.workers.worker import Worker
+
+    spec = _spec(sync=True, warm_spares=1)
+    infos, params, momentum, *_ = initial_state(spec, "t", None, None, False)
+    placement = get_placement(spec.placement).place(infos, 1)
+    shard = ray.remote(SyncShardActor).options(num_cpus=0).remote(0, spec.optimizer, None, 1)
+    (values,), (moms,) = (shard_arrays_from_model_flat(a, infos, placement) for a in (params, momentum))
+    ray.get(shard.load.remote(BlockData(tuple(placement.blocks_on(0)), values, moms, 0)))
+    survivor = ray.remote(Worker).options(num_cpus=0).remote(0, 0, 2, spec, [shard], placement, 1, 0, None, 1.0)
+    standby = ray.remote(StandbyWorker).options(num_cpus=0).remote(spec, 1)
+    try:
+        ray.get(standby.adopt.remote(1, 1, 2, spec, [shard], placement, 1, 0, None, 1.0))
+        assert ray.get(survivor.run_steps.remote(2, 600.0)).steps == 2  # rounds of one, after the adoption's pull
+        ray.get(shard.set_num_workers.remote(2, 1))
+        first, other = ray.get([standby.run_steps.remote(1, 600.0), survivor.run_steps.remote(1, 600.0)])
+        assert first.steps == other.steps == 1 and first.staleness == other.staleness == (0,)
+        assert first.global_step == other.global_step == 3
+    finally:
+        for actor in (survivor, standby, shard):
+            ray.kill(actor)
+
+
 @pytest.mark.parametrize("value", [-1, True, 1.5, "2"])
 def test_bad_warm_spares_are_refused(value):
     with pytest.raises(UserInputError, match="--warm-spares"):

@@ -63,7 +63,7 @@ class StandbyWorker(Worker):
         x, y = next(self.task.stream(0, 1, spec.batch_size, spec.seed))
         self.task.loss_of(self.model(x.to(self.device)), y.to(self.device)).backward()
         self.model.zero_grad(set_to_none=True)
-        self.step, self.watchers = -1, []
+        self.step, self.watchers, self.pull_first = -1, [], False
         self.channels, self.same_node, self.pieces = {}, set(), None  # as before a first layout (leave() closes them)
         self.node_id, self.started_at = _ray_node_id(), time.time()
 
@@ -76,6 +76,9 @@ class StandbyWorker(Worker):
         self._join(worker_id, slot, num_slots, shards, placement, start_step, notice, stretch)
         t1 = time.perf_counter()
         self.pull()
+        # synchronous: the survivors' rounds go on until the round grows to count this worker, so the parameters
+        # pulled here may be a round old by its first step (a push on them would be stale in a lockstep round)
+        self.pull_first = bool(spec.sync)
         return {"node_id": self.node_id, "up_at": self.started_at, "adopt_init_s": t1 - t0,
                 "first_pull_s": time.perf_counter() - t1}
 

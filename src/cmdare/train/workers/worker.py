@@ -103,6 +103,7 @@ class Worker:
         self.ray_pieces: list[Any] = []  # refs of the pieces sent through Ray this step
         self._bind(placement, shards)
         self.step = -1  # global step of the parameters held; -1 before the first pull
+        self.pull_first = False  # pull again before the next step (parameters pulled before the worker joined)
         self._calibrated: tuple[int | None, int] | None = None  # the parameters the statistics were recomputed for
         # emulating a slower GPU type on this machine: every step takes `stretch` times as long (>= 1)
         self.stretch = max(1.0, float(stretch))
@@ -212,8 +213,9 @@ class Worker:
         """
         import ray
 
-        if self.step < 0:
+        if self.step < 0 or self.pull_first:
             self.pull()
+            self.pull_first = False
         self.model.train()
         self._calibrated = None  # training moves the statistics on
         live = self._live_shards()
