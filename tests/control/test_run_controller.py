@@ -116,6 +116,28 @@ def test_revocations_fall_at_the_same_steps_however_slow_the_emulator_is():
     assert len(fast) >= 2 and fast == slow
 
 
+@pytest.mark.parametrize("line, driver_kw, joins, steps", [
+    (dict(revocations="trace=20@0"), {"startup_s": 3.0}, "Joined", (40, 43)),  # asked at 20 s, ready at 23 s
+    (dict(revocations="trace=20@0", sync=True), {"startup_s": 3.0}, "Joined", (20, 23)),  # a round per second
+    (dict(ps=2, ps_transient=True, revocations="trace=30@ps,notice=10,hit=ps"), {"ps_startup_s": 5.0}, "FillPs",
+     (60, 70)),
+])
+def test_an_emulated_run_never_lowers_its_fence_when_it_asks_for_a_server(line, driver_kw, joins, steps):
+    """A replacement's ready time is known only once the driver answers its start (``ServerStarting``, right
+    after the command): until then training is fenced at the next step, so the fence its ready time sets is never
+    below one that chunks already went out with (the emulator's shards would learn of a lowered fence only after
+    pushes past it: a Ray run joined its replacement up to four steps late under load)."""
+    d = make(steps=200, **line, driver_kw=driver_kw)
+    d.run()
+    finished(d)
+    fences = [c.step for c in d.of(C.Fence)]
+    assert fences == sorted(fences)
+    (asked, _), = [(s, c) for s, c in d.at(C.StartWorker if joins == "Joined" else C.StartPs)
+                   if getattr(c, "replaces", True) is not None]
+    (joined, _), = d.at(getattr(C, joins))
+    assert (asked, joined) == steps
+
+
 def test_a_worker_notice_checkpoints_on_the_chief_then_it_leaves_and_is_replaced():
     d = make(steps=200, checkpoint_every=100)
     d.on_step[60] = lambda d: d.notice(0)

@@ -347,6 +347,10 @@ class RunController(RunEnding, RunEventHandlers):
             at = self.clock.step_at(self._next_cloud_time(), self.rate())
             if at is not None:
                 steps.append(at)
+            if self.workers.unanswered() or self.topology.unanswered():
+                # a server asked for, its start-up not heard yet (the driver answers in the same breath): it may be
+                # ready at once, and a fence lowered after chunks went out with a higher one races their steps
+                steps.append(int(math.floor(self.step)) + 1)
         return max(min(steps), int(math.floor(self.step)) + 1)
 
     def _start_duties(self) -> None:

@@ -108,6 +108,9 @@ class PsTopology:
     def next_wall(self) -> float:
         return self.shards.next_wall()
 
+    def unanswered(self) -> bool:
+        return self.shards.unanswered()
+
     def ready_times(self) -> list[float | None]:
         return [s.ready_at for s in self.shards.spares.values()]
 

@@ -61,6 +61,7 @@ class Spare:
     requested_wall: float = 0.0
     ready_at: float | None = None  # None: when its actor is up
     up: bool = False
+    heard: bool = False  # its start was answered (``ServerStarting``): its ready time is known
     attempt: int = 1
 
     def ready(self, now: float) -> bool:
@@ -166,6 +167,7 @@ class ShardControl:
     def spare_starting(self, key: int, startup_s: float | None, now: float) -> None:
         spare = self.spares.get(key)
         if spare is not None:
+            spare.heard = True
             spare.ready_at = None if startup_s is None else now + max(0.0, startup_s)
 
     def spare_up(self, key: int) -> None:
@@ -345,6 +347,10 @@ class ShardControl:
         self.kernel.add(self.spec, now, key=key)  # type: ignore[arg-type]
 
     # -- time -------------------------------------------------------------------------------------
+    def unanswered(self) -> bool:
+        """Whether a replacement PS server was asked for and its start not answered yet."""
+        return any(not s.heard for s in self.spares.values())
+
     def next_time(self, now: float) -> float:
         """The next cloud time after ``now`` something is due for the PS servers (inf: nothing)."""
         lead = self.kernel.notice_s

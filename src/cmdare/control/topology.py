@@ -81,6 +81,9 @@ class Topology(Protocol):
     def next_wall(self) -> float:
         """The next wall time a real wait of the topology's times out (inf: none)."""
 
+    def unanswered(self) -> bool:
+        """Whether a server of the topology was asked for and its start not answered yet (``ServerStarting``)."""
+
     def ready_times(self) -> list[float | None]:
         """When what the topology waits for is ready (cloud time; None: not known yet)."""
 

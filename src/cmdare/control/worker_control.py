@@ -63,6 +63,7 @@ class WorkerRec:
     gone: bool = False
     retries: int = 0  # starts of its slot's replacement asked for again before it (a failed start not its own)
     resumed: bool = False  # asked for by the run a resumed run goes on from (its ready time is that run's)
+    heard: bool = False  # its start was answered (``ServerStarting``): its ready time is known
 
     @property
     def active(self) -> bool:
@@ -213,6 +214,8 @@ class WorkerControl:
 
     def server_starting(self, worker_id: int, startup_s: float | None, now: float) -> None:
         rec = self.waiting.get(worker_id)
+        if rec is not None:
+            rec.heard = True
         if rec is not None and not (rec.resumed and rec.ready_at is not None):  # a resumed one is ready as it was
             rec.ready_at = None if startup_s is None else now + max(0.0, startup_s)
             self._changed()
@@ -353,6 +356,11 @@ class WorkerControl:
         self.execute(self.kernel.damp_lr(factor, now), now)
 
     # -- time ---------------------------------------------------------------------------------------
+    def unanswered(self) -> bool:
+        """Whether a replacement was asked for and its start not answered yet (its ready time, unknown, may be
+        now)."""
+        return any(not r.heard for r in self.waiting.values())
+
     def next_time(self, now: float) -> float:
         """The next cloud time after ``now`` something is due for the workers (inf: nothing)."""
         times = [self._next_due()]
