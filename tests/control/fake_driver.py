@@ -34,6 +34,7 @@ class FakeWorker:
     training: bool = False
     halting: bool = False  # told to stop while waiting at a synchronous round's barrier: stops when it completes
     doomed: str | None = None  # its constructor raises this
+    trains: int = 0  # Train commands it was given (a hold's stop is for the chunk it was training then)
 
 
 @dataclass
@@ -218,11 +219,14 @@ class FakeDriver:
         w = self.workers[c.worker_id]
         assert w.up and w.alive, f"Train for worker {c.worker_id}, which is not up"
         w.training, w.halting = True, False
+        w.trains += 1
 
     def _do_HoldAll(self, c: C.HoldAll) -> None:
+        """Training workers stop at the end of their current push; a Train given meanwhile supersedes the hold
+        (as the Ray driver feeds a worker again)."""
         for w in self.workers.values():
             if w.training:
-                self.later(0.0, lambda w=w: self._stop(w))
+                self.later(0.0, lambda w=w, n=w.trains: self._stop(w) if w.trains == n else None)
 
     def _do_Revoke(self, c: C.Revoke) -> None:
         w = self.workers[c.worker_id]

@@ -138,6 +138,23 @@ def test_an_emulated_run_never_lowers_its_fence_when_it_asks_for_a_server(line, 
     assert (asked, joined) == steps
 
 
+def test_a_synchronous_round_grows_at_the_step_its_newcomer_is_ready_however_slow_its_process_starts():
+    """Emulation: the round holds at the step the newcomer's emulated start-up ends until its process is up, then
+    grows there (before, survivors trained on in rounds of one until the process was up, steps the simulator,
+    whose newcomer is up when ready, never took)."""
+    def decisions(up_wall_s):
+        d = make(steps=200, revocations="trace=20@0", sync=True,
+                 driver_kw={"startup_s": 3.0, "replacement_up_wall_s": up_wall_s})
+        d.run()
+        finished(d)
+        return [(s, type(c).__name__, getattr(c, "n", None)) for s, c in d.at(C.Command)
+                if isinstance(c, C.Revoke | C.Joined | C.SetRoundSize)]
+
+    slow = decisions(30.0)  # 30 wall seconds: 300 survivor rounds of the fake world
+    assert slow == [(20, "Revoke", None), (20, "SetRoundSize", 1), (23, "Joined", None), (23, "SetRoundSize", 2)]
+    assert decisions(0.01) == slow
+
+
 def test_a_worker_notice_checkpoints_on_the_chief_then_it_leaves_and_is_replaced():
     d = make(steps=200, checkpoint_every=100)
     d.on_step[60] = lambda d: d.notice(0)

@@ -124,8 +124,8 @@ def _history(controller) -> list[tuple]:
     {"transient": True},  # a worker revoked, replaced (the default lifetimes)
     {"transient": True, "ps_transient": True, "checkpoint_every": 50},  # a PS notice shorter than a step: rollback
     {"transient": True, "warm_spares": 2},  # a replacement takes a warm spare, another is asked for
-])  # not --sync: the trainer admits a replacement at the end of the workers' chunks (a lockstep round is never cut
-#     in two: step 43 of seed 3, chunks of 10), the simulation at the next step (34); the revocations agree
+    {"transient": True, "sync": True},  # synchronous rounds: the replacement joins a round at the step it is ready
+])
 def test_a_command_line_trained_and_simulated_takes_the_same_decisions_at_the_same_steps(line, tmp_path):
     """``cmdare train LINE --seed 3`` (the emulated Ray run) and the first run of ``cmdare train LINE --seed 3
     --simulate``: the same decisions, with the same arguments, at the same global steps."""

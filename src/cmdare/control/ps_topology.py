@@ -135,12 +135,16 @@ class PsTopology:
 
     def quiesce(self, now: float, workers: WorkerControl, quiesced: bool) -> Quiesce | None:
         """An action on quiesced shards, a synchronous round that grows (a newcomer's first push must find it
-        grown), or shards that cannot be used (dead, parked): training holds."""
+        grown), or shards that cannot be used (dead, parked): training holds. In emulation a synchronous round also
+        holds at the step a newcomer's emulated start-up ends until its process is up (cloud time is the run's
+        steps: the round grows at that step, as in the simulator, whatever the emulator's process start takes)."""
         action = self.shards.next_action(now)
-        grow = self.config.sync and workers.counted() > self.round_size
-        if action is None and not grow and not self.shards.blocked(now):
+        arriving = self.config.sync and workers.arriving()
+        grow = self.config.sync and not arriving and workers.counted() > self.round_size
+        if action is None and not grow and not arriving and not self.shards.blocked(now):
             return None
-        why = type(action).__name__ if action is not None else "round" if grow else "shards"
+        why = (type(action).__name__ if action is not None else "newcomer" if arriving else "round" if grow
+               else "shards")
         if not quiesced:
             return Quiesce(why)
         if action is not None:

@@ -140,6 +140,13 @@ class WorkerControl:
                                          if not r.leaving and (r.up or r.replaces is None))
         return int(self._cache["counted"])
 
+    def arriving(self) -> bool:
+        """Emulation: whether a replacement joined (its emulated start-up ended) whose process is not up yet."""
+        if "arriving" not in self._cache:
+            self._cache["arriving"] = not self.config.admit_on_up and any(
+                not r.up and not r.leaving and r.replaces is not None for r in self.active.values())
+        return bool(self._cache["arriving"])
+
     # -- starting ---------------------------------------------------------------------------------
     def _new(self, slot: int, spec: ServerSpec, replaces: int | None, now: float, wall: float) -> WorkerRec:
         rec = WorkerRec(self.next_id, slot, spec, replaces, now, wall)
