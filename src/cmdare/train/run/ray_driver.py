@@ -7,7 +7,8 @@ which the executors carry out on Ray: workers (:class:`~cmdare.train.workers.wor
 shards and their servers (:class:`~cmdare.train.ps.shard_group.ShardGroup`,
 :class:`~cmdare.train.ps.ps_evacuation.PsServerExecutor`), duties
 (:class:`~cmdare.train.duties.chief_duties.ChiefDuties`) and placement changes
-(:class:`~cmdare.train.ps.placement_changes.PlacementChanges`). Nothing is decided here.
+(:class:`~cmdare.train.ps.placement_changes.PlacementChanges`; the PS commands' handlers are
+:class:`~cmdare.train.run.ps_commands.PsCommands`). Nothing is decided here.
 
 A worker told to train gets chunks of steps, ``spec.chunks_ahead`` queued (asynchronous), until the global
 step reaches the fence: the shards refuse pushes past it, so every worker stops exactly there and the
@@ -29,12 +30,11 @@ from cmdare.control import RunController
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
 from cmdare.control.dispatch import handler_table
-from cmdare.control.kinds import ShardAction
 from cmdare.control.ps_topology import PsTopology
 from cmdare.errors import ShardLostError
 from cmdare.events import StepReport
 from cmdare.storage import Storage
-from cmdare.train.duties.checkpoint import Checkpoint, CheckpointStore
+from cmdare.train.duties.checkpoint import Checkpoint
 from cmdare.train.duties.chief_duties import ChiefDuties
 from cmdare.train.ps.placement_changes import PlacementChanges
 from cmdare.train.ps.ps_evacuation import PsServerExecutor
@@ -43,6 +43,7 @@ from cmdare.train.run.cluster_health import LoopWatchdog, cluster_lost, probe_ac
 from cmdare.train.run.detached import DetachedCalls
 from cmdare.train.run.emitter import RunEmitter
 from cmdare.train.run.faults import classify, user_mistake
+from cmdare.train.run.ps_commands import PsCommands
 from cmdare.train.run.run_files import HEARTBEAT_S, heartbeat, write_status
 from cmdare.train.run.run_metrics import RunMetrics
 from cmdare.train.spec import TrainSpec
@@ -61,7 +62,7 @@ PROBE_TIMEOUT_S = 10.0  # how long a probed worker or shard may take to answer
 _FEEDING = (C.Train, C.Fence, C.HoldAll)
 
 
-class RayDriver:
+class RayDriver(PsCommands):
     """Carries out one run's controller on Ray.
 
     Args:
@@ -362,62 +363,6 @@ class RayDriver:
             # which shards died, so that the controller asks for their replacements by key (lifetimes, notices)
             started = [E.ShardLost(wall=time.time(), keys=dead), *started]
         return [*loads, *started]
-
-    # -- commands: parameter servers -------------------------------------------------------------------------
-    def _live_actors(self) -> list[Any]:
-        """Worker actors that take a layout change (not revoked, process up)."""
-        return [w.actor for w in self.workers.workers.values() if w.revoked_at is None and w.is_up]
-
-    def _do_StartPs(self, cmd: C.StartPs) -> list[E.Event]:
-        return self.ps.start_spare(cmd, time.time())
-
-    def _do_PsNoticed(self, cmd: C.PsNoticed) -> None:
-        self.ps.noticed(cmd, self.controller.now, "ray" if cmd.key in self.drained else "injected")
-
-    def _do_EvacuatePs(self, cmd: C.EvacuatePs) -> list[E.Event]:
-        return [self.ps.evacuate(cmd, self._live_actors(), self.global_step, time.time(), self.controller.now)]
-
-    def _do_ParkPs(self, cmd: C.ParkPs) -> list[E.Event]:
-        return [self.ps.park(cmd, time.time(), self.controller.now)]
-
-    def _do_UnparkPs(self, cmd: C.UnparkPs) -> list[E.Event]:
-        return [self.ps.unpark(cmd, self._live_actors(), self.global_step, time.time())]
-
-    def _do_FillPs(self, cmd: C.FillPs) -> list[E.Event]:
-        return [self.ps.fill(cmd, self._live_actors(), self.global_step, time.time())]
-
-    def _do_KillPs(self, cmd: C.KillPs) -> None:
-        self.ps.kill(cmd)
-
-    def _do_Restore(self, cmd: C.Restore) -> list[E.Event]:
-        """Replace dead shards by the spares named and roll every shard back to the checkpoint named."""
-        wall = time.time()
-        step = cmd.checkpoint
-
-        def load() -> Checkpoint:
-            return self.initial if step is None else CheckpointStore(self.storage).load_step(step)
-
-        details = {}
-        if cmd.reason == "diverged":  # a rollback: say which, and the learning rate from now on
-            details = dict(global_step=self.global_step, **self.controller.rollback_details())
-        events = [*self.duties.collect(wall), *self.ps.restore(cmd, load, self._live_actors(), self.global_step,
-                                                                wall, details)]
-        done = events[-1]
-        if isinstance(done, E.ActionDone) and done.ok and done.step is not None:
-            self.global_step = self.fence = done.step
-            self._round_feed.clear()  # the steps come again
-        return events
-
-    def _do_ChangePlacement(self, cmd: C.ChangePlacement) -> list[E.Event]:
-        before = list(self.shards.servers)
-        result, _pause = self.changes.migrate(list(cmd.decisions), self._live_actors(), self.global_step)
-        added = [s for s in self.shards.servers if s not in before]
-        removed = self.ps.placement_changed(cmd.new_keys, added)
-        return [E.ActionDone(wall=time.time(), action=ShardAction.PLACEMENT, ok=not result.rolled_back,
-                             num_shards=len(self.shards.shards), removed_keys=removed)]
-
-    def _do_Balance(self, cmd: C.Balance) -> list[E.Event]:
-        return self.changes.loads(time.time(), cmd.step, self.ps.dead_keys, balance=True)
 
     def _do_Note(self, cmd: C.Note) -> None:
         self.emitter.event(cmd.kind, details=cmd.details)
