@@ -110,3 +110,26 @@ def test_a_run_resumed_with_other_workers_starts_a_new_fleet_and_says_so():
     assert [c.kind for c in first if isinstance(c, C.Note)] == ["new_fleet"]
     assert [c.worker_id for c in first if isinstance(c, C.StartWorker)] == [0, 1, 2]
     assert resumed.run().status == "finished"
+
+
+@pytest.mark.parametrize("edit", [
+    lambda f: f.pop("workers"),
+    lambda f: f.update(cloud_time="soon"),
+    lambda f: f["workers"]["membership"].clear(),
+    lambda f: f["workers"].update(waiting=[{"worker_id": 9}]),
+    lambda f: f.update(wave=None),
+])
+def test_a_saved_fleet_that_does_not_read_starts_a_new_fleet_and_says_why(edit):
+    """An edited or foreign checkpoint: its fleet is tried on a copy of the controller first, so nothing is left
+    half-restored; the resumed run starts a new emulated fleet with a note naming what did not read."""
+    whole = make(revocations=LIFETIMES, **RUN)
+    assert whole.run().status == "finished"
+    (cp,) = [c for c in whole.of(C.StartDuty) if c.kind == "checkpoint" and c.step == 200]
+    saved = json.loads(cp.state)
+    edit(saved["fleet"])
+    resumed = make(start_step=200, saved=saved, revocations=LIFETIMES, **RUN)
+    first = [c for _, _, c in resumed.controller.history]
+    (note,) = [c for c in first if isinstance(c, C.Note)]
+    assert note.kind == "new_fleet" and note.details["step"] == 200 and note.details["reason"]
+    assert [c.worker_id for c in first if isinstance(c, C.StartWorker)] == [0, 1, 2, 3]
+    assert resumed.run().status == "finished"

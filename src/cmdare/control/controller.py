@@ -16,6 +16,7 @@ fence is set.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -186,26 +187,48 @@ class RunController(RunEnding, RunEventHandlers):
         self.duties.restart(step)
         self.duties.resume(self._saved.get("duties", []))
         self._wave = [spec.as_dict() for spec in worker_specs]
-        fleet = self._saved.get("fleet")
-        if self.clock is not None and fleet and (fleet["step"], fleet["wave"], fleet["source"]) != \
-                (step, self._wave, self.kernel.revocations.name):
-            self.out.append(Note("new_fleet", {"step": step}, why="the resumed run's workers or revocations are not "
-                                                                   "the saved run's: it starts a new emulated fleet"))
+        fleet = self._saved.get("fleet") if self.clock is not None else None
+        if fleet and (why := self._foreign_fleet(fleet, ps_spec, num_ps, step, wall, up)) is not None:
+            self.out.append(Note("new_fleet", {"step": step, "reason": why},
+                                 why=f"{why}: the resumed run starts a new emulated fleet"))
             fleet = None
-        if self.clock is not None and fleet:  # the saved run's emulated fleet goes on, at its cloud time
-            self.now = self.clock.jump(fleet["cloud_time"])
-            self.topology.at(self.now, wall)
-        self.topology.start(ps_spec, num_ps, self.now, step)
-        if self.clock is not None and fleet:
-            self.topology.resume(fleet["topology"])
-            self.workers.resume(fleet["workers"], self.now, wall, up)
-            self.spares.resume(fleet["spares"])
+        if fleet:  # the saved run's emulated fleet goes on, at its cloud time
+            self._resume_fleet(fleet, ps_spec, num_ps, step, wall, up)
         else:
+            self.topology.start(ps_spec, num_ps, self.now, step)
             self.workers.start_wave(worker_specs, self.now, wall, up)
             self.spares.start(worker_specs, self.now)
         self._settle()
         self._record()
         return list(self.out)
+
+    def _resume_fleet(self, fleet: Mapping[str, Any], ps_spec: ServerSpec, num_ps: int, step: int, wall: float,
+                      up: bool) -> None:
+        assert self.clock is not None
+        self.now = self.clock.jump(fleet["cloud_time"])
+        self.topology.at(self.now, wall)
+        self.topology.start(ps_spec, num_ps, self.now, step)
+        self.topology.resume(fleet["topology"])
+        self.workers.resume(fleet["workers"], self.now, wall, up)
+        self.spares.resume(fleet["spares"])
+
+    def _foreign_fleet(self, fleet: Mapping[str, Any], ps_spec: ServerSpec, num_ps: int, step: int, wall: float,
+                       up: bool) -> str | None:
+        """Why the saved emulated fleet cannot go on (None: it can): other workers, revocations or start step, or
+        a saved state that does not read (an edited or foreign checkpoint), found by resuming a copy of this
+        controller, so a failure leaves nothing half-restored."""
+        unreadable = (KeyError, IndexError, TypeError, ValueError, AttributeError)
+        try:
+            if (fleet["step"], fleet["wave"], fleet["source"]) != (step, self._wave, self.kernel.revocations.name):
+                return "the resumed run's workers or revocations are not the saved run's"
+            try:
+                trial = copy.deepcopy(self)
+            except (TypeError, copy.Error):  # a part that does not copy (a placement script's process): no trial
+                return None
+            trial._resume_fleet(fleet, ps_spec, num_ps, step, wall, up)
+        except unreadable as err:
+            return f"the checkpoint's saved fleet does not read ({type(err).__name__}: {err})"
+        return None
 
     def handle(self, event: Event) -> list[Command]:
         """Take one event; returns the commands to carry out, in order."""
