@@ -119,22 +119,27 @@ def _history(controller) -> list[tuple]:
     return out
 
 
-@pytest.mark.cluster  # make test-cluster: three emulated runs against their simulations
-@pytest.mark.parametrize("line", [
-    {"transient": True},  # a worker revoked, replaced (the default lifetimes)
-    {"transient": True, "ps_transient": True, "checkpoint_every": 50},  # a PS notice shorter than a step: rollback
-    {"transient": True, "warm_spares": 2},  # a replacement takes a warm spare, another is asked for
-    {"transient": True, "sync": True},  # synchronous rounds: the replacement joins a round at the step it is ready
-])
-def test_a_command_line_trained_and_simulated_takes_the_same_decisions_at_the_same_steps(line, tmp_path):
+@pytest.mark.cluster  # make test-cluster: five emulated runs against their simulations
+@pytest.mark.parametrize("line, shows", [
+    ({"transient": True}, {"Revoke", "Joined"}),  # a worker revoked, replaced (the default lifetimes)
+    # a PS notice shorter than a step: the shards roll back
+    ({"transient": True, "ps_transient": True, "checkpoint_every": 50}, {"KillPs", "Restore"}),
+    ({"transient": True, "warm_spares": 2}, {"StartSpare"}),  # a replacement takes a warm spare, another is asked for
+    ({"transient": True, "sync": True}, {"SetRoundSize"}),  # the replacement joins a round at the step it is ready
+    # slot 1 revoked at cloud second 2 (step 200), its replacement's start-up longer than the run: cancelled at the end
+    ({"transient": True, "workers": 2, "checkpoint_every": 100, "revocations": "trace=2@1,step=0.02"},
+     {"CancelWorker"}),
+], ids=["revocations", "ps-rollback", "warm-spares", "sync", "cancel"])
+def test_a_command_line_trained_and_simulated_takes_the_same_decisions_at_the_same_steps(line, shows, tmp_path):
     """``cmdare train LINE --seed 3`` (the emulated Ray run) and the first run of ``cmdare train LINE --seed 3
-    --simulate``: the same decisions, with the same arguments, at the same global steps."""
-    assert_trained_as_simulated(line, tmp_path)
+    --simulate``: the same decisions, with the same arguments, at the same global steps (among them ``shows``)."""
+    decisions = assert_trained_as_simulated(line, tmp_path)
+    assert shows <= {name for name, _step, _fields in decisions}
 
 
-def assert_trained_as_simulated(line: dict, tmp_path) -> None:
+def assert_trained_as_simulated(line: dict, tmp_path) -> list[tuple]:
     """Train ``line`` (``TrainSpec`` fields) emulated on Ray with seed 3 and simulate its first run: the same
-    decisions, with the same arguments, at the same global steps."""
+    decisions, with the same arguments, at the same global steps. Returns them (name, step, fields)."""
     from cmdare.plan.simulator import Simulator
     from cmdare.run_simulation import simulation_inputs
 
@@ -150,3 +155,4 @@ def assert_trained_as_simulated(line: dict, tmp_path) -> None:
     assert run.result().finished
     trained, simulated = _history(trainer.controller), _history(run.controller)
     assert trained == simulated, "\n".join(f"{a}  |  {b}" for a, b in zip(trained, simulated, strict=False))
+    return trained
