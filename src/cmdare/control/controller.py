@@ -16,10 +16,9 @@ fence is set.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from cmdare.cloud.servers import ServerSpec
@@ -38,7 +37,6 @@ from cmdare.control.run_commands import (
     Command,
     Fence,
     HoldAll,
-    Note,
     StartDuty,
     Train,
 )
@@ -57,6 +55,7 @@ from cmdare.control.run_events import (
     WorkerUp,
 )
 from cmdare.control.run_state import Ended, Finishing, Holding, Phase, RunState, RunStateMachine, Starting, Training
+from cmdare.control.saved_run import SavedRun
 from cmdare.control.spares import WarmSpares
 from cmdare.control.topology import Topology
 from cmdare.control.worker_control import WorkerControl
@@ -69,7 +68,7 @@ _SIGNS_OF_LIFE = (ChunkDone, WorkerStopped, AllStopped, WorkerUp, PsUp, DutyDone
                   CheckpointStored)
 
 
-class RunController(RunEnding, RunEventHandlers):
+class RunController(SavedRun, RunEnding, RunEventHandlers):
     """Decides a run: feed it events with :meth:`handle`, carry out the commands it returns.
 
     Args:
@@ -142,34 +141,6 @@ class RunController(RunEnding, RunEventHandlers):
         """The emulated cluster's steps per cloud second now."""
         return self.topology.rate(self.workers)
 
-    # -- saved with each checkpoint -------------------------------------------------------------------
-    def saved_state(self) -> dict[str, Any]:
-        """What a run resumed from a checkpoint needs to decide as this one would from there, as JSON-able values;
-        stored with each checkpoint (``StartDuty.state``):
-
-        * the rollbacks taken after divergences (so ``--on-diverge rollback:N`` counts over the whole run) and the
-          learning-rate damping they left; the duties due and not begun;
-        * in emulation, the emulated fleet: cloud time, every worker, replacement on its way and spare with its
-          server, ready time and drawn lifetime, the PS servers (when the shards are at rest), the chief, and the
-          revocation source's draws so far. Emulated time advances only with training, so none passes while a run
-          is stopped: the resumed run goes on with the same fleet. (A real cluster's servers are new on resume.)
-        """
-        state: dict[str, Any] = {"rollbacks": self.rollbacks, "lr_damping": self.kernel.lr_damping,
-                                 "duties": self.duties.snapshot()}
-        if self.clock is not None:
-            state["fleet"] = {"step": self.clock.step, "cloud_time": self.clock.time, "wave": self._wave,
-                              "source": self.kernel.revocations.name,
-                              "workers": self.workers.snapshot(), "spares": self.spares.snapshot(),
-                              "topology": self.topology.snapshot()}
-        return state
-
-    def restore_state(self, state: Mapping[str, Any] | None) -> None:
-        """Before :meth:`start`: go on from a checkpoint's :meth:`saved_state` (None or empty: a fresh run's)."""
-        self._saved = dict(state or {})
-        if state:
-            self.rollbacks = int(state.get("rollbacks", 0))
-            self.kernel.lr_damping = float(state.get("lr_damping", 1.0))
-
     # -- the run -------------------------------------------------------------------------------------
     def start(self, worker_specs: Sequence[ServerSpec], ps_spec: ServerSpec, num_ps: int, step: int,
               wall: float, now: float | None = None, up: bool = False) -> list[Command]:
@@ -187,48 +158,13 @@ class RunController(RunEnding, RunEventHandlers):
         self.duties.restart(step)
         self.duties.resume(self._saved.get("duties", []))
         self._wave = [spec.as_dict() for spec in worker_specs]
-        fleet = self._saved.get("fleet") if self.clock is not None else None
-        if fleet and (why := self._foreign_fleet(fleet, ps_spec, num_ps, step, wall, up)) is not None:
-            self.out.append(Note("new_fleet", {"step": step, "reason": why},
-                                 why=f"{why}: the resumed run starts a new emulated fleet"))
-            fleet = None
-        if fleet:  # the saved run's emulated fleet goes on, at its cloud time
-            self._resume_fleet(fleet, ps_spec, num_ps, step, wall, up)
-        else:
+        if not self._resume_fleet(ps_spec, num_ps, step, wall, up):
             self.topology.start(ps_spec, num_ps, self.now, step)
             self.workers.start_wave(worker_specs, self.now, wall, up)
             self.spares.start(worker_specs, self.now)
         self._settle()
         self._record()
         return list(self.out)
-
-    def _resume_fleet(self, fleet: Mapping[str, Any], ps_spec: ServerSpec, num_ps: int, step: int, wall: float,
-                      up: bool) -> None:
-        assert self.clock is not None
-        self.now = self.clock.jump(fleet["cloud_time"])
-        self.topology.at(self.now, wall)
-        self.topology.start(ps_spec, num_ps, self.now, step)
-        self.topology.resume(fleet["topology"])
-        self.workers.resume(fleet["workers"], self.now, wall, up)
-        self.spares.resume(fleet["spares"])
-
-    def _foreign_fleet(self, fleet: Mapping[str, Any], ps_spec: ServerSpec, num_ps: int, step: int, wall: float,
-                       up: bool) -> str | None:
-        """Why the saved emulated fleet cannot go on (None: it can): other workers, revocations or start step, or
-        a saved state that does not read (an edited or foreign checkpoint), found by resuming a copy of this
-        controller, so a failure leaves nothing half-restored."""
-        unreadable = (KeyError, IndexError, TypeError, ValueError, AttributeError)
-        try:
-            if (fleet["step"], fleet["wave"], fleet["source"]) != (step, self._wave, self.kernel.revocations.name):
-                return "the resumed run's workers or revocations are not the saved run's"
-            try:
-                trial = copy.deepcopy(self)
-            except (TypeError, copy.Error):  # a part that does not copy (a placement script's process): no trial
-                return None
-            trial._resume_fleet(fleet, ps_spec, num_ps, step, wall, up)
-        except unreadable as err:
-            return f"the checkpoint's saved fleet does not read ({type(err).__name__}: {err})"
-        return None
 
     def handle(self, event: Event) -> list[Command]:
         """Take one event; returns the commands to carry out, in order."""
