@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -317,7 +318,9 @@ class Worker:
         key = (step, zlib.adler32(memoryview(flat).cast("B")))
         if key == self._calibrated:
             return
-        values, at = torch.from_numpy(flat), 0
+        with warnings.catch_warnings():  # Ray's zero-copy arrays are read-only; they are only read here
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            values, at = torch.from_numpy(flat), 0
         with torch.no_grad():
             for p in self.model.parameters():  # in place: the layout's views of the parameters stay
                 p.copy_(values[at:at + p.numel()].view_as(p))
