@@ -85,10 +85,12 @@ PINNED_MODULES = {"cmdare.events", "cmdare.train.callbacks"}
 # Packages deliberately not pinned: internal (no __all__).
 UNPINNED = {
     # cmdare.train's parts (its API is cmdare.train's): the command line, the run, the workers, the shards, the duties
+    # and what they all use at run time
     "cmdare.train.cli",
     "cmdare.train.duties",
     "cmdare.train.ps",
     "cmdare.train.run",
+    "cmdare.train.runtime",
     "cmdare.train.workers",
     "cmdare.measure.importers",
     "cmdare.measure.store.migrations",

@@ -105,7 +105,7 @@ def test_a_run_that_stopped_without_an_end_reads_stale_and_refuses_control_reque
     """Issue 29: a run killed with kill -9 stayed 'running' forever, and `cmdare ps add` answered 'requested'."""
     import time
 
-    from cmdare.train.run.run_files import STALE_AFTER_S, heartbeat, read_status, request_change, write_status
+    from cmdare.train.runtime.run_files import STALE_AFTER_S, heartbeat, read_status, request_change, write_status
 
     run = Storage(tmp_path / "run-k")
     heartbeat(run, 2, 340)

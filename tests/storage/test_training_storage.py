@@ -15,7 +15,7 @@ from cmdare.events import TrainCallback
 from cmdare.storage import Storage
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.duties.checkpoint import CheckpointStore
-from cmdare.train.run.run_files import read_run_spec, read_status
+from cmdare.train.runtime.run_files import read_run_spec, read_status
 
 CMDARE = [str(Path(sys.executable).with_name("cmdare"))]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from cmdare.train.run.cluster_health import cluster_lost, probe_actors
+from cmdare.train.runtime.cluster_health import cluster_lost, probe_actors
 
 
 def test_probe_tells_answering_dead_and_hanging_actors_apart(local_ray):

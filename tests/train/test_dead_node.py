@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from cmdare.train.run.cluster_health import LoopWatchdog
+from cmdare.train.runtime.cluster_health import LoopWatchdog
 
 _RUN = """
 import ray

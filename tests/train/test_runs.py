@@ -17,7 +17,7 @@ from cmdare.measure.reports.run import STALE_AFTER_S as SILENT_AFTER_S
 from cmdare.measure.store import open_store
 from cmdare.storage import run_storage
 from cmdare.train.cli.runs_cmd import list_runs, recorded_storage, run_status
-from cmdare.train.run.run_files import STALE_AFTER_S, write_status
+from cmdare.train.runtime.run_files import STALE_AFTER_S, write_status
 
 CMDARE = str(Path(sys.executable).parent / "cmdare")
 
@@ -103,7 +103,7 @@ def test_resume_and_ps_use_the_storage_the_run_was_recorded_with(recorded, tmp_p
 
 def _killed_driver(where, step: int) -> None:
     """A driver that wrote its heartbeat (``running`` at ``step``) and was killed with ``kill -9``."""
-    code = ("import os, signal, sys\nfrom cmdare.train.run.run_files import write_status\n"
+    code = ("import os, signal, sys\nfrom cmdare.train.runtime.run_files import write_status\n"
             f"write_status(sys.argv[1], 'running', 1, {step})\nos.kill(os.getpid(), signal.SIGKILL)\n")
     res = subprocess.run([sys.executable, "-c", code, str(where)], capture_output=True, text=True, timeout=120)
     assert res.returncode == -9, res.stderr

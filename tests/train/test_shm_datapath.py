@@ -20,8 +20,8 @@ from cmdare.ps.optimizer import OptimizerConfig
 from cmdare.ps.placement import get_placement
 from cmdare.ps.shard import AsyncShardActor, BlockData, SyncShardActor
 from cmdare.ps.shard_state import ShardState
-from cmdare.train.run.faults import classify
 from cmdare.train.run.run_start import initial_state
+from cmdare.train.runtime.faults import classify
 from cmdare.train.spec import TrainSpec
 from cmdare.train.workers.worker import Worker
 

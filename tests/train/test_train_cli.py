@@ -73,7 +73,7 @@ def test_corrupt_checkpoint_is_refused_and_kept(tmp_path):
 
 
 def test_ps_commands_refuse_finished_runs_and_the_last_shard(tmp_path):
-    from cmdare.train.run.run_files import write_status
+    from cmdare.train.runtime.run_files import write_status
 
     env = dict(os.environ, CMDARE_HOME=str(tmp_path))
     run_dir = tmp_path / "checkpoints" / "run-p"

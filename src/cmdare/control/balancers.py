@@ -5,7 +5,7 @@ parameter-server topology (:mod:`cmdare.control.ps_topology`) owns the run's sou
 the driver measures (``ShardLoads``) and the chunks' times, asks them at each balancing step (or at every pass,
 ``every_tick``), has the workers quiesced and the driver carry the decisions out (:mod:`cmdare.ps.migration`), and
 tells them what was carried out. ``cmdare ps add|remove RUN`` drops a request into the run's storage
-(:mod:`cmdare.train.run.run_files`); the driver reports it and the topology turns it into decisions with
+(:mod:`cmdare.train.runtime.run_files`); the driver reports it and the topology turns it into decisions with
 :func:`decisions_for_request`.
 """
 

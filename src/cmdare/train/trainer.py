@@ -43,14 +43,10 @@ from cmdare.train.duties.chief_duties import ChiefDuties
 from cmdare.train.ps.placement_changes import PlacementChanges
 from cmdare.train.ps.ps_evacuation import PsServerExecutor, ps_executor
 from cmdare.train.ps.shard_group import ShardGroup
-from cmdare.train.run.cluster_health import LoopWatchdog
 from cmdare.train.run.controller_setup import build_controller
-from cmdare.train.run.detached import DetachedCalls
-from cmdare.train.run.emitter import RunEmitter
 from cmdare.train.run.gpu_speeds import emulated_step_stretch
 from cmdare.train.run.ray_driver import UPLOAD_DRAIN_S, RayDriver
 from cmdare.train.run.ray_session import JoinedCluster, check_joined, ensure_ray
-from cmdare.train.run.run_files import new_run_id, write_run_spec, write_status
 from cmdare.train.run.run_metrics import RunMetrics
 from cmdare.train.run.run_start import (
     gpus_per_worker,
@@ -61,6 +57,10 @@ from cmdare.train.run.run_start import (
 )
 from cmdare.train.run.stop_signals import StopSignals
 from cmdare.train.run.teardown import release_run
+from cmdare.train.runtime.cluster_health import LoopWatchdog
+from cmdare.train.runtime.detached import DetachedCalls
+from cmdare.train.runtime.emitter import RunEmitter
+from cmdare.train.runtime.run_files import new_run_id, write_run_spec, write_status
 from cmdare.train.spec import TrainSpec
 from cmdare.train.workers.worker_executor import WorkerExecutor, WorkerHandle
 

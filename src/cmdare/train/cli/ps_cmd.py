@@ -19,7 +19,7 @@ def ps_add(run: str = typer.Argument(..., help="Run id (see the train summary)."
     """Add one parameter shard to a running run; the coordinator fills it by migrating blocks."""
     from cmdare.storage import run_storage
     from cmdare.train.cli.runs_cmd import recorded_storage
-    from cmdare.train.run.run_files import request_change
+    from cmdare.train.runtime.run_files import request_change
 
     request_change(run_storage(run, storage or recorded_storage(run)), "add")
     console.print(f"requested: add a shard to {run}")
@@ -32,7 +32,7 @@ def ps_remove(run: str = typer.Argument(..., help="Run id."),
     """Drain one parameter shard of a running run onto the others and stop it."""
     from cmdare.storage import run_storage
     from cmdare.train.cli.runs_cmd import recorded_storage
-    from cmdare.train.run.run_files import request_change
+    from cmdare.train.runtime.run_files import request_change
 
     request_change(run_storage(run, storage or recorded_storage(run)), "remove", shard)
     console.print(f"requested: remove shard {'last' if shard is None else shard} of {run}")

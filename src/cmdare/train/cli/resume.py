@@ -15,7 +15,7 @@ from typing import Any
 from cmdare.errors import CheckpointError
 from cmdare.storage import Storage
 from cmdare.train.duties.checkpoint import CheckpointStore
-from cmdare.train.run.run_files import read_run_spec
+from cmdare.train.runtime.run_files import read_run_spec
 from cmdare.train.spec import TrainSpec
 
 __all__ = ["resumed_spec", "stored_spec"]

@@ -3,7 +3,7 @@
 
 Both decide a run's status and step by one rule (:func:`live_state`): a run whose end was recorded shows that
 end and its final step; a run without an end shows its heartbeat's status (``stale`` when the heartbeat is
-older than :data:`~cmdare.train.run.run_files.STALE_AFTER_S` or its driver's process is gone: killed, or its
+older than :data:`~cmdare.train.runtime.run_files.STALE_AFTER_S` or its driver's process is gone: killed, or its
 machine lost) and the step it trained to, the newer of the heartbeat's and the store's; without a heartbeat
 to read, the store's news decides (``stale`` after :data:`~cmdare.measure.reports.run.STALE_AFTER_S`). A run's
 cost and counts are its parts' sums (:mod:`cmdare.measure.run_parts`): the first training and each resume.
@@ -95,7 +95,7 @@ def live_state(recorded: str | None, ended_at: float | None, final_step: int | N
                last_news: float | None, beat: dict[str, Any] | None, now: float) -> dict[str, Any]:
     """A run's ``status``, ``step`` (trained to) and ``step_source``, one rule for ``runs`` and ``runs show``: the
     recorded end (status and final step) unless a heartbeat is newer; else the heartbeat's status (its stale
-    rules applied by :func:`~cmdare.train.run.run_files.read_status`) and the newer of its step and the store's;
+    rules applied by :func:`~cmdare.train.runtime.run_files.read_status`) and the newer of its step and the store's;
     without a heartbeat, the store's status rule and step."""
     from cmdare.measure.reports.run import shown_status
 
@@ -115,7 +115,7 @@ def live_state(recorded: str | None, ended_at: float | None, final_step: int | N
 def _heartbeat(run_id: str, config: dict[str, Any]) -> dict[str, Any] | None:
     """The run's ``status.json`` (where it was recorded to keep its files), or None when it cannot be read."""
     from cmdare.storage import as_storage, run_storage
-    from cmdare.train.run.run_files import read_status
+    from cmdare.train.runtime.run_files import read_status
 
     try:
         where = config.get("checkpoint_dir") or run_storage(run_id, config.get("storage"))
@@ -178,7 +178,7 @@ def run_status(run_id: str, storage: str | None, db: str | None = None) -> dict[
     nor the store knows the run."""
     from cmdare.storage import run_storage
     from cmdare.train.duties.checkpoint import CheckpointStore
-    from cmdare.train.run.run_files import read_status
+    from cmdare.train.runtime.run_files import read_status
 
     where = run_storage(run_id, storage or recorded_storage(run_id, db))
     out: dict[str, Any] = {"run_id": run_id, "storage": where.uri}

@@ -28,8 +28,8 @@ from cmdare.ps.layout import model_flat_from_shard_arrays
 from cmdare.train.duties.checkpoint import Checkpoint
 from cmdare.train.duties.checkpoint_uploads import CheckpointUploads, Upload
 from cmdare.train.ps.shard_group import ShardGroup
-from cmdare.train.run.emitter import RunEmitter
-from cmdare.train.run.faults import user_mistake
+from cmdare.train.runtime.emitter import RunEmitter
+from cmdare.train.runtime.faults import user_mistake
 
 __all__ = ["SNAPSHOT_TIMEOUT_S", "ChiefDuties", "Snapshot"]
 

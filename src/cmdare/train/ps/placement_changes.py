@@ -13,8 +13,8 @@ from cmdare.ps.migration import MigrationResult
 from cmdare.ps.psld.decisions import Decision, Move
 from cmdare.storage import Storage
 from cmdare.train.ps.shard_group import ShardGroup
-from cmdare.train.run.emitter import RunEmitter
-from cmdare.train.run.run_files import read_requests, write_status
+from cmdare.train.runtime.emitter import RunEmitter
+from cmdare.train.runtime.run_files import read_requests, write_status
 
 __all__ = ["PlacementChanges"]
 

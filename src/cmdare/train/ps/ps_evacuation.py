@@ -36,7 +36,7 @@ from cmdare.ps.psld.decisions import RemoveShard
 from cmdare.train.duties.checkpoint import Checkpoint
 from cmdare.train.ps.placement_changes import PlacementChanges
 from cmdare.train.ps.shard_group import ShardGroup
-from cmdare.train.run.emitter import RunEmitter
+from cmdare.train.runtime.emitter import RunEmitter
 
 __all__ = ["PsServerExecutor", "ps_executor"]
 

@@ -28,8 +28,8 @@ from cmdare.ps.psld.decisions import Decision
 from cmdare.ps.psld.load import ShardLoad, block_loads
 from cmdare.ps.shard import AsyncShardActor, BlockData, SyncShardActor
 from cmdare.train.duties.checkpoint import Checkpoint
-from cmdare.train.run.detached import DetachedCalls
-from cmdare.train.run.emitter import RunEmitter
+from cmdare.train.runtime.detached import DetachedCalls
+from cmdare.train.runtime.emitter import RunEmitter
 from cmdare.train.spec import TrainSpec
 
 __all__ = ["SHARD_ANSWER_S", "ShardGroup"]

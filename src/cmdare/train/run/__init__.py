@@ -1,1 +1,1 @@
-"""A run on Ray: its driver loop, set-up, controller, metrics, control files and end."""
+"""A run on Ray: its driver loop and PS commands, set-up, controller, metrics, session and end."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from cmdare.errors import CmdareError
 
 if TYPE_CHECKING:
-    from cmdare.train.run.emitter import RunEmitter
+    from cmdare.train.runtime.emitter import RunEmitter
     from cmdare.train.spec import TrainSpec
 
 __all__ = ["compute_stretch", "emulated_step_stretch", "step_time_s", "steps_per_s"]

@@ -39,13 +39,13 @@ from cmdare.train.duties.chief_duties import ChiefDuties
 from cmdare.train.ps.placement_changes import PlacementChanges
 from cmdare.train.ps.ps_evacuation import PsServerExecutor
 from cmdare.train.ps.shard_group import ShardGroup
-from cmdare.train.run.cluster_health import LoopWatchdog, cluster_lost, probe_actors
-from cmdare.train.run.detached import DetachedCalls
-from cmdare.train.run.emitter import RunEmitter
-from cmdare.train.run.faults import classify, user_mistake
 from cmdare.train.run.ps_commands import PsCommands
-from cmdare.train.run.run_files import HEARTBEAT_S, heartbeat, write_status
 from cmdare.train.run.run_metrics import RunMetrics
+from cmdare.train.runtime.cluster_health import LoopWatchdog, cluster_lost, probe_actors
+from cmdare.train.runtime.detached import DetachedCalls
+from cmdare.train.runtime.emitter import RunEmitter
+from cmdare.train.runtime.faults import classify, user_mistake
+from cmdare.train.runtime.run_files import HEARTBEAT_S, heartbeat, write_status
 from cmdare.train.spec import TrainSpec
 from cmdare.train.workers.chunk_result import ChunkResult
 from cmdare.train.workers.worker_executor import WorkerExecutor

@@ -52,7 +52,7 @@ class RunMetrics(TrainCallback):
 
     def on_run_start(self, info: RunInfo) -> None:
         """This part of the run: after the parts its storage lists (a resume), or the first; written at once."""
-        from cmdare.train.run.run_files import read_parts, read_status, write_parts
+        from cmdare.train.runtime.run_files import read_parts, read_status, write_parts
 
         self._storage = info.config.get("checkpoint_dir")
         earlier: list[RunPart] = []
@@ -70,7 +70,7 @@ class RunMetrics(TrainCallback):
 
     def on_run_end(self, summary: RunSummary) -> None:
         """This part's figures into the run's storage (the next resume adds its part after them)."""
-        from cmdare.train.run.run_files import write_parts
+        from cmdare.train.runtime.run_files import write_parts
 
         if self._storage and summary.details.get("parts"):
             write_parts(self._storage, summary.details["parts"])

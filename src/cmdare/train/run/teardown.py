@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from cmdare.cloud.local import ServerProvider
-from cmdare.train.run.detached import DetachedCalls
+from cmdare.train.runtime.detached import DetachedCalls
 
 __all__ = ["DETACHED_DRAIN_S", "release_run"]
 

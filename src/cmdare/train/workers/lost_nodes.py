@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from cmdare.cloud.local import ServerProvider
 from cmdare.cloud.ray_cluster import AVOID_S, RayClusterProvider
-from cmdare.train.run.cluster_health import node_state
+from cmdare.train.runtime.cluster_health import node_state
 
 __all__ = ["CHECK_EVERY_S", "LostNodes"]
 

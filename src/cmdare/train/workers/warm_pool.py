@@ -28,8 +28,8 @@ from typing import Any
 from cmdare.cloud.local import Server, ServerProvider
 from cmdare.cloud.servers import ServerSpec
 from cmdare.control import run_events as E
-from cmdare.train.run.detached import DetachedCalls
-from cmdare.train.run.emitter import RunEmitter
+from cmdare.train.runtime.detached import DetachedCalls
+from cmdare.train.runtime.emitter import RunEmitter
 from cmdare.train.spec import TrainSpec
 from cmdare.train.workers.worker import Worker, _ray_node_id
 

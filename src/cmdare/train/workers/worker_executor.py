@@ -24,8 +24,8 @@ from cmdare.cloud.ray_cluster import AVOID_S
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
 from cmdare.train.ps.shard_group import ShardGroup
-from cmdare.train.run.detached import DetachedCalls
-from cmdare.train.run.emitter import RunEmitter
+from cmdare.train.runtime.detached import DetachedCalls
+from cmdare.train.runtime.emitter import RunEmitter
 from cmdare.train.spec import TrainSpec
 from cmdare.train.workers.lost_nodes import LostNodes
 from cmdare.train.workers.warm_pool import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from cmdare.train.run.faults import user_mistake
+from cmdare.train.runtime.faults import user_mistake
 
 __all__ = ["DetachedCalls"]
 
