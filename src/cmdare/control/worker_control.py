@@ -221,9 +221,10 @@ class WorkerControl:
 
     def server_starting(self, worker_id: int, startup_s: float | None, now: float) -> None:
         rec = self.waiting.get(worker_id)
-        if rec is not None:
-            rec.heard = True
-        if rec is not None and not (rec.resumed and rec.ready_at is not None):  # a resumed one is ready as it was
+        if rec is None:
+            return
+        rec.heard = True
+        if not (rec.resumed and rec.ready_at is not None):  # a resumed one is ready as it was
             rec.ready_at = None if startup_s is None else now + max(0.0, startup_s)
             self._changed()
 
