@@ -292,6 +292,7 @@ def figures(cb: Any, provider: Any, summary: Any, load_start: float) -> dict[str
         if first:
             parts["first_step"].append(first[0].duration_s / max(1, first[0].steps))
     med = {k: _quantiles(v)["median"] for k, v in parts.items()}
+    standby_phases = _standby_phases(cb, provider)
     standby_start = [provider.node_start[s][1] - provider.node_start[s][0] for s in standbys
                      if s in provider.node_start]
     ready = {e.server_id: e.details.get("startup_s") for e in cb.events if e.kind == "standby_ready"}
@@ -326,6 +327,10 @@ def figures(cb: Any, provider: Any, summary: Any, load_start: float) -> dict[str
         "standby_node_start_s": _quantiles(standby_start)["median"],
         "standby_startup_s": _quantiles([v for v in ready.values() if v is not None])["median"],
         "standby_idle_before_taken_s": _quantiles(idle)["median"],
+        # a standby's start, median per phase: asked for -> its node starts (the provider starts one node at a
+        # time), the node's start, node up -> the standby's __init__ runs (its process was prestarted with torch
+        # imported, or starts now), __init__ (data, model, one step) -> up
+        "standby_phases_median_s": standby_phases,
         # Time the coordinator's loop spent in provider.prepare (Trainer._start_worker): while it blocks, no
         # chunk is handed out to the surviving workers. Nodes now start on the provider's own thread.
         "coordinator_blocked_in_add_node_s": round(sum(v for sid, v in provider.blocked.items()
@@ -335,6 +340,24 @@ def figures(cb: Any, provider: Any, summary: Any, load_start: float) -> dict[str
         "mean_steps_per_s": summary.steps_per_s, "cost_usd": round(summary.cost_usd, 5),
         "load_avg_start": round(load_start, 1), "load_avg_end": round(os.getloadavg()[0], 1),
     }
+
+
+def _standby_phases(cb: Any, provider: Any) -> dict[str, float | None]:
+    """Median per phase of the standbys' starts (see ``standby_phases_median_s``)."""
+    asked = {e.server_id: e.time for e in cb.events if e.kind == "standby_requested"}
+    rows: dict[str, list[float]] = {"queued_for_node": [], "node_start": [], "placed_and_process": [],
+                                    "init": []}
+    for e in cb.events:
+        if e.kind != "standby_ready" or e.server_id not in provider.node_start or e.server_id not in asked:
+            continue
+        n0, n1 = provider.node_start[e.server_id]
+        init_at, up_at = e.details.get("init_at"), e.details.get("up_at", e.time)
+        rows["queued_for_node"].append(n0 - asked[e.server_id])
+        rows["node_start"].append(n1 - n0)
+        if init_at is not None:
+            rows["placed_and_process"].append(init_at - n1)
+            rows["init"].append(up_at - init_at)
+    return {k: _quantiles(v)["median"] for k, v in rows.items()}
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ import yaml
 
 from cmdare import __version__
 from cmdare.cloud.catalog import NotOfferedError, load_catalog
-from cmdare.cloud.detection import CLOUD_RAY_CONFIG, LOCAL_CLUSTER_RAY_CONFIG
+from cmdare.cloud.detection import CLOUD_RAY_CONFIG, LOCAL_CLUSTER_RAY_CONFIG, WORKER_PRESTART_ENV
 from cmdare.cloud.launcher import (
     DEFAULT_GCP_GPU_IMAGE,
     PS_RESOURCE,
@@ -173,9 +173,11 @@ def test_every_ray_process_gets_storage_and_token_auth(cat, build):
     text = render_yaml(config, cat)
     expected = {"RAY_AUTH_MODE": "token", "CMDARE_STORAGE": "gs://ckpt/runs"}
     assert node_env(config) == expected
-    # head and every worker node export both before `ray start` (actors inherit them) ...
+    # head and every worker node export both before `ray start` (actors inherit them); worker nodes also have
+    # their raylet prestart worker processes with torch imported ...
     assert parse_env(config["head_start_ray_commands"][1]) == expected
-    assert parse_env(config["worker_start_ray_commands"][1]) == expected
+    assert parse_env(config["worker_start_ray_commands"][1]) == {**expected, **WORKER_PRESTART_ENV}
+    assert WORKER_PRESTART_ENV["RAY_enable_worker_prestart"] == "1"
     assert all("ray start" in c for c in (config["head_start_ray_commands"][1], config["worker_start_ray_commands"][1]))
     # ... and append them to ~/.bashrc on every node (head: setup_commands; workers: their own list), so the
     # driver run by `ray attach` / `ray exec` sees them too

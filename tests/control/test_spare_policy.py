@@ -23,7 +23,7 @@ def test_the_pool_takes_the_spare_up_longest_else_the_one_furthest_into_its_star
     out.clear()
     taken = spares.take(K80)
     assert taken.key == 1  # none up: the one whose server is ready first
-    spares.refill(taken, now=5.0)
+    spares.refill(taken, now=5.0)  # no spare's start known yet: topped up to the full size
     assert [(c.key, c.spec, c.first_wave) for c in out] == [(3, K80, False)]  # a refill starts in the run
     spares.up(2, now=20.0)
     spares.up(0, now=30.0)
@@ -53,18 +53,69 @@ def test_the_spares_spec_is_the_first_waves_most_common_one():
     assert spare_spec([V100, K80]) == V100  # a tie: the lowest slot's
 
 
-def test_a_replacement_takes_a_warm_spare_and_another_is_asked_for_in_its_place():
+def test_a_replacement_takes_a_warm_spare_and_the_pool_keeps_one_for_a_rare_loss():
     d = make(steps=200, revocations="trace=20@0", warm_spares=2)
     d.run()
     finished(d)
-    assert [c.key for c in d.of(C.StartSpare)] == [0, 1, 2]
+    # one loss in the run, none due within a spare's start: the pool keeps one spare, so none is asked for in
+    # the taken one's place (a second would only bill)
+    assert [c.key for c in d.of(C.StartSpare)] == [0, 1]
     (start,) = [c for c in d.of(C.StartWorker) if c.replaces is not None]
     assert start.spare == 0 and "on warm spare 0" in start.why
     # the spare was up: the replacement adopted its process at once and the slot was empty for no cloud time
     (joined,) = d.of(C.Joined)
     assert joined.recovery_s == 0.0
-    refill = d.commands.index(d.of(C.StartSpare)[2])
-    assert refill > d.commands.index(start)  # asked for once the spare was taken
+    assert d.controller.spares.wanted(d.controller.now) == 1
+
+
+def test_losses_faster_than_a_spare_starts_keep_the_pool_full_and_refill_it_at_once():
+    # three losses a cloud second apart, each spare's start 1.5 s: the pool stays at its size, each take refilled
+    d = make(steps=400, workers=3, revocations="trace=2@0+3@1+4@2", warm_spares=2, driver_kw={"startup_s": 1.5})
+    d.run()
+    finished(d)
+    takes = [c for c in d.of(C.StartWorker) if c.replaces is not None]
+    assert len(takes) == 3 and all(c.spare is not None for c in takes)
+    refills = [c for c in d.of(C.StartSpare) if not c.first_wave]
+    assert len(refills) == 3
+    for take in takes:  # each refill asked for in the same decision pass as the take
+        after = d.commands[d.commands.index(take) + 1]
+        assert isinstance(after, C.StartSpare) and "topped up" in after.why
+
+
+def test_the_pool_sizes_itself_from_the_deadlines_due_and_the_loss_rate_within_a_spares_start():
+    out: list[C.Command] = []
+    spares = WarmSpares(4, out)
+    spares.start([K80, K80], now=0.0)
+    assert spares.wanted(0.0) == 4  # no spare's start known yet: the full size
+    for key in range(4):
+        spares.starting(key, 10.0, now=0.0)  # an emulated start-up of 10 s
+    spares.up(0, now=12.0)  # its process up 2 s after its modelled start-up: the model's 10 s count
+    assert spares.start_s() == 10.0
+    assert spares.wanted(12.0) == 1  # no loss seen, none due: one for the unforeseen
+    assert spares.wanted(12.0, deadlines=[15.0, 21.0, 40.0]) == 3  # two members' lifetimes end within 10 s
+    spares.worker_lost(14.0)
+    spares.worker_lost(16.0)  # 2 losses in 16 s: 1.25 expected within a start -> 2, plus one
+    assert spares.loss_rate(16.0) == 2 / 16 and spares.wanted(16.0) == 3
+    assert spares.wanted(16.0, deadlines=[17, 18, 19, 20, 21]) == 4  # never above the size
+    # a start-up of 0 (emulated) says nothing of the start: the measured one counts
+    out2: list[C.Command] = []
+    measured = WarmSpares(2, out2)
+    measured.start([K80], now=0.0)
+    measured.starting(0, 0.0, now=0.0)
+    measured.up(0, now=3.0)
+    assert measured.start_s() == 3.0
+
+
+def test_a_notice_asks_for_a_spare_at_once_up_to_the_size():
+    out: list[C.Command] = []
+    spares = WarmSpares(2, out)
+    spares.start([K80], now=0.0)
+    spares.take(K80)
+    out.clear()
+    spares.noticed(5.0)
+    assert [(c.key, c.first_wave) for c in out] == [(2, False)] and "noticed" in out[0].why
+    spares.noticed(6.0)  # the pool is at its size: no more
+    assert len(out) == 1
 
 
 def test_spares_that_never_come_up_are_given_up_and_replacements_start_cold():

@@ -1,7 +1,7 @@
 """Ray's preemption drain as a notice: a worker's node of a local multi-node cluster is drained with reason
 preemption and a deadline (what autoscaler v2 and KubeRay do when a spot node is preempted); the run treats
 it like a cloud notice: the chief checkpoints, the role hands over, the worker leaves, a replacement joins,
-all before the deadline."""
+all before the deadline, and the replacement trains before it too (cold, or on a warm spare)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import pytest
 
 from cmdare.cloud.drain_watcher import DRAIN_PROVIDER, DrainWatcher
 from cmdare.cloud.local import LocalClusterProvider
+from cmdare.errors import RunInterruptedError
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
 
 DEADLINE_S = 30
+STEPS = 100_000  # an upper bound: the run is stopped once the replacement trained
 
 # What `ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION --deadline-remaining-seconds N` does (the hidden
 # developer command resolves the address through the machine's interface, which these tests never use).
@@ -31,14 +33,23 @@ sys.exit(0 if ok else f"drain refused: {why}")
 
 
 class _DrainChief(TrainCallback):
-    """Drains the chief's node once the run is past ``at_step`` (from a process of its own, like an operator)."""
+    """Drains the chief's node once the run is past ``at_step`` and its warm spares are up (from a process of its
+    own, like an operator); stops the run once the replacement has trained ``trained_steps`` steps (the run is
+    long enough for any start-up: it ends by this event, not by a race with its step count)."""
 
-    def __init__(self, at_step: int):
+    def __init__(self, at_step: int, spares: int, trained_steps: int = 20):
         self.at_step, self.trainer, self.events, self.checkpoints = at_step, None, [], []
+        self.spares, self.trained_steps, self.replacement_steps = spares, trained_steps, 0
         self.drained: dict | None = None
 
     def on_step(self, r):
-        if self.drained is None and r.global_step >= self.at_step and self.trainer.chief is not None:
+        if self.drained is not None and r.worker_id >= 2:  # the first wave is workers 0 and 1
+            self.replacement_steps += r.steps
+            if self.replacement_steps >= self.trained_steps:
+                self.trainer.request_stop("the replacement trained")
+        spares_up = sum(1 for e in self.events if e.kind == "standby_ready") >= self.spares
+        if (self.drained is None and r.global_step >= self.at_step and spares_up
+                and self.trainer.chief is not None):
             chief = self.trainer.chief
             self.drained = {"worker_id": chief.worker_id, "node_id": chief.server.node.node_id}
             address = self.trainer.provider.cluster.gcs_address
@@ -53,16 +64,19 @@ class _DrainChief(TrainCallback):
 
 
 @pytest.mark.cluster  # make test-cluster: a multi-node cluster with a drain
-def test_a_preemption_drain_is_a_notice_the_chief_checkpoints_leaves_and_is_replaced(cluster, tmp_path):
-    spec = TrainSpec(model="resnet8", workers=2, steps=300, checkpoint_every=1000, eval_every=0, transient=True,
-                     revocations="none", replace="same", startup="0", chunk_steps=5)
-    hook = _DrainChief(at_step=60)
+@pytest.mark.parametrize("warm_spares", [0, 1])
+def test_a_preemption_drain_is_a_notice_the_chief_checkpoints_leaves_and_is_replaced(cluster, tmp_path, warm_spares):
+    spec = TrainSpec(model="resnet8", workers=2, steps=STEPS, checkpoint_every=STEPS, eval_every=0, transient=True,
+                     revocations="none", replace="same", startup="0", chunk_steps=5, warm_spares=warm_spares)
+    hook = _DrainChief(at_step=60, spares=warm_spares)
     trainer = Trainer(spec, [hook], checkpoint_dir=tmp_path / "ckpt", provider=LocalClusterProvider(cluster))
     hook.trainer = trainer
-    summary = trainer.run()
+    with pytest.raises(RunInterruptedError):  # stopped once the replacement trained
+        trainer.run()
+    summary = trainer._summary_value
 
     assert hook.drained is not None and hook.drained["proc"].returncode == 0, hook.drained
-    assert summary.status == "finished" and summary.global_step == 300
+    assert summary.status == "interrupted" and summary.global_step < STEPS
     kinds = [e.kind for e in hook.events]
     notice = next(e for e in hook.events if e.kind == "notice")
     assert notice.worker_id == hook.drained["worker_id"] and notice.details["provider"] == DRAIN_PROVIDER
@@ -80,6 +94,11 @@ def test_a_preemption_drain_is_a_notice_the_chief_checkpoints_leaves_and_is_repl
     assert kinds.index("replacement_requested") > kinds.index("notice")
     joined = next(e for e in hook.events if e.kind == "replacement_joined")
     assert joined.details["replaces_worker"] == hook.drained["worker_id"]
+    # ... and the replacement trains before the noticed server's deadline (on a warm spare: its process was up)
+    trained = next((e for e in hook.events if e.kind == "replacement_trained"), None)
+    assert trained is not None, [e.kind for e in hook.events]
+    assert trained.details["replaces_worker"] == hook.drained["worker_id"] and trained.time < deadline
+    assert bool(trained.details.get("warm")) == bool(warm_spares)
     assert summary.revocations == 1 and summary.replacements == 1
 
 

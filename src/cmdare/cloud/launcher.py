@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from cmdare.cloud.catalog import Catalog, Offering
-from cmdare.cloud.detection import CLOUD_RAY_CONFIG, system_config_flag
+from cmdare.cloud.detection import CLOUD_RAY_CONFIG, WORKER_PRESTART_ENV, system_config_flag
 from cmdare.cloud.gpu_counts import DEFAULT_WORKER_GPU, parse_gpu_counts, parse_workers
 from cmdare.cloud.launcher_local import local_config, local_start_command
 from cmdare.cloud.launcher_names import (
@@ -314,7 +314,9 @@ def cluster_config(
         ],
         "worker_start_ray_commands": [
             "ray stop",
-            f"{exports}; ulimit -n 65536; ray start --address=$RAY_HEAD_IP:6379 --object-manager-port=8076",
+            # worker nodes prestart their worker processes with torch imported (a replacement's actor starts warm)
+            f"{env_prefix({**env, **WORKER_PRESTART_ENV})}; ulimit -n 65536; ray start --address=$RAY_HEAD_IP:6379 "
+            "--object-manager-port=8076",
         ],
     }
 

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cmdare.cloud.detection import WORKER_PRESTART_ENV
 from cmdare.cloud.servers import ServerSpec
 from cmdare.errors import UserInputError
 
@@ -250,7 +251,8 @@ class LocalClusterProvider(ServerProvider):
             disk = str(server.scratch_dir)
             self._starting[server.server_id] = self._starter.submit(
                 _start_worker_node, self.cluster, num_cpus=self.cpus_per_node, node_ip_address="127.0.0.1",
-                resources={self._resource(server): 1}, env_vars={"CMDARE_HOME": disk, "CMDARE_SCRATCH": disk})
+                resources={self._resource(server): 1},
+                env_vars={"CMDARE_HOME": disk, "CMDARE_SCRATCH": disk, **WORKER_PRESTART_ENV})
             if not (self._background or background):
                 server.node = self._starting.pop(server.server_id).result()  # a failed start raises here
 

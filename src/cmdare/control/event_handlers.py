@@ -178,7 +178,7 @@ class RunEventHandlers:
         self.workers.training_ids.clear()
 
     def _on_WorkerNotice(self, ev: WorkerNotice) -> None:
-        rec = self.workers.notice(ev.worker_id)
+        rec = self.workers.notice(ev.worker_id, self.now)
         if rec is None:
             return
         if ev.worker_id == self.workers.chief and self.config.checkpoint_every and rec.up:

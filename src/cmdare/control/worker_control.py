@@ -160,7 +160,7 @@ class WorkerControl:
         self.out.append(StartWorker(rec.worker_id, slot, spec, replaces, spare.key if spare is not None else None,
                                     why=why))
         if spare is not None:
-            self.spares.refill(spare, now)
+            self.spares.refill(spare, now, self.kernel.deadlines.values())
         return rec
 
     def start_wave(self, specs: Sequence[ServerSpec], now: float, wall: float, up: bool = False) -> None:
@@ -281,12 +281,14 @@ class WorkerControl:
             self.execute(self.kernel.replacement_failed(rec.slot, now), now)
             return True
         self.lost_at[worker_id] = now
+        self.spares.worker_lost(now)
         decisions = self.kernel.lose(worker_id, now, replace and self.replace_lost)
         replaced = any(isinstance(d, RequestReplacement) for d in decisions)
         self.out.append(LoseWorker(worker_id, reason, replaced, detected,
                                    why=f"{reason}; {'replaced' if replaced else 'not replaced'} "
                                        f"({self.kernel.replacement.name} replacement)"))
         self.execute(decisions, now)
+        self.spares.top_up(now, f"worker {worker_id} was lost: the pool is topped up", self.kernel.deadlines.values())
         return True
 
     def start_failed(self, worker_id: int, now: float, error: str) -> bool:
@@ -341,12 +343,14 @@ class WorkerControl:
             self._cache["due"] = min(times, default=math.inf)
         return self._cache["due"]
 
-    def notice(self, worker_id: int) -> WorkerRec | None:
-        """The worker's server got its notice: it stopped training and leaves (after a checkpoint if chief)."""
+    def notice(self, worker_id: int, now: float) -> WorkerRec | None:
+        """The worker's server got its notice: it stopped training and leaves (after a checkpoint if chief); a
+        spare is asked for at once for its replacement."""
         rec = self.active.get(worker_id)
         if rec is None or rec.leaving:
             return None
         rec.leaving = True
+        self.spares.noticed(now)
         self.training_ids.discard(worker_id)
         self.kernel.mark_revoked(worker_id)
         self._changed()

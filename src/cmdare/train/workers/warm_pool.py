@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cmdare.cloud.local import Server, ServerProvider
@@ -59,6 +61,7 @@ class StandbyWorker(Worker):
     then idle. :meth:`adopt` makes it the worker ``Worker(*args)`` would be."""
 
     def __init__(self, spec: TrainSpec, threads: int | None = None):  # the member's part runs in adopt()
+        self.init_at = time.time()  # torch and cmdare imported (by a prestarted process, before it was placed)
         self._build(spec, threads)
         x, y = next(self.task.stream(0, 1, spec.batch_size, spec.seed))
         self.task.loss_of(self.model(x.to(self.device)), y.to(self.device)).backward()
@@ -66,6 +69,10 @@ class StandbyWorker(Worker):
         self.step, self.watchers, self.pull_first = -1, [], False
         self.channels, self.same_node, self.pieces = {}, set(), None  # as before a first layout (leave() closes them)
         self.node_id, self.started_at = _ray_node_id(), time.time()
+
+    def standby_ready(self) -> tuple[str | None, float, dict[str, float | None]]:
+        """:meth:`ready`, and when this process started and when its ``__init__`` began (the phases of its start)."""
+        return self.node_id, self.started_at, {"process_started_at": _process_started_at(), "init_at": self.init_at}
 
     def adopt(self, *args: Any) -> dict[str, Any]:
         """Become the member ``Worker(*args)`` would be (its slot, shards and placement; the data and model
@@ -81,6 +88,17 @@ class StandbyWorker(Worker):
         self.pull_first = bool(spec.sync)
         return {"node_id": self.node_id, "up_at": self.started_at, "adopt_init_s": t1 - t0,
                 "first_pull_s": time.perf_counter() - t1}
+
+
+def _process_started_at() -> float | None:
+    """When this process started (Unix time; None where /proc does not say)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def startup_timings(ref: Any) -> dict[str, Any]:
@@ -179,7 +197,7 @@ class WarmPool:
         s.actor = actor_class(StandbyWorker).options(**self.options(s.server)).remote(self.spec,
                                                                                        worker_threads(self.spec))
         s.server.actor = s.actor
-        s.ready_ref = s.actor.ready.remote()
+        s.ready_ref = s.actor.standby_ready.remote()
         self.actors.append(s.actor)
 
     def reports(self) -> list[E.Event]:
@@ -194,12 +212,11 @@ class WarmPool:
         import ray
 
         self._copy_buffers(now, source)
-        # One standby starts at a time: on a loaded machine (locally all servers share its cores) several
-        # starting together each take longer than one after the other, and the run's workers slow down too.
-        starting = any(s.actor is not None and s.up_at is None for s in self.standbys)
-        due = [s for s in self.standbys if s.actor is None and s.server.ready_at <= now]
-        if due and not starting:
-            self._launch(due[0])
+        # Every standby whose server is due starts now, in parallel: the pool keeps pace with losses only if a
+        # spare taken is replaced at once (a worker node's processes are prestarted with torch imported, so a
+        # standby's own start is its data, model and first step).
+        for s in [s for s in self.standbys if s.actor is None and s.server.ready_at <= now]:
+            self._launch(s)
         waiting = {s.ready_ref: s for s in self.standbys if s.up_at is None and s.ready_ref is not None}
         if waiting:
             done, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
@@ -234,7 +251,7 @@ class WarmPool:
         import ray
 
         try:
-            node_id, up_at = ray.get(s.ready_ref)
+            node_id, up_at, phases = ray.get(s.ready_ref)
         except Exception as err:  # noqa: BLE001 - its node or process died before it was warm
             self._lost(s, err)
             return
@@ -244,7 +261,8 @@ class WarmPool:
         startup, registered = ((up_at - s.server.requested_at, None) if emulated
                                else measured_start(s.server, node_id, up_at))
         self.emitter.server_event("standby_ready", s.server, extra={"node_id": node_id, "startup_s": startup,
-                                                                     "node_registered_at": registered})
+                                                                     "node_registered_at": registered, "up_at": up_at,
+                                                                     **phases})
 
     def _lost(self, s: Standby, err: Exception) -> None:
         """A standby died (its server went away, or its process): end it (the controller decides on another)."""

@@ -139,7 +139,7 @@ class WorkerExecutor:
             server = spare.server if spare is not None else self.provider.request(cmd.spec)
             if first:
                 server.ready_at = server.requested_at
-            self.provider.prepare(server)
+            self.provider.prepare(server, background=not first)  # a replacement's node: the run goes on meanwhile
             args = self._worker_args(cmd.worker_id, server, cmd.slot)
             actor = actor_class(Worker).options(**self._actor_options(server)).remote(*args)
             server.actor = actor
