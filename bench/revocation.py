@@ -231,7 +231,7 @@ def run_once(args: argparse.Namespace, warm_spares: int, t_bench: float) -> dict
                      seed=5, transient=True, revocations="none", replace="same", startup="0",
                      chunk_steps=args.chunk_steps, warm_spares=warm_spares)
     cb = Collect()
-    provider = TimedProvider(cluster)
+    provider = TimedProvider(cluster, ready_nodes=args.ready_nodes)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             trainer = Trainer(spec, [cb], checkpoint_dir=tmp, provider=provider)
@@ -243,7 +243,7 @@ def run_once(args: argparse.Namespace, warm_spares: int, t_bench: float) -> dict
         cluster.shutdown()
     out = figures(cb, provider, summary, load_start)
     out["startup_probe_median_s"] = probe
-    out["warm_spares"] = warm_spares
+    out["warm_spares"], out["ready_nodes"] = warm_spares, args.ready_nodes
     out["_reports"] = cb
     return out
 
@@ -369,6 +369,8 @@ def main() -> None:
     ap.add_argument("--model", default="resnet8")
     ap.add_argument("--chunk-steps", type=int, default=5)
     ap.add_argument("--warm-spares", type=int, default=2, help="standby servers (0: every replacement cold)")
+    ap.add_argument("--ready-nodes", type=int, default=2,
+                    help="idle nodes (processes prestarted) the local provider keeps for the next servers (0: none)")
     ap.add_argument("--cold-baseline", action="store_true",
                     help="first run the same job with no warm spares (its figures under 'cold_baseline')")
     ap.add_argument("--probes", type=int, default=3, help="fresh nodes timed for the start-up breakdown")

@@ -197,6 +197,9 @@ class ServerProvider(ABC):
         if server.alive:
             server.end(reason)
 
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Let go of what the provider holds beyond the run's servers (at the run's end)."""
+
 
 class LocalProcessProvider(ServerProvider):
     """One Ray node; each server is one actor's process."""
@@ -219,42 +222,68 @@ class LocalClusterProvider(ServerProvider):
 
     Each worker node sees a private scratch directory under ``scratch_root`` (default: a new temporary
     directory) as its ``CMDARE_HOME`` and ``CMDARE_SCRATCH``; it is deleted when the node is revoked or
-    released, so whatever a worker writes there is lost with its server, as on a cloud VM.
+    released, so whatever a worker writes there is lost with its server, as on a cloud VM. Its raylet prestarts a
+    worker process with torch and cmdare imported (:data:`~cmdare.cloud.detection.WORKER_PRESTART_ENV`).
 
-    A node takes about a second to start (its raylet and agents). The first nodes start one by one
-    before training (nothing trains yet); once a server has been revoked, replacement nodes start on a
-    background thread: the coordinator goes on feeding the surviving workers, and Ray places the
-    server's actor (which asks for the node's own resource) as soon as the node registers (a warm spare's
-    node always starts in the background, ``prepare(server, background=True)``). Revoking or
+    A node takes about a second to start (its raylet and agents), and its prestarted process another to import
+    torch (several on a loaded machine). The first nodes start one by one before training (nothing trains yet);
+    a replacement's node, and a warm spare's, starts on a background thread (``prepare(server, background=True)``,
+    and every node once a server has been revoked): the coordinator goes on feeding the surviving workers, and Ray
+    places the server's actor (which asks for the node's own resource) as soon as the node registers. Revoking or
     releasing a server whose node is still starting waits for the start, then removes the node.
+
+    ``ready_nodes``: how many idle nodes, their processes prestarted, the provider keeps for the servers asked for
+    next (a server takes the oldest; another starts in its place). A local node stands for a cloud VM whose start-up
+    is emulated (the ``startup`` delay, ``'0'``: none); the local node's own start and its process's imports are
+    then no part of the emulated start-up, and a ready node keeps them out of it. Idle nodes are no servers: they
+    bill nothing; :meth:`close` removes them.
     """
 
     kind = "node"
 
     def __init__(self, cluster: Any, startup: StartupDelay | None = None, cpus_per_node: int = 1,
-                 scratch_root: str | Path | None = None):
+                 scratch_root: str | Path | None = None, ready_nodes: int = 0):
         super().__init__(startup)
+        if isinstance(ready_nodes, bool) or not isinstance(ready_nodes, int) or ready_nodes < 0:
+            raise UserInputError(f"ready_nodes must be a whole number >= 0, got {ready_nodes!r}")
         self.cluster = cluster
         self.cpus_per_node = cpus_per_node
+        self.ready_nodes = ready_nodes
         self.scratch_root = Path(scratch_root) if scratch_root else Path(tempfile.mkdtemp(prefix="cmdare-nodes-"))
         self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cmdare-node-start")
         self._starting: dict[str, Future] = {}
         self._background = False  # set by the first revocation: replacements then start in the background
+        self._node_ids = itertools.count()
+        self._idle: list[_LocalNode] = []  # the ready nodes, oldest first (up or starting)
+        self._resources: dict[str, str] = {}  # server id -> its node's resource
 
     def _resource(self, server: Server) -> str:
-        return f"cmdare_srv_{server.server_id}"
+        return self._resources[server.server_id]
+
+    def _start_node(self) -> _LocalNode:
+        """A new worker node, started on the provider's thread (nodes start one at a time)."""
+        i = next(self._node_ids)
+        resource, disk = f"cmdare_node_{i}", self.scratch_root / f"node-{i}"
+        disk.mkdir(parents=True, exist_ok=True)
+        future = self._starter.submit(
+            _start_worker_node, self.cluster, num_cpus=self.cpus_per_node, node_ip_address="127.0.0.1",
+            resources={resource: 1}, env_vars={"CMDARE_HOME": str(disk), "CMDARE_SCRATCH": str(disk),
+                                               **WORKER_PRESTART_ENV})
+        return _LocalNode(resource, disk, future)
+
+    def fill(self) -> None:
+        """Start nodes until :attr:`ready_nodes` idle ones are up or starting."""
+        while len(self._idle) < self.ready_nodes:
+            self._idle.append(self._start_node())
 
     def prepare(self, server: Server, background: bool = False) -> None:
         if server.spec.role == "worker" and server.node is None and server.server_id not in self._starting:
-            server.scratch_dir = self.scratch_root / server.server_id
-            server.scratch_dir.mkdir(parents=True, exist_ok=True)
-            disk = str(server.scratch_dir)
-            self._starting[server.server_id] = self._starter.submit(
-                _start_worker_node, self.cluster, num_cpus=self.cpus_per_node, node_ip_address="127.0.0.1",
-                resources={self._resource(server): 1},
-                env_vars={"CMDARE_HOME": disk, "CMDARE_SCRATCH": disk, **WORKER_PRESTART_ENV})
+            node = self._idle.pop(0) if self._idle else self._start_node()
+            self._resources[server.server_id], server.scratch_dir = node.resource, node.disk
+            self._starting[server.server_id] = node.future
             if not (self._background or background):
                 server.node = self._starting.pop(server.server_id).result()  # a failed start raises here
+            self.fill()
 
     def _node(self, server: Server) -> Any:
         """The server's node, waiting for it if it is still starting (None if it never started)."""
@@ -285,6 +314,23 @@ class LocalClusterProvider(ServerProvider):
                 self.cluster.remove_node(node)
             server.node = None
         _wipe(server)
+
+    def close(self) -> None:
+        """Remove the idle ready nodes (a run's servers are released by the run)."""
+        idle, self._idle, self.ready_nodes = self._idle, [], 0
+        for node in idle:
+            with contextlib.suppress(Exception):  # a failed start leaves nothing to remove
+                self.cluster.remove_node(node.future.result())
+            shutil.rmtree(node.disk, ignore_errors=True)
+
+
+@dataclass
+class _LocalNode:
+    """A worker node of a local cluster: the resource that pins actors to it, its private disk, its start."""
+
+    resource: str
+    disk: Path
+    future: Future
 
 
 def _wipe(server: Server) -> None:

@@ -29,9 +29,12 @@ __all__ = [
 #: Quantiles kept per server type: sampling is one table lookup per lifetime, so a plan of 50,000
 #: runs does not call the model's (slower) inverse-CDF sampler 50,000 times.
 _QUANTILES = 1 << 15
-#: TensorFlow start on a fresh VM, measured by CM-DARE (~55 s cold; ~12 s warm). A replacement is a
-#: fresh VM, so it pays the cold start.
-FRAMEWORK_COLD_START_S = 55.0
+#: A cmdare worker's start on a fresh VM once it has booted: its raylet prestarts the worker process, which imports
+#: torch and cmdare (1.0 s measured on an idle core, bench/revocation.py's probe), and the worker actor placed in it
+#: reads its data and builds the model (0.25 s). CM-DARE measured TensorFlow's at ~55 s cold (~12 s warm); the
+#: planner used that until the worker processes were prestarted (issue 46). CUDA's context creation on a GPU server
+#: is not measured here (no GPU): it comes on top.
+FRAMEWORK_START_S = 1.25
 
 
 class QuantileLifetimes:
@@ -182,14 +185,14 @@ class _PredictSpeed:
 
 
 class _Startup:
-    """Replacement delay: the fitted VM startup phases plus the framework's cold start."""
+    """Replacement delay: the fitted VM startup phases plus the worker process's start (:data:`FRAMEWORK_START_S`)."""
 
     def __init__(self):
         from dataclasses import replace
 
         from cmdare.predict import startup_model
 
-        self.model = replace(startup_model(), framework_s=FRAMEWORK_COLD_START_S)
+        self.model = replace(startup_model(), framework_s=FRAMEWORK_START_S)
         self._params: dict[tuple[str, bool, str], list[tuple[float, float]]] = {}
 
     def sample(self, rng: np.random.Generator, server: str, transient: bool, region: str) -> float:

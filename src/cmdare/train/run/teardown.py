@@ -35,5 +35,6 @@ def release_run(groups: Iterable[Any], detached: DetachedCalls, left_running: It
     detached.refs = []
     for server in provider.servers:
         provider.release(server)
+    provider.close()
     if stop_ray:
         ray.shutdown()

@@ -186,8 +186,11 @@ class WarmPool:
         server = self.provider.request(server_spec)
         if first_wave:
             server.ready_at = server.requested_at
-        self.standbys.append(Standby(key, server))
+        standby = Standby(key, server)
+        self.standbys.append(standby)
         self.emitter.server_event("standby_requested", server, extra={"standby": True, "spare": key})
+        if first_wave:  # its start overlaps the first wave's, before training loads the machine
+            self._launch(standby)
         startup_s = max(0.0, server.ready_at - server.requested_at) if self.provider.emulated else None
         return [E.ServerStarting(wall=wall, spare=key, startup_s=startup_s)]
 
