@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from cmdare.cloud.notice_protocol import AWS_REBALANCE_PATH
 from cmdare.cloud.notices import AWS_NOTICE_S, GCE_NOTICE_S, GCE_PATH, LocalMetadataServer, Notice, NoticeWatcher
 from cmdare.errors import UnknownNameError, UserInputError
 
@@ -100,6 +101,25 @@ def test_watcher_detects_a_flip_at_the_next_poll(server, provider):
         assert server.requests["/latest/api/token"] == 1  # the IMDSv2 token is reused across polls
     assert 0 < notice.time_left_s(now=notice.detected_at) <= max(GCE_NOTICE_S, AWS_NOTICE_S)
     assert not watcher.running
+
+
+def test_an_aws_rebalance_recommendation_is_a_risk_not_a_notice_and_the_watcher_keeps_polling(server):
+    seen: list[Notice] = []
+    watcher = NoticeWatcher(server.aws_url, "aws", poll_interval_s=POLL_S, on_notice=seen.append)
+    with watcher:
+        assert _wait_for(lambda: server.requests.get(AWS_REBALANCE_PATH, 0) >= 1, 10.0)
+        assert watcher.risk is None and watcher.errors == 0, watcher.last_error
+        server.recommend_rebalance()
+        assert _wait_for(lambda: watcher.risk is not None, 10.0)
+        risk = watcher.risk
+        assert risk.provider == "aws" and risk.action == "rebalance" and watcher.notice is None and not seen
+        assert risk.deadline == pytest.approx(risk.detected_at + AWS_NOTICE_S, abs=1.0)  # the soonest it can go
+        asked = server.requests[AWS_REBALANCE_PATH]
+        server.preempt()  # the interruption notice comes later: still seen
+        assert _wait_for(lambda: watcher.notice is not None, 10.0)
+    assert seen == [watcher.notice] and watcher.notice.action == "terminate"
+    assert server.requests[AWS_REBALANCE_PATH] == asked  # once seen, the recommendation is not asked again
+    assert server.requests["/latest/api/token"] == 1
 
 
 def test_delayed_preemption_and_gce_wait_for_change(server):

@@ -135,3 +135,17 @@ def test_without_warm_spares_nothing_is_asked_for():
     d.run()
     finished(d)
     assert d.of(C.StartSpare) == [] and all(c.spare is None for c in d.of(C.StartWorker))
+
+
+def test_a_rebalance_recommendation_asks_for_a_spare_at_once_and_the_worker_trains_on():
+    from cmdare.control import run_events as E
+
+    d = make(steps=300, revocations="trace=20@0", warm_spares=2)
+    d.on_step[100] = lambda d: d.feed(E.WorkerAtRisk(wall=d.wall, worker_id=1, provider="aws"))
+    d.run()
+    finished(d)
+    # after the loss at step 20 the pool kept one spare (none due); the recommendation asks for another at once
+    spares = d.of(C.StartSpare)
+    assert [c.key for c in spares] == [0, 1, 2]
+    assert "worker 1's server is at risk (aws rebalance recommendation)" in spares[2].why
+    assert not d.of(C.ReleaseWorker)  # no notice: worker 1 left nothing, it trained on

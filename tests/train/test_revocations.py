@@ -103,6 +103,32 @@ def test_notice_checkpoints_leaves_and_loses_no_step(local_ray, tmp_path):
     assert log.kinds("replacement_joined") and summary.revocations == 1
 
 
+def test_an_aws_rebalance_recommendation_is_reported_and_the_worker_trains_on_until_its_notice(local_ray, tmp_path):
+    with LocalMetadataServer() as meta:
+        provider = LocalProcessProvider()
+        provider.notices = {1: (meta.aws_url, "aws")}  # the second worker's server watches EC2's endpoints
+
+        def signal(r):
+            if r.global_step >= 40 and meta.rebalance_at is None:
+                meta.recommend_rebalance()
+            risk = [e for e in log.events if e.kind == "rebalance_recommendation"]
+            after = sum(x.steps for x in log.steps if x.worker_id == 1 and risk and x.time > risk[0].time)
+            if after >= 20 and not meta.preempted:  # it trained on after the recommendation: now the notice
+                meta.preempt()
+
+        log = _Log(signal)
+        summary = Trainer(_spec(workers=2, steps=400, checkpoint_every=0), [log], checkpoint_dir=tmp_path,
+                          provider=provider).run()
+    assert summary.status == "finished" and summary.global_step == 400
+    (risk,) = log.kinds("rebalance_recommendation")  # reported once
+    assert risk.worker_id == 1 and risk.details["provider"] == "aws" and risk.details["action"] == "rebalance"
+    (notice,) = log.kinds("notice")
+    assert notice.worker_id == 1 and notice.time > risk.time
+    trained_between = sum(x.steps for x in log.steps if x.worker_id == 1 and risk.time < x.time <= notice.time)
+    assert trained_between >= 20
+    assert log.kinds("replacement_joined") and summary.revocations == 1
+
+
 @pytest.mark.parametrize("text", ["lifetime", "every=-1", "speedup=2,every=3,lifetime=bathtub", "foo=1"])
 def test_bad_revocation_specs(text):
     from cmdare.control import RevocationPlan

@@ -20,6 +20,7 @@ from typing import Any
 from cmdare.cloud.notice_protocol import (
     AWS_NOTICE_S,
     AWS_PATH,
+    AWS_REBALANCE_PATH,
     AWS_TOKEN_PATH,
     AWS_TOKEN_TTL_S,
     GCE_PATH,
@@ -82,6 +83,15 @@ class _Handler(BaseHTTPRequestHandler):
                 self._reply(401, "")
             elif owner.preempted:
                 self._reply(200, json.dumps(owner._aws_body()), content_type="application/json")
+            else:
+                self._reply(404, "Not Found")
+        elif parts.path == AWS_REBALANCE_PATH:
+            token = self.headers.get("X-aws-ec2-metadata-token")
+            if not owner._valid_token(token):
+                self._reply(401, "")
+            elif owner.rebalance_at is not None:
+                when = datetime.fromtimestamp(owner.rebalance_at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                self._reply(200, json.dumps({"noticeTime": when}), content_type="application/json")
             else:
                 self._reply(404, "Not Found")
         else:
@@ -161,6 +171,7 @@ class LocalMetadataServer:
         self._thread: threading.Thread | None = None
         self._cond = threading.Condition()
         self._preempted_at: float | None = None
+        self.rebalance_at: float | None = None  # AWS: when a rebalance recommendation was issued
         self._timers: list[threading.Timer] = []
         self._tokens: set[str] = set()
         self._token_seq = 0
@@ -254,13 +265,20 @@ class LocalMetadataServer:
         self._timers.append(timer)
         timer.start()
 
+    def recommend_rebalance(self) -> None:
+        """AWS: issue a rebalance recommendation from now on (the server at elevated risk; no notice yet)."""
+        with self._cond:
+            if self.rebalance_at is None:
+                self.rebalance_at = time.time()
+
     def reset(self) -> None:
-        """Back to "not preempted" (cancels pending delayed flips)."""
+        """Back to "not preempted", no rebalance recommendation (cancels pending delayed flips)."""
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
         with self._cond:
             self._preempted_at = None
+            self.rebalance_at = None
 
     def _flip(self) -> None:
         with self._cond:

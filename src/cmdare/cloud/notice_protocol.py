@@ -3,8 +3,10 @@
 GCE sets ``computeMetadata/v1/instance/preempted`` to ``TRUE`` about 30 s before it stops a
 preemptible VM (header ``Metadata-Flavor: Google`` required). EC2 answers
 ``latest/meta-data/spot/instance-action`` with ``{"action": "terminate", "time": "..."}`` two minutes
-before a Spot interruption and 404 otherwise; with IMDSv2 every request carries a session token from
-``PUT latest/api/token``. Both the watcher (:mod:`cmdare.cloud.notice_watcher`) and the local emulator
+before a Spot interruption and 404 otherwise; ``latest/meta-data/events/recommendations/rebalance`` answers
+``{"noticeTime": "..."}`` once EC2 sees the instance at elevated risk of interruption (a rebalance recommendation,
+which can come well before the interruption notice) and 404 before; with IMDSv2 every request carries a session
+token from ``PUT latest/api/token``. Both the watcher (:mod:`cmdare.cloud.notice_watcher`) and the local emulator
 (:mod:`cmdare.cloud.metadata_server`) speak these protocols through the names here.
 """
 
@@ -22,6 +24,7 @@ from cmdare.errors import UnknownNameError
 __all__ = [
     "AWS_NOTICE_S",
     "AWS_PATH",
+    "AWS_REBALANCE_PATH",
     "AWS_TOKEN_PATH",
     "AWS_TOKEN_TTL_S",
     "DEFAULT_URLS",
@@ -30,6 +33,7 @@ __all__ = [
     "Notice",
     "PROVIDERS",
     "aws_notice",
+    "aws_rebalance",
     "check_provider",
     "gce_notice",
 ]
@@ -41,6 +45,7 @@ DEFAULT_URLS: dict[str, str] = {
 }
 GCE_PATH = "/computeMetadata/v1/instance/preempted"
 AWS_PATH = "/latest/meta-data/spot/instance-action"
+AWS_REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 AWS_TOKEN_PATH = "/latest/api/token"
 # GCE: "Compute Engine sends a preemption notice ... 30 seconds" (preemptible VM docs).
 GCE_NOTICE_S = 30.0
@@ -122,3 +127,17 @@ def aws_notice(body: str, clock: Callable[[], float]) -> Notice:
     action = str(data.get("action", "terminate")) if isinstance(data, dict) else "terminate"
     deadline = _parse_aws_time(data.get("time") if isinstance(data, dict) else None, now + AWS_NOTICE_S)
     return Notice("aws", detected_at=now, deadline=deadline, action=action, raw=body.strip())
+
+
+def aws_rebalance(body: str, clock: Callable[[], float]) -> Notice:
+    """The rebalance recommendation in an EC2 ``events/recommendations/rebalance`` answer (HTTP 200): a server at
+    elevated risk, not yet interrupted (``action='rebalance'``); its ``deadline`` is the soonest the server can go,
+    :data:`AWS_NOTICE_S` after detection (the interruption notice, which gives two minutes, has not come)."""
+    now = clock()
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError:
+        data = {}
+    seen = _parse_aws_time(data.get("noticeTime") if isinstance(data, dict) else None, now)
+    return Notice("aws", detected_at=now, deadline=max(now, seen) + AWS_NOTICE_S, action="rebalance",
+                  raw=body.strip())

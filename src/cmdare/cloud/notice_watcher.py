@@ -17,11 +17,13 @@ import urllib.request
 from collections.abc import Callable
 
 from cmdare.cloud.notice_protocol import (
+    AWS_REBALANCE_PATH,
     AWS_TOKEN_PATH,
     AWS_TOKEN_TTL_S,
     DEFAULT_URLS,
     Notice,
     aws_notice,
+    aws_rebalance,
     check_provider,
     gce_notice,
 )
@@ -87,6 +89,8 @@ class NoticeWatcher:
         self.wait_for_change = bool(wait_for_change) and self.provider == "gce"
         self._clock = clock
         self._token_url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, AWS_TOKEN_PATH, "", ""))
+        self._rebalance_url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, AWS_REBALANCE_PATH, "", ""))
+        self._risk: Notice | None = None
         self._token: str | None = None
         self._token_expires = 0.0
         self._stop = threading.Event()
@@ -105,6 +109,12 @@ class NoticeWatcher:
         """The notice once seen, else ``None``."""
         with self._lock:
             return self._notice
+
+    @property
+    def risk(self) -> Notice | None:
+        """AWS: the rebalance recommendation once seen (the server is at elevated risk; no notice yet), else None."""
+        with self._lock:
+            return self._risk
 
     @property
     def running(self) -> bool:
@@ -186,10 +196,24 @@ class NoticeWatcher:
                 continue
             break
         if status == 404:
+            if self.risk is None:
+                self._poll_rebalance()
             return None
         if status != 200:
             raise OSError(f"EC2 instance metadata answered HTTP {status}")
         return aws_notice(body, self._clock)
+
+    def _poll_rebalance(self) -> None:
+        """AWS, no notice yet: whether EC2 recommends a rebalance (kept in :attr:`risk`, polled until seen)."""
+        req = urllib.request.Request(self._rebalance_url, headers={"X-aws-ec2-metadata-token": self._aws_token()})
+        status, body = self._open(req, self.timeout_s)
+        if status == 200:
+            risk = aws_rebalance(body, self._clock)
+            with self._lock:
+                self._risk = risk
+            log.warning("EC2 rebalance recommendation: this server is at elevated risk of interruption")
+        elif status not in (401, 404):
+            raise OSError(f"EC2 instance metadata answered HTTP {status}")
 
     def _run(self) -> None:
         while not self._stop.is_set():

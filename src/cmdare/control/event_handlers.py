@@ -30,6 +30,7 @@ from cmdare.control.run_events import (
     SpareUp,
     StopRequested,
     Tick,
+    WorkerAtRisk,
     WorkerNotice,
     WorkerStartFailed,
     WorkerStopped,
@@ -187,6 +188,11 @@ class RunEventHandlers:
         else:
             self.workers.release(ev.worker_id, self.now)
             self._after_loss()
+
+    def _on_WorkerAtRisk(self, ev: WorkerAtRisk) -> None:
+        if ev.worker_id in self.workers.active:  # a spare at once: the notice, if it comes, finds one up
+            self.workers.spares.noticed(self.now, f"worker {ev.worker_id}'s server is at risk ({ev.provider} "
+                                                  "rebalance recommendation)")
 
     def _on_ChunkFailed(self, ev: ChunkFailed) -> None:
         self.workers.stopped(ev.worker_id)

@@ -42,6 +42,7 @@ __all__ = [
     "SpareUp",
     "StopRequested",
     "Tick",
+    "WorkerAtRisk",
     "WorkerNotice",
     "WorkerStartFailed",
     "WorkerStopped",
@@ -109,6 +110,15 @@ class WorkerNotice(Event):
     worker_id: int
     provider: str = "unknown"
     deadline: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerAtRisk(Event):
+    """Worker ``worker_id``'s server is at elevated risk of interruption (an AWS rebalance recommendation, which can
+    come well before the interruption notice); it trains on."""
+
+    worker_id: int
+    provider: str = "aws"
 
 
 @dataclass(frozen=True, kw_only=True)

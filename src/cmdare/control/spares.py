@@ -161,11 +161,11 @@ class WarmSpares:
         if self.size > 0:
             self.losses = [*self.losses[-RATE_WINDOW:], now]
 
-    def noticed(self, now: float) -> None:
-        """A worker's server got a notice: one more spare at once (beyond :meth:`wanted`, up to the pool's size),
-        so that the noticed server's replacement finds one further into its start."""
+    def noticed(self, now: float, why: str = "a worker's server was noticed") -> None:
+        """A worker's server got a notice (or is at risk: an AWS rebalance recommendation): one more spare at once
+        (beyond :meth:`wanted`, up to the pool's size), so that its replacement finds one further into its start."""
         if not self.closed and self.spec is not None and len(self.spares) < self.size:
-            self._request(now, "a worker's server was noticed: a spare for its replacement, at once")
+            self._request(now, f"{why}: a spare for its replacement, at once")
 
     def starting(self, key: int, startup_s: float | None, now: float) -> None:
         """Spare ``key``'s server is ready ``startup_s`` after ``now`` (None: when its process is up)."""

@@ -222,6 +222,9 @@ class RayDriver(PsCommands):
                                              refused=res.done, loss=res.loss if res.steps or diverged else None,
                                              params_finite=res.params_finite, diverged_at=res.diverged_at,
                                              duration_s=res.duration_s, compute_s=res.compute_s)]
+        if res.at_risk is not None:
+            self.emitter.event("rebalance_recommendation", worker_id=wid, details=dict(res.at_risk))
+            events.append(E.WorkerAtRisk(wall=wall, worker_id=wid, provider=str(res.at_risk.get("provider"))))
         if res.notice is not None:
             self.feeding.discard(wid)
             if w.revoked_at is None:  # a chunk queued behind the one that brought the notice brings it again

@@ -25,3 +25,4 @@ class ChunkResult:
     shard_wait_s: tuple[float, ...] = ()  # per shard (placement index): send-to-reply time, summed over pushes
     params_finite: bool = True  # the parameters it holds at the end are all finite
     diverged_at: int | None = None  # a non-finite loss met on the parameters of this step: it pushed nothing more
+    at_risk: dict[str, Any] | None = None  # a rebalance recommendation (AWS), first reported: it trains on

@@ -112,8 +112,19 @@ class Worker:
         from cmdare.cloud.notices import server_watchers
 
         self.watchers = server_watchers(notice, self.node_id)
+        self.risk_told = False  # a rebalance recommendation reported (once)
         for watcher in self.watchers:
             watcher.start()
+
+    def _new_risk(self) -> dict[str, Any] | None:
+        """A rebalance recommendation a watcher saw and this worker has not reported yet (then reported)."""
+        if self.risk_told:
+            return None
+        risk = next((r for r in (getattr(w, "risk", None) for w in self.watchers) if r is not None), None)
+        if risk is None:
+            return None
+        self.risk_told = True
+        return {"provider": risk.provider, "action": risk.action, "detected_at": risk.detected_at}
 
     # -- parameters ------------------------------------------------------------------------
     def set_layout(self, placement: Placement, shards: Sequence[Any]) -> int:
@@ -287,7 +298,8 @@ class Worker:
         return ChunkResult(self.worker_id, steps, time.perf_counter() - t_start,
                            loss_sum / steps if steps else float("nan"), compute_s, comm_s, self.step,
                            tuple(staleness), done, notice, tuple(w * scale for w in wait_s),
-                           params_finite=self.layout.params_finite(), diverged_at=diverged_at)
+                           params_finite=self.layout.params_finite(), diverged_at=diverged_at,
+                           at_risk=self._new_risk())
 
     # -- chief duties ----------------------------------------------------------------------
     @torch.no_grad()
