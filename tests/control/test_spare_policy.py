@@ -53,19 +53,20 @@ def test_the_spares_spec_is_the_first_waves_most_common_one():
     assert spare_spec([V100, K80]) == V100  # a tie: the lowest slot's
 
 
-def test_a_replacement_takes_a_warm_spare_and_the_pool_keeps_one_for_a_rare_loss():
-    d = make(steps=200, revocations="trace=20@0", warm_spares=2)
+def test_a_replacement_takes_a_warm_spare_and_the_pool_keeps_one_for_rare_losses():
+    # two losses 100 cloud seconds apart, a spare's start 1.5 s
+    d = make(steps=600, revocations="trace=20@0+120@1", warm_spares=2, driver_kw={"startup_s": 1.5})
     d.run()
     finished(d)
-    # one loss in the run, none due within a spare's start: the pool keeps one spare, so none is asked for in
-    # the taken one's place (a second would only bill)
-    assert [c.key for c in d.of(C.StartSpare)] == [0, 1]
-    (start,) = [c for c in d.of(C.StartWorker) if c.replaces is not None]
-    assert start.spare == 0 and "on warm spare 0" in start.why
-    # the spare was up: the replacement adopted its process at once and the slot was empty for no cloud time
-    (joined,) = d.of(C.Joined)
-    assert joined.recovery_s == 0.0
-    assert d.controller.spares.wanted(d.controller.now) == 1
+    # the first loss: no spare's start timed yet (the first wave's are not), so the pool is topped up to its size
+    # (spare 2); the second: a start of 1.5 s and 0.02 losses expected within it: the pool keeps one spare, so none
+    # is asked for in the taken one's place (a second would only bill)
+    assert [c.key for c in d.of(C.StartSpare)] == [0, 1, 2]
+    starts = [c for c in d.of(C.StartWorker) if c.replaces is not None]
+    assert [c.spare for c in starts] == [0, 1] and "on warm spare 0" in starts[0].why
+    # the spares were up: each replacement adopted its process at once and its slot was empty for no cloud time
+    assert [j.recovery_s for j in d.of(C.Joined)] == [0.0, 0.0]
+    assert d.controller.spares.start_s() == 1.5 and d.controller.spares.wanted(d.controller.now) == 1
 
 
 def test_losses_faster_than_a_spare_starts_keep_the_pool_full_and_refill_it_at_once():
@@ -88,21 +89,28 @@ def test_the_pool_sizes_itself_from_the_deadlines_due_and_the_loss_rate_within_a
     spares.start([K80, K80], now=0.0)
     assert spares.wanted(0.0) == 4  # no spare's start known yet: the full size
     for key in range(4):
-        spares.starting(key, 10.0, now=0.0)  # an emulated start-up of 10 s
-    spares.up(0, now=12.0)  # its process up 2 s after its modelled start-up: the model's 10 s count
+        spares.starting(key, 0.0, now=0.0)
+    spares.up(0, now=3.0)  # a first-wave spare: its start is no part of the run, not timed
+    assert spares.start_s() is None
+    spares.refill(spares.take(K80), now=0.0)  # the pool is topped up to its size: spare 4
+    spares.starting(4, 10.0, now=0.0)  # an emulated start-up of 10 s
+    spares.up(4, now=12.0)  # its process up 2 s after its modelled start-up: the model's 10 s count
     assert spares.start_s() == 10.0
     assert spares.wanted(12.0) == 1  # no loss seen, none due: one for the unforeseen
     assert spares.wanted(12.0, deadlines=[15.0, 21.0, 40.0]) == 3  # two members' lifetimes end within 10 s
     spares.worker_lost(14.0)
-    spares.worker_lost(16.0)  # 2 losses in 16 s: 1.25 expected within a start -> 2, plus one
-    assert spares.loss_rate(16.0) == 2 / 16 and spares.wanted(16.0) == 3
+    spares.worker_lost(16.0)  # 2 losses in 16 s: 1.25 expected within a 10 s start -> 1, plus one
+    assert spares.loss_rate(16.0) == 2 / 16 and spares.wanted(16.0) == 2
+    spares.worker_lost(16.0)  # 3 in 16 s: 1.875 -> 2, plus one
+    assert spares.wanted(16.0) == 3
     assert spares.wanted(16.0, deadlines=[17, 18, 19, 20, 21]) == 4  # never above the size
     # a start-up of 0 (emulated) says nothing of the start: the measured one counts
     out2: list[C.Command] = []
     measured = WarmSpares(2, out2)
     measured.start([K80], now=0.0)
-    measured.starting(0, 0.0, now=0.0)
-    measured.up(0, now=3.0)
+    measured.refill(measured.take(K80), now=1.0)
+    measured.starting(2, 0.0, now=1.0)
+    measured.up(2, now=4.0)
     assert measured.start_s() == 3.0
 
 
@@ -140,12 +148,14 @@ def test_without_warm_spares_nothing_is_asked_for():
 def test_a_rebalance_recommendation_asks_for_a_spare_at_once_and_the_worker_trains_on():
     from cmdare.control import run_events as E
 
-    d = make(steps=300, revocations="trace=20@0", warm_spares=2)
-    d.on_step[100] = lambda d: d.feed(E.WorkerAtRisk(wall=d.wall, worker_id=1, provider="aws"))
+    d = make(steps=600, revocations="trace=20@0+120@1", warm_spares=2, driver_kw={"startup_s": 1.5})
+    d.on_step[400] = lambda d: d.feed(E.WorkerAtRisk(wall=d.wall, worker_id=2, provider="aws"))
     d.run()
     finished(d)
-    # after the loss at step 20 the pool kept one spare (none due); the recommendation asks for another at once
+    # after the second loss the pool kept one spare (no loss expected within a start); the recommendation for
+    # worker 2 (slot 0's replacement) asks for another at once
     spares = d.of(C.StartSpare)
-    assert [c.key for c in spares] == [0, 1, 2]
-    assert "worker 1's server is at risk (aws rebalance recommendation)" in spares[2].why
-    assert not d.of(C.ReleaseWorker)  # no notice: worker 1 left nothing, it trained on
+    assert [c.key for c in spares] == [0, 1, 2, 3]
+    assert "worker 2's server is at risk (aws rebalance recommendation)" in spares[3].why
+    assert [step for _t, step, c in d.controller.history if c is spares[3]] == [400]
+    assert not d.of(C.ReleaseWorker)  # no notice: worker 2 left nothing, it trained on

@@ -8,7 +8,8 @@ The pool then sizes itself, up to ``N`` (:meth:`WarmSpares.wanted`): one spare f
 the losses due while a spare asked for now starts: the members whose drawn lifetime ends within that start (an
 emulated run's lifetime model), or the loss rate seen so far times that start, whichever is more. A spare's start
 is its modelled start-up (an emulated run's drawn one, so the trainer and its simulation size alike), else what its
-start took (request to warm process, a real cluster's, or a local one's with no emulated start-up). The pool is
+start took (request to warm process, a real cluster's, or a local one's with no emulated start-up); the first
+wave's spares are not timed (their start, like the first wave's, is no part of the run). The pool is
 topped up to that size as soon as a spare is taken or a worker is lost, all at once; a notice asks for one more at
 once, for the noticed server's replacement. A spare that dies is replaced; after
 :data:`MAX_FAILED_STARTS` spares in a row that died before they were up the pool gives up (a cluster that cannot
@@ -53,6 +54,7 @@ class Spare:
     up_at: float | None = None
     resumed: bool = False  # the saved run's spare, asked for again by a resumed run: its times are that run's
     modelled: bool = False  # ready_at is a modelled start-up (emulated), not a measured one
+    first_wave: bool = False  # asked for with the first wave: its start, like the first wave's, is no part of the run
 
     def head_start(self) -> tuple[bool, float]:
         """Sort key: up ones first, the longest up first; then the one furthest into its start."""
@@ -108,7 +110,7 @@ class WarmSpares:
 
     def _request(self, now: float, why: str, first_wave: bool = False) -> None:
         key, self._next_key = self._next_key, self._next_key + 1
-        self.spares[key] = Spare(key, self.spec, now)  # type: ignore[arg-type]  # start() set it
+        self.spares[key] = Spare(key, self.spec, now, first_wave=first_wave)  # type: ignore[arg-type]  # start() set it
         self.out.append(StartSpare(key, self.spec, first_wave, why=why))  # type: ignore[arg-type]
 
     def take(self, spec: ServerSpec) -> Spare | None:
@@ -136,13 +138,14 @@ class WarmSpares:
 
     def wanted(self, now: float, deadlines: Iterable[float] = ()) -> int:
         """How many spares the pool keeps now, up to its size: one, plus the losses due while a spare asked for now
-        starts (the members' known ``deadlines`` within that start, or the loss rate times it, whichever is more).
+        starts (the members' known ``deadlines`` within that start, or the loss rate times it to the nearest whole
+        loss, whichever is more).
         The full size while no spare's start is known yet."""
         start = self.start_s()
         if start is None:
             return self.size
         due = sum(1 for d in deadlines if now <= d <= now + start)
-        expected = max(due, math.ceil(self.loss_rate(now) * start - 1e-9))
+        expected = max(due, math.floor(self.loss_rate(now) * start + 0.5))  # the expected losses, to the nearest
         return max(0, min(self.size, 1 + expected))
 
     def top_up(self, now: float, why: str, deadlines: Iterable[float] = ()) -> None:
@@ -181,8 +184,9 @@ class WarmSpares:
             spare.up_at = now
             spare.ready_at = now if spare.ready_at is None else spare.ready_at
             self.failed_starts = 0
-            took = (spare.ready_at if spare.modelled else now) - spare.requested_at
-            self.starts = [*self.starts[-RATE_WINDOW + 1:], max(0.0, took)]
+            if not spare.first_wave:  # the first wave's start is no part of the run (the drivers time it apart)
+                took = (spare.ready_at if spare.modelled else now) - spare.requested_at
+                self.starts = [*self.starts[-RATE_WINDOW + 1:], max(0.0, took)]
 
     def lost(self, key: int, now: float) -> None:
         """Spare ``key`` died (its server went away, or its process): another is asked for, unless
