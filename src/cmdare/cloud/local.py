@@ -233,7 +233,8 @@ class LocalClusterProvider(ServerProvider):
     releasing a server whose node is still starting waits for the start, then removes the node.
 
     ``ready_nodes``: how many idle nodes, their processes prestarted, the provider keeps for the servers asked for
-    next (a server takes the oldest; another starts in its place). A local node stands for a cloud VM whose start-up
+    in the background (replacements, warm spares: each takes the oldest; another starts in its place); the first
+    wave, started in the foreground, starts nodes of its own. A local node stands for a cloud VM whose start-up
     is emulated (the ``startup`` delay, ``'0'``: none); the local node's own start and its process's imports are
     then no part of the emulated start-up, and a ready node keeps them out of it. Idle nodes are no servers: they
     bill nothing; :meth:`close` removes them.
@@ -278,7 +279,10 @@ class LocalClusterProvider(ServerProvider):
 
     def prepare(self, server: Server, background: bool = False) -> None:
         if server.spec.role == "worker" and server.node is None and server.server_id not in self._starting:
-            node = self._idle.pop(0) if self._idle else self._start_node()
+            # the first wave (started in the foreground) starts nodes of its own: the ready ones, started beside
+            # it, have imported torch by the time training loads the machine and a replacement needs one
+            later = background or self._background
+            node = self._idle.pop(0) if self._idle and later else self._start_node()
             self._resources[server.server_id], server.scratch_dir = node.resource, node.disk
             self._starting[server.server_id] = node.future
             if not (self._background or background):
