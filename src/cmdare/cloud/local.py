@@ -285,7 +285,7 @@ class LocalClusterProvider(ServerProvider):
             node = self._idle.pop(0) if self._idle and later else self._start_node()
             self._resources[server.server_id], server.scratch_dir = node.resource, node.disk
             self._starting[server.server_id] = node.future
-            if not (self._background or background):
+            if not later:
                 server.node = self._starting.pop(server.server_id).result()  # a failed start raises here
             self.fill()
 

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cmdare.cloud.local import Server, ServerProvider
@@ -70,9 +68,9 @@ class StandbyWorker(Worker):
         self.channels, self.same_node, self.pieces = {}, set(), None  # as before a first layout (leave() closes them)
         self.node_id, self.started_at = _ray_node_id(), time.time()
 
-    def standby_ready(self) -> tuple[str | None, float, dict[str, float | None]]:
-        """:meth:`ready`, and when this process started and when its ``__init__`` began (the phases of its start)."""
-        return self.node_id, self.started_at, {"process_started_at": _process_started_at(), "init_at": self.init_at}
+    def standby_ready(self) -> tuple[str | None, float, dict[str, float]]:
+        """:meth:`ready`, and when its ``__init__`` began (after placement and the imports: the phases of its start)."""
+        return self.node_id, self.started_at, {"init_at": self.init_at}
 
     def adopt(self, *args: Any) -> dict[str, Any]:
         """Become the member ``Worker(*args)`` would be (its slot, shards and placement; the data and model
@@ -88,17 +86,6 @@ class StandbyWorker(Worker):
         self.pull_first = bool(spec.sync)
         return {"node_id": self.node_id, "up_at": self.started_at, "adopt_init_s": t1 - t0,
                 "first_pull_s": time.perf_counter() - t1}
-
-
-def _process_started_at() -> float | None:
-    """When this process started (Unix time; None where /proc does not say)."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
 
 
 def startup_timings(ref: Any) -> dict[str, Any]:
