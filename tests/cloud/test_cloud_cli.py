@@ -168,7 +168,8 @@ def test_cluster_config_local(app, tmp_path, monkeypatch):
                "--storage", "ckpt", "--cpus-per-node", "2", "--spare-nodes", "2", "--output", str(target))
     assert out.exit_code == 0, out.output
     config = yaml.safe_load(target.read_text())
-    assert config["provider"]["type"] == "fake_multinode" and config["head_node_type"] == "ray.head.default"
+    assert config["provider"]["module"] == "cmdare.cloud.local_node_provider.LocalNodeProvider"
+    assert config["head_node_type"] == "ray.head.default"
     k80 = config["available_node_types"]["cmdare_worker_k80"]
     assert (k80["min_workers"], k80["max_workers"], k80["resources"]["CPU"]) == (2, 4, 2)
     start = config["head_start_ray_commands"][0]

@@ -352,7 +352,8 @@ def test_local_config_for_rays_fake_multinode_provider(cat, tmp_path, monkeypatc
     config = cluster_config(cat, "local", workers="k80:2,v100:1", ps=1, transient=True, storage="ckpt",
                             cpus_per_node=2, spare_nodes=1, config_path=str(tmp_path / "local.yaml"))
     validate_config(copy.deepcopy(config))  # Ray's schema accepts the fake provider's config as written
-    assert config["provider"] == {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
+    assert config["provider"] == {"type": "external", "module": "cmdare.cloud.local_node_provider.LocalNodeProvider",
+                                  "use_node_id_as_ip": True, "disable_node_updaters": True,
                                   "disable_launch_config_check": True, "launch_multiple": True,
                                   "gcs_address": "127.0.0.1:6379"}
     types = config["available_node_types"]

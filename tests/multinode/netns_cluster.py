@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import json
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -73,13 +74,28 @@ def netns_available() -> str | None:
     return None if proc.returncode == 0 else f"unshare --net not permitted: {proc.stderr.strip()}"
 
 
+# the token of every namespace cluster this test session starts where the user has none (Ray 2.60 reads
+# RAY_AUTH_TOKEN before ~/.ray/auth_token); a clean machine has no ~/.ray, and `cluster-config --cloud local`
+# configs run Ray with token authentication
+_TEST_TOKEN = secrets.token_hex(32)
+
+
 def ray_env() -> dict[str, str]:
     """Environment variables every Ray process and driver inside the namespace needs."""
     env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",  # with 0, `ray start --address` refuses loopback
            "RAY_USAGE_STATS_ENABLED": "0"}
     if (Path.home() / ".ray" / "auth_token").exists():  # Ray 2.60 then turns token auth on
         env["RAY_AUTH_MODE"] = "token"
+    elif not os.environ.get("RAY_AUTH_TOKEN"):  # a clean machine: the cluster configs' token auth, with our token
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=_TEST_TOKEN)
     return env
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _kill(pids: list[int]) -> None:
@@ -194,6 +210,16 @@ class NetnsCluster:
     def fake_node_pids(self, node_id: str) -> list[int]:
         """Host PIDs of the fake provider's node ``node_id`` (its raylet, agents and workers)."""
         return self._marked_pids(f"RAY_OVERRIDE_NODE_ID_FOR_TESTING={node_id}".encode())
+
+    def freeze_autoscaler(self) -> list[int]:
+        """SIGSTOP Ray's autoscaler (the head's ``monitor.py``): from now on no node is launched, as when the
+        cloud has no capacity. The nodes it started go on (they are its children, not stopped with it)."""
+        pids = [pid for pid in self._ns_procs() if b"monitor.py" in _cmdline(pid)]
+        if not pids:
+            raise RuntimeError("no autoscaler (monitor.py) in the namespace")
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        return pids
 
     def kill_fake_node(self, node_id: str) -> list[int]:
         """SIGKILL every process of the fake provider's node ``node_id`` (a VM revoked without notice)."""

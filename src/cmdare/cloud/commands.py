@@ -54,6 +54,7 @@ def cluster_config_command(
     """Write a Ray cluster-launcher YAML: on-demand head and PS nodes, (transient) GPU workers per GPU type."""
     from cmdare.cloud.catalog import load_catalog
     from cmdare.cloud.launcher import cluster_config, render_yaml
+    from cmdare.cloud.launcher_local import is_local_config
     from cmdare.cloud.launcher_names import GPU_LABEL
     from cmdare.cloud.launcher_setup import RAY_TOKEN_COMMAND, RAY_TOKEN_PATH
 
@@ -74,7 +75,7 @@ def cluster_config_command(
     _note_default_gpu(catalog, cloud, gpu, workers)
     text = render_yaml(config, catalog, transient)
     provider = config["provider"]
-    local = provider["type"] == "fake_multinode"
+    local = is_local_config(config)
     for node in config["available_node_types"].values() if not local else ():
         gpu_name = node.get("labels", {}).get(GPU_LABEL)
         if gpu_name is not None:

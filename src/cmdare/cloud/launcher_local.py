@@ -1,7 +1,8 @@
 """The cluster config for one machine: cmdare's node types on Ray's fake multi-node provider.
 
 ``RAY_FAKE_CLUSTER=1 ray start --head --autoscaling-config=FILE`` makes Ray's autoscaler start each
-"node" of FILE as a set of Ray processes on this machine (``ray/autoscaler/_private/fake_multi_node``),
+"node" of FILE as a set of Ray processes on this machine (``ray/autoscaler/_private/fake_multi_node``,
+through :class:`~cmdare.cloud.local_node_provider.LocalNodeProvider`, which drops a dead node as a cloud does),
 so the path of a cloud cluster (node types, custom resources, min/max workers, replacement of a dead
 node) runs without a cloud. The provider runs no setup or start commands (``disable_node_updaters``):
 nodes inherit the environment of the ``ray start --head`` that started the autoscaler, which is why the
@@ -31,7 +32,10 @@ from cmdare.cloud.launcher_names import (
 )
 from cmdare.cloud.launcher_setup import AUTH_ENV, STORAGE_ENV
 
-__all__ = ["LOCAL_OBJECT_STORE_BYTES", "local_config", "local_start_command"]
+__all__ = ["LOCAL_OBJECT_STORE_BYTES", "LOCAL_PROVIDER", "is_local_config", "local_config", "local_start_command"]
+
+#: Ray's fake multi-node provider, where a dead node is gone as on a cloud (the autoscaler imports it by path).
+LOCAL_PROVIDER = "cmdare.cloud.local_node_provider.LocalNodeProvider"
 
 #: Object store of each fake worker node (150 MiB, as in Ray's own fake-cluster tests).
 LOCAL_OBJECT_STORE_BYTES = 150 * 1024 * 1024
@@ -51,9 +55,10 @@ def local_config(
 ) -> dict[str, Any]:
     """The fake multi-node config: head ``ray.head.default``, ``cmdare_ps`` and one worker type per GPU type.
 
-    Every non-head type has ``max_workers = min_workers + spare_nodes``: room for a replacement while the
-    autoscaler still counts a dead node. ``head_start_ray_commands`` holds the command that starts it all
-    (Ray's fake provider runs none itself); see :func:`local_start_command`.
+    Every non-head type has ``max_workers = min_workers + spare_nodes``: room for a replacement asked for
+    before the provider has seen the dead node go (it looks when the autoscaler updates, every few seconds).
+    ``head_start_ray_commands`` holds the command that starts it all (Ray's fake provider runs none itself);
+    see :func:`local_start_command`.
     """
     common = {"CPU": cpus_per_node, "object_store_memory": LOCAL_OBJECT_STORE_BYTES}
     types: dict[str, Any] = {
@@ -87,7 +92,8 @@ def local_config(
         "upscaling_speed": 10.0,
         "idle_timeout_minutes": 5,
         "provider": {
-            "type": "fake_multinode",
+            "type": "external",
+            "module": LOCAL_PROVIDER,
             "use_node_id_as_ip": True,
             "disable_node_updaters": True,
             "disable_launch_config_check": True,
@@ -111,9 +117,14 @@ def local_config(
     }
 
 
+def is_local_config(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` is a local cluster's (cmdare's fake multi-node provider), not a cloud's."""
+    return config.get("provider", {}).get("module") == LOCAL_PROVIDER
+
+
 def local_start_command(config: Mapping[str, Any]) -> str:
     """The shell command line that starts the local cluster of ``config`` (``RAY_FAKE_CLUSTER=1 ... ray start
     --head ...``); run it with ``bash -c``. Stop the cluster with ``ray stop``."""
-    if config.get("provider", {}).get("type") != "fake_multinode":
-        raise ValueError("not a local (fake_multinode) cluster config")
+    if not is_local_config(config):
+        raise ValueError("not a local (fake multi-node) cluster config")
     return str(config["head_start_ray_commands"][0])

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from cmdare.cloud.catalog import Catalog
-from cmdare.cloud.launcher_local import local_start_command
+from cmdare.cloud.launcher_local import is_local_config, local_start_command
 from cmdare.cloud.launcher_names import (
     GPU_LABEL,
     HEAD_TYPE,
@@ -69,7 +69,7 @@ def render_yaml(config: dict[str, Any], catalog: Catalog | None = None, transien
     train = f"cmdare train --address auto --workers {mix or slots} --ps {n_ps}"
     stamp = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
     nodes = ", ".join(f"{t['min_workers']} x {labels[n].get(GPU_LABEL)} ({n})" for n, t in workers.items())
-    if config["provider"]["type"] == "fake_multinode":
+    if is_local_config(config):
         driver_env = " ".join(f"{k}={v}" for k, v in env.items() if k != "RAY_FAKE_CLUSTER")
         cpus = types[PS_TYPE]["resources"].get("CPU")
         spare = types[PS_TYPE]["max_workers"] - n_ps
