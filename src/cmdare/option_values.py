@@ -10,7 +10,11 @@ import math
 
 from cmdare.errors import UserInputError
 
-__all__ = ["check_number"]
+__all__ = ["DEFAULT_BATCH_SIZE", "check_number"]
+
+#: Per-worker batch size of ``cmdare train`` unless told, and the batch ``predict``, ``plan`` and ``train --simulate``
+#: predict at unless told (``--batch-size``): the step time a run sees is the step time at its batch.
+DEFAULT_BATCH_SIZE = 32
 
 
 def check_number(value: object, option: str, low: float | None = None, high: float | None = None,

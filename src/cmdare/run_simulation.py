@@ -34,7 +34,6 @@ _NOT_SIMULATED: dict[str, tuple[str, str]] = {
 }
 # ... and in real cloud time only (a local run's emulated time does not count them either)
 _NOT_SIMULATED_REAL: dict[str, tuple[str, str]] = {
-    "batch_size": ("--batch-size", "the step-time model predicts at its profile's batch"),
     "sync": ("--sync", "the cluster-speed model is of asynchronous training"),
 }
 
@@ -80,7 +79,8 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
     workers, _ = server_specs(spec)
     region = workers[0].region
     models = with_evacuation(load_plan_models(spec.model_name, lifetime, None, spec.cloud,
-                                              input_shape=_input_shape(spec)), spec.ps_transient)
+                                              input_shape=_input_shape(spec), batch_size=spec.batch_size),
+                             spec.ps_transient)
     if not (spec.dataset == "cifar10" and is_builtin_dataset(spec.dataset)):
         source = models.source.replace("accuracy: ICAC 2019 ResNet-32/CIFAR-10 points",
                                        f"no accuracy predicted on {spec.dataset} (the accuracy points are CIFAR-10's)")
@@ -88,7 +88,7 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
     if not joined:
         workload, measured_s = run_workload(spec) if plan.step_s is None else (spec.model_name, None)
         step_s = EmulatedStepTimes(workload, plan.step_s if plan.step_s is not None else measured_s,
-                                   tuple(spec.slot_gpus()))
+                                   tuple(spec.slot_gpus()), spec.batch_size)
         fixed = None if spec.startup == "model" else float(spec.startup)
         models = emulated_models(models, step_s, sync=spec.sync, speedup=plan.speedup, startup_s=fixed)
         if fixed is None:  # start-ups drawn as the trainer draws them: its phases, its stream
@@ -100,7 +100,7 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
                           replacement_timeout_s=spec.replacement_timeout_s if joined else None,
                           warm_spares=spec.warm_spares)
     job = JobSpec(spec.model_name, spec.steps, spec.checkpoint_every or spec.steps + 1, lr_policy=spec.lr_policy,
-                  sync=spec.sync)
+                  sync=spec.sync, batch_size=spec.batch_size)
 
     def sources() -> tuple[Any, Any]:
         factory, parsed = revocation_source(revocations, lifetime, spec.seed, emulated=not joined)[1:]

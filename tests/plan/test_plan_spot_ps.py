@@ -70,9 +70,9 @@ def test_ps_market_any_offers_spot_ps_and_says_when_it_pays(monkeypatch, capsys)
     clusters = enumerate_clusters(["k80"], ["us-east1"], 2, 2, ps_markets=(False, True))
     assert {c.ps_transient for c in clusters if c.ps} == {False, True}
     assert not any(c.ps_transient for c in clusters if c.ps == 0)
-    code, out, _ = run_cli(monkeypatch, capsys, "plan", "--model", "t2t_resnet32", "--steps", "64000", "--deadline",
-                           "3h", "--gpus", "k80", "--max-workers", "4", "--max-ps", "2", "--no-mixes", "--runs",
-                           "20", "--ps-market", "any", "--json")
+    code, out, _ = run_cli(monkeypatch, capsys, "plan", "--model", "t2t_resnet32", "--steps", "64000", "--batch-size",
+                           "128", "--deadline", "3h", "--gpus", "k80", "--max-workers", "4", "--max-ps", "2",
+                           "--no-mixes", "--runs", "20", "--ps-market", "any", "--json")
     assert code == 0
     data = json.loads(out)
     assert any("PS spot" in o["config"] for o in data["front"])

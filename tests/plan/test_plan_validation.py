@@ -19,12 +19,12 @@ PUBLISHED_1K80_S = 14080.0
 PUBLISHED_1K80_USD = 2.83
 PUBLISHED_8K80_S = PUBLISHED_1K80_S / 7.7
 PUBLISHED_8K80_USD = PUBLISHED_1K80_USD * (1 - 0.60)
-JOB = JobSpec("t2t_resnet32", 64000)
+JOB = JobSpec("t2t_resnet32", 64000, batch_size=128)  # ICAC 2019 trained at Tensor2Tensor's batch of 128
 
 
 @pytest.fixture(scope="module")
 def models():
-    return load_plan_models("t2t_resnet32", "bathtub", catalog="icac2019")
+    return load_plan_models("t2t_resnet32", "bathtub", catalog="icac2019", batch_size=JOB.batch_size)
 
 
 def k80s(n: int, transient: bool, ps: int) -> ClusterSpec:
@@ -63,7 +63,7 @@ def test_more_transient_workers_never_lower_expected_revocations(models):
 
 def test_zero_revocation_rate_gives_the_deterministic_time():
     """Promised exactly (docs/planner.md), with the real models and ``--lifetime none``."""
-    never = load_plan_models("t2t_resnet32", "none", catalog="icac2019")
+    never = load_plan_models("t2t_resnet32", "none", catalog="icac2019", batch_size=JOB.batch_size)
     sim = Simulator(JOB, k80s(8, True, 1), never)
     s = sim.summarize(50, seed=3)
     on_demand = Simulator(JOB, k80s(8, False, 1), never).base_time_s

@@ -84,7 +84,11 @@ def test_a_joined_run_is_simulated_in_real_time_with_what_that_ignores(monkeypat
     assert data["clock"].startswith("real cloud time") and data["lifetime_models"]["k80"].startswith("bathtub")
     assert data["replacement_timeout_s"] == 600.0  # --replacement-timeout applies on a joined cluster
     named = " ".join(data["not_simulated"])
-    assert "--batch-size" in named and "--eval-every" in named
+    assert "--batch-size" not in named and "--eval-every" in named
+    # the batch is simulated: a step of 64 samples takes longer than one of train's default 32
+    small = _simulate(monkeypatch, capsys, "--address", "127.0.0.1:1", "--transient", "--revocations",
+                      "lifetime=bathtub", "--steps", "2000")
+    assert data["deterministic_time_s"] > small["deterministic_time_s"]
     # nothing injected on a joined cluster (its default): its spot servers are revoked by their market
     market = _simulate(monkeypatch, capsys, "--address", "127.0.0.1:1", "--steps", "1000000", "--workers", "k80:4")
     assert market["revocations"] == "none" and market["lifetime_models"]["k80"] == "bathtub:k80 (gcp preemptible)"

@@ -59,6 +59,7 @@ def test_public_api_is_pinned():
         "recovery_time_published_s",
         "recovery_time_s",
         "startup_model",
+        "step_flops",
         "step_time_model",
     }
 
@@ -86,13 +87,13 @@ def test_loaders_have_no_missing_features():
 
 
 def test_step_time_predictions_are_physical():
-    k80 = P.predict_step_time_s("t2t_resnet32", "k80")
-    p100 = P.predict_step_time_s("t2t_resnet32", "p100")
-    v100 = P.predict_step_time_s("t2t_resnet32", "v100")
+    k80 = P.predict_step_time_s("t2t_resnet32", "k80", batch_size=128)  # CM-DARE measured at T2T's batch, 128
+    p100 = P.predict_step_time_s("t2t_resnet32", "p100", batch_size=128)
+    v100 = P.predict_step_time_s("t2t_resnet32", "v100", batch_size=128)
     assert k80 == pytest.approx(0.2179, rel=0.07)  # measured mean 0.218 s
     assert v100 < p100 < k80
-    assert P.predict_step_time_s("t2t_resnet32", "k80", latency_ms=30.3) > k80
-    assert P.predict_step_time_s("t2t_resnet32", 4.113) == pytest.approx(k80)
+    assert P.predict_step_time_s("t2t_resnet32", "k80", latency_ms=30.3, batch_size=128) > k80
+    assert P.predict_step_time_s("t2t_resnet32", 4.113, batch_size=128) == pytest.approx(k80)
     with pytest.raises(UnknownNameError):
         P.predict_step_time_s("t2t_resnet32", "x9000")
     for bad in (0.0, -1.0, float("nan")):

@@ -67,9 +67,9 @@ def write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
 
 
 def test_single_questions(env):
-    out = run(env, "predict", "step-time", "--model", "t2t_resnet32", "--gpu", "k80")
+    out = run(env, "predict", "step-time", "--model", "t2t_resnet32", "--gpu", "k80", "--batch-size", "128")
     assert out.returncode == 0, out.stderr
-    assert 0.19 < float(out.stdout.split()[0]) < 0.24
+    assert 0.19 < float(out.stdout.split()[0]) < 0.24  # measured at 128: 0.218 s
     out = run(env, "predict", "cluster-speed", "--model", "t2t_resnet15", "--workers", "k80:2,p100:2", "--ps", "2")
     assert out.returncode == 0 and float(out.stdout.split()[0]) > 40
     out = run(env, "predict", "checkpoint", "--size-mb", "16", "--tensors", "104", "--remote")

@@ -14,6 +14,7 @@ import numpy as np
 
 from cmdare.control.revocation import NOTICE_LEAD_S
 from cmdare.errors import UnknownNameError, UserInputError
+from cmdare.option_values import DEFAULT_BATCH_SIZE
 from cmdare.plan.evacuation import DEFAULT_EVACUATION
 from cmdare.plan.spec import PS_SERVER, PlanModels
 
@@ -148,9 +149,10 @@ class NoRevocations:
 class _PredictSpeed:
     """Cluster speed from ``cmdare.predict`` for one workload, cached per membership."""
 
-    def __init__(self, workload: str, model_error: bool = False):
+    def __init__(self, workload: str, model_error: bool = False, batch_size: int | None = None):
         self.workload = workload
         self.model_error = model_error
+        self.batch_size = batch_size  # per worker; None: train's default
         self._cache: dict[tuple, float] = {}
 
     def cluster_steps_per_s(self, gpus: Mapping[str, int], ps: int) -> float:
@@ -163,14 +165,14 @@ class _PredictSpeed:
                 (gpu,) = gpus
                 v = self.worker_steps_per_s(gpu)
             else:
-                v = float(predict_cluster_steps_per_s(self.workload, dict(gpus), ps))
+                v = float(predict_cluster_steps_per_s(self.workload, dict(gpus), ps, batch_size=self.batch_size))
             self._cache[key] = v
         return v
 
     def worker_steps_per_s(self, gpu: str) -> float:
         from cmdare.predict import predict_step_time_s
 
-        return 1.0 / float(predict_step_time_s(self.workload, gpu))
+        return 1.0 / float(predict_step_time_s(self.workload, gpu, batch_size=self.batch_size))
 
     def speed_factor(self, rng: np.random.Generator, gpus) -> float:
         """One draw of the prediction's error (:func:`cmdare.predict.intervals.speed_factor`); 1.0
@@ -268,12 +270,12 @@ class PredictedAccuracy:
     Staleness is not known before the run: the model uses its proxy, ``workers - 1``.
 
     Args:
-        batch_size: per-worker batch size (Tensor2Tensor's 128 for the published points).
+        batch_size: per-worker batch size (train's default, 32; the published points ran at Tensor2Tensor's 128).
         lr_policy: learning-rate policy on membership change (``unchanged``, ``linear``, ...).
         model: a fitted :class:`~cmdare.predict.accuracy.AccuracyModel` (default: the published one).
     """
 
-    def __init__(self, batch_size: int = 128, lr_policy: str = "unchanged", model=None):
+    def __init__(self, batch_size: int = DEFAULT_BATCH_SIZE, lr_policy: str = "unchanged", model=None):
         from cmdare.predict.accuracy import accuracy_model, policy_code
 
         self.batch_size = batch_size
@@ -307,6 +309,7 @@ def resolve_workload(name: str, input_shape: tuple[int, ...] | None = None):
 def load_plan_models(
     workload: str, lifetime: str = "auto", catalog: str | None = None, cloud: str = "gcp",
     interruption_rate: str | None = None, model_error: bool = False, input_shape: tuple[int, ...] | None = None,
+    batch_size: int | None = None,
 ) -> PlanModels:
     """Speed, lifetime, startup and price models for ``workload``.
 
@@ -324,6 +327,7 @@ def load_plan_models(
         model_error: draw each simulated run's speed from the speed model's calibrated prediction
             interval (:mod:`cmdare.predict.intervals`), so P95 carries model error too.
         input_shape: one sample's shape, for your own model given by import path (default 3,32,32).
+        batch_size: per-worker batch size the speed and accuracy models predict at (None: train's default, 32).
 
     Raises:
         UnknownNameError: unknown workload, lifetime model or cloud.
@@ -345,12 +349,15 @@ def load_plan_models(
         lifetimes = OfferingLifetimes(prices.catalog, prices.cloud, interruption_rate, fitted=QuantileLifetimes)
     else:
         lifetimes = NoRevocations() if lifetime == "none" else QuantileLifetimes(lifetime)
+    from cmdare.predict import step_flops
+
+    step_flops(features, batch_size)  # a batch size the models cannot take fails here, in one line
     checkpoint_s = predict_checkpoint_s(features.checkpoint_mb * 1e6, features.num_tensors, remote=True)
     from cmdare.workloads.import_path import is_import_path
 
     yours = is_import_path(workload)  # your own model: the CIFAR classifiers' accuracy points say nothing of it
     return PlanModels(
-        speed=_PredictSpeed(features, model_error),
+        speed=_PredictSpeed(features, model_error, batch_size),
         lifetimes=lifetimes,
         startup=_Startup(),
         prices=prices,
@@ -361,7 +368,7 @@ def load_plan_models(
             f"prices {catalog or 'default catalog'} ({cloud}); "
             + ("no accuracy model (your own model)" if yours else "accuracy: ICAC 2019 ResNet-32/CIFAR-10 points")
         ),
-        accuracy=None if yours else PredictedAccuracy(),
+        accuracy=None if yours else PredictedAccuracy(DEFAULT_BATCH_SIZE if batch_size is None else batch_size),
         evacuation=DEFAULT_EVACUATION,
         ps_state_bytes=features.checkpoint_mb * 1e6,  # the checkpoint holds the values and the momentum
         notice_s=NOTICE_LEAD_S.get(cloud, NOTICE_LEAD_S["gcp"]),

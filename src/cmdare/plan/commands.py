@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from cmdare.errors import UserInputError
+from cmdare.option_values import DEFAULT_BATCH_SIZE
 from cmdare.plan.evacuation import ps_markets, with_evacuation
 from cmdare.plan.options import (
     check_names,
@@ -35,12 +36,12 @@ plan_app = typer.Typer(
 _MODEL_OPTION = typer.Option("--model", help="A model of `cmdare workloads`: t2t_resnet32 (measured by CM-DARE), "
                              "resnet32 (He's, predicted from its profile) ...")
 def _models(model: str, lifetime: str, catalog: str | None, cloud: str, rate: str | None = None,
-            model_error: bool = False, input_shape: str | None = None):
+            model_error: bool = False, input_shape: str | None = None, batch_size: int | None = None):
     from cmdare.plan.adapters import load_plan_models
     from cmdare.workloads.commands import parse_shape
 
     return load_plan_models(model, lifetime, catalog, cloud, rate, model_error=model_error,
-                            input_shape=parse_shape(input_shape) if input_shape else None)
+                            input_shape=parse_shape(input_shape) if input_shape else None, batch_size=batch_size)
 
 
 _Lifetime = Annotated[str, typer.Option(
@@ -57,6 +58,9 @@ _Rate = Annotated[str | None, typer.Option(
 _CkptEvery = Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints.")]
 _InputShape = Annotated[str | None, typer.Option(
     "--input-shape", help="Your own model (an import path): one sample's shape, e.g. 32 (default: 3,32,32).")]
+_BatchSize = Annotated[int, typer.Option(
+    "--batch-size", help="Per-worker batch size the run will train with: the step time and the accuracy are "
+    f"predicted at it (default: cmdare train's, {DEFAULT_BATCH_SIZE}).")]
 _Deadline = Annotated[str | None, typer.Option("--deadline", help="e.g. 2h, 90min, or a clock time.")]
 _Catalog = Annotated[str | None, typer.Option("--catalog", help="Price catalog file or name (icac2019).")]
 _Cloud = Annotated[str, typer.Option("--cloud", help="Cloud whose prices apply: gcp or aws.")]
@@ -116,6 +120,7 @@ def plan(
     ] = None,
     start_hour: _StartHour = None,
     input_shape: _InputShape = None,
+    batch_size: _BatchSize = DEFAULT_BATCH_SIZE,
     ps_market: Annotated[str, typer.Option(
         "--ps-market", help="Parameter servers on on-demand servers, spot servers (evacuated within their "
         "notice), or any: both, compared.")] = "on-demand",
@@ -140,10 +145,10 @@ def plan(
         from cmdare.output_files import check_figure_output
 
         check_figure_output(plot, "--plot", force)  # fail before minutes of simulation, not after
-    job = JobSpec(model, steps, checkpoint_every, start_hour=start_hour_option(start_hour))
+    job = JobSpec(model, steps, checkpoint_every, batch_size=batch_size, start_hour=start_hour_option(start_hour))
     cloud = cloud_name(cloud)
-    models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape),
-                              ps_market != "on-demand")
+    models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape,
+                                     batch_size), ps_market != "on-demand")
     gpu_list = split_names(gpus) if gpus is not None else models.prices.default_gpus()
     if gpus is not None:
         check_names(models.prices, gpu_list, [])
@@ -189,6 +194,7 @@ def simulate_cmd(
         "named in the output), e.g. 8.")],
     ps: Annotated[int, typer.Option("--ps", help="Parameter servers (0: single-server training).")] = 1,
     input_shape: _InputShape = None,
+    batch_size: _BatchSize = DEFAULT_BATCH_SIZE,
     transient: Annotated[bool, typer.Option("--transient/--on-demand", help="Worker pricing.")] = False,
     ps_transient: _PsTransient = False,
     region: Annotated[str | None, typer.Option(
@@ -228,15 +234,16 @@ def simulate_cmd(
 
     if runs < 1:
         raise UserInputError(f"--runs must be at least 1, got {runs}")
-    job = JobSpec(model, steps, checkpoint_every, start_hour=start_hour_option(start_hour), lr_policy=lr_policy)
+    job = JobSpec(model, steps, checkpoint_every, batch_size=batch_size, start_hour=start_hour_option(start_hour),
+                  lr_policy=lr_policy)
     if trace is not None:
         if revocations is not None:
             raise UserInputError("give --trace FILE or --revocations, not both")
         revocations = f"trace={trace}"
     lifetime, _, _ = revocation_source(revocations, lifetime, seed)
     cloud = cloud_name(cloud)
-    models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape),
-                              ps_transient)
+    models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape,
+                                     batch_size), ps_transient)
     asked = read_workers(workers, models.prices.catalog)
     counts = asked.counts(DEFAULT_WORKER_GPU)
     check_names(models.prices, list(counts), [])

@@ -46,6 +46,7 @@ __all__ = [
     "recovery_time_published_s",
     "recovery_time_s",
     "startup_model",
+    "step_flops",
     "step_time_model",
 ]
 
@@ -242,11 +243,34 @@ def _workload(workload: str | WorkloadFeatures) -> WorkloadFeatures:
     return workload_features(workload)
 
 
+def step_flops(w: WorkloadFeatures, batch_size: int | None = None) -> float:
+    """The step-time model's FLOPs feature of ``w`` at a per-worker ``batch_size`` (None: train's default,
+    :data:`~cmdare.option_values.DEFAULT_BATCH_SIZE`). The public data were measured at Tensor2Tensor's batch of
+    128 (:data:`~cmdare.predict.op_profile.PROFILE_BATCH`), where the feature is the model's training FLOPs per
+    sample; at another batch it is scaled by ``batch / 128``, so the compute term follows the batch while the
+    per-step and per-tensor terms (kernel launches, the update, the PS round trip) do not.
+
+    Raises:
+        UserInputError: a batch size that is not a positive whole number.
+    """
+    from cmdare.option_values import DEFAULT_BATCH_SIZE
+    from cmdare.predict.op_profile import PROFILE_BATCH
+
+    batch = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+    if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
+        from cmdare.errors import UserInputError
+
+        raise UserInputError(f"batch size must be a positive whole number, got {batch_size!r}")
+    return w.model_flops * int(batch) / PROFILE_BATCH
+
+
 def predict_step_time_s(
-    workload: str | WorkloadFeatures, gpu: str | float, latency_ms: float = 0.3, refined: bool = True
+    workload: str | WorkloadFeatures, gpu: str | float, latency_ms: float = 0.3, refined: bool = True,
+    batch_size: int | None = None,
 ) -> float:
-    """Seconds per step of ``workload`` on one GPU (a type name like ``k80`` or its TFLOPS);
-    ``refined``: apply the correction fitted on the user's own runs of that GPU type, if any."""
+    """Seconds per step of ``workload`` on one GPU (a type name like ``k80`` or its TFLOPS) at a per-worker
+    ``batch_size`` (None: train's default, 32; see :func:`step_flops`); ``refined``: apply the correction fitted
+    on the user's own runs of that GPU type, if any."""
     w = _workload(workload)
     from cmdare.predict.features import gpu_tflops
 
@@ -255,7 +279,7 @@ def predict_step_time_s(
         from cmdare.errors import UserInputError
 
         raise UserInputError(f"need GPU TFLOPS > 0 and latency >= 0 ms, got {gpu!r} and {latency_ms!r}")
-    X = np.array([[tf, w.model_flops, w.num_params, w.num_tensors, latency_ms]])
+    X = np.array([[tf, step_flops(w, batch_size), w.num_params, w.num_tensors, latency_ms]])
     t = float(step_time_model().predict(X)[0])
     if refined and isinstance(gpu, str):
         from cmdare.predict.refine import step_scale
@@ -271,11 +295,13 @@ def predict_cluster_steps_per_s(
     latency_ms: float = 0.3,
     placement: str = "round-robin",
     refined: bool = True,
+    batch_size: int | None = None,
 ) -> float:
     """Global steps/s of asynchronous PS training with the given workers (e.g. ``{"k80": 4, "p100": 2}``,
     ``["k80", "k80"]`` or ``"k80:2,p100:1"``) and ``ps`` parameter servers, tensors placed on them by
-    ``placement`` (``round-robin``, ``greedy``, ``mxnet``, ``byteps``, or ``psld`` = balanced load);
-    ``refined``: apply the corrections fitted on the user's own runs (:mod:`cmdare.predict.refine`)."""
+    ``placement`` (``round-robin``, ``greedy``, ``mxnet``, ``byteps``, or ``psld`` = balanced load), each worker
+    at ``batch_size`` (None: train's default); ``refined``: apply the corrections fitted on the user's own runs
+    (:mod:`cmdare.predict.refine`)."""
     from cmdare.errors import UserInputError
 
     if int(ps) < 1:
@@ -283,12 +309,11 @@ def predict_cluster_steps_per_s(
     w = _workload(workload)
     counts = parse_gpu_counts(gpus)
     if not refined:
-        return speed_with_scales(w, counts, int(ps), placement, latency_ms)
+        return speed_with_scales(w, counts, int(ps), placement, latency_ms, batch_size=batch_size)
     from cmdare.predict.refine import demand_scale, step_scale
 
-    return speed_with_scales(
-        w, counts, int(ps), placement, latency_ms, {g: step_scale(g) for g in counts}, demand_scale(counts)
-    )
+    return speed_with_scales(w, counts, int(ps), placement, latency_ms, {g: step_scale(g) for g in counts},
+                             demand_scale(counts), batch_size=batch_size)
 
 
 def speed_with_scales(
@@ -299,10 +324,13 @@ def speed_with_scales(
     latency_ms: float = 0.3,
     step_scales: Mapping[str, float] | None = None,
     demand_scale: float = 1.0,
+    batch_size: int | None = None,
 ) -> float:
-    """Cluster steps/s of the public-data models with each GPU type's step time times
-    ``step_scales[gpu]`` and the PS service time times ``demand_scale`` (what a refinement fits)."""
-    times = [predict_step_time_s(w, g, latency_ms, refined=False) * (step_scales or {}).get(g, 1.0) for g in counts]
+    """Cluster steps/s of the public-data models with each GPU type's step time (at ``batch_size``) times
+    ``step_scales[gpu]`` and the PS service time times ``demand_scale`` (what a refinement fits). The PS
+    traffic of a step is the parameters', whatever the batch."""
+    times = [predict_step_time_s(w, g, latency_ms, refined=False, batch_size=batch_size)
+             * (step_scales or {}).get(g, 1.0) for g in counts]
     return cluster_speed_model().predict_mixed(
         times, list(counts.values()), w.num_params, w.num_tensors, ps, placement, demand_scale=demand_scale
     )

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import typer
 
+from cmdare.option_values import DEFAULT_BATCH_SIZE
+
 models_app = typer.Typer(help="Fit and evaluate the performance models.", no_args_is_help=True)
 predict_app = typer.Typer(help="Predict step time, cluster speed, checkpoint and startup time.", no_args_is_help=True)
 
@@ -271,6 +273,16 @@ def _model(name: str | None, input_shape: str | None = None):
 
 _INPUT_SHAPE = typer.Option(None, "--input-shape", help="Your own model (an import path): one sample's shape, e.g. "
                             "32 for a vector of 32 (default: 3,32,32, CIFAR's images).")
+_BATCH_SIZE = typer.Option(None, "--batch-size", help="Per-worker batch size (default: cmdare train's, "
+                           f"{DEFAULT_BATCH_SIZE}; CM-DARE measured at 128).")
+
+
+def _no_batch_with_table(batch_size: int | None) -> None:
+    if batch_size is not None:
+        from cmdare.errors import UserInputError
+
+        raise UserInputError("--batch-size does not apply to an --input table: its Model FLOPs are the data's, "
+                             "per sample at CM-DARE's batch of 128")
 
 
 def _need(value, flag: str):
@@ -289,6 +301,7 @@ def step_time_cmd(
     gpu: str = typer.Option(None, "--gpu", help="GPU type (k80, p100, v100, t4, l4, a100, h100) or its TFLOPS."),
     latency_ms: float = typer.Option(0.3, "--latency-ms", min=0.0, help="Worker-PS network latency."),
     input_shape: str = _INPUT_SHAPE,
+    batch_size: int = _BATCH_SIZE,
     input_path: Path = _INPUT,
     output_path: Path = _OUTPUT,
     level: float = _INTERVAL,
@@ -296,6 +309,7 @@ def step_time_cmd(
 ) -> None:
     """Seconds per training step on one GPU."""
     if input_path is not None or output_path is not None:
+        _no_batch_with_table(batch_size)
         return _table("step-time", input_path, output_path, force=force)
     from cmdare.option_values import check_number
     from cmdare.predict import gpu_tflops, predict_step_time_s
@@ -307,7 +321,7 @@ def step_time_cmd(
     if isinstance(g, float):
         check_number(g, "--gpu", 0.001, LIMITS["GPU TFLOPS"], "TFLOPS")
     check_number(latency_ms, "--latency-ms", 0.0, LIMITS["Latency (ms)"], "ms")
-    t = predict_step_time_s(_model(model, input_shape), g, latency_ms)
+    t = predict_step_time_s(_model(model, input_shape), g, latency_ms, batch_size=batch_size)
     if level is None:
         typer.echo(f"{t:.4f} s/step")
         return
@@ -327,6 +341,7 @@ def cluster_speed_cmd(
         "round-robin", "--placement", help="Tensor placement on the PS: round-robin, greedy, mxnet, byteps, psld."
     ),
     input_shape: str = _INPUT_SHAPE,
+    batch_size: int = _BATCH_SIZE,
     input_path: Path = _INPUT,
     output_path: Path = _OUTPUT,
     level: float = _INTERVAL,
@@ -334,13 +349,14 @@ def cluster_speed_cmd(
 ) -> None:
     """Global steps per second of asynchronous PS training."""
     if input_path is not None or output_path is not None:
+        _no_batch_with_table(batch_size)
         return _table("cluster-speed", input_path, output_path, force=force)
     from cmdare.cloud.gpu_counts import DEFAULT_WORKER_GPU, default_gpu_note, parse_workers
     from cmdare.predict import predict_cluster_steps_per_s
 
     asked = parse_workers(_need(workers, "--workers"))
     speed = predict_cluster_steps_per_s(_model(model, input_shape), asked.counts(DEFAULT_WORKER_GPU), ps,
-                                        placement=placement)
+                                        placement=placement, batch_size=batch_size)
     if asked.mix is None:
         typer.echo(f"note: {default_gpu_note(asked.total, DEFAULT_WORKER_GPU)}", err=True)
     if level is None:

@@ -80,10 +80,19 @@ def speed_runs(store) -> tuple[pd.DataFrame, dict[str, list[str]]]:
             "run_id": run.run_id, "model": str(cfg["model"]), "dataset": str(cfg.get("dataset") or ""),
             "gpu": gpu.lower(), "workers": n,
             "ps": int(cfg.get("ps") or 1), "placement": str(cfg.get("placement") or "round-robin"),
-            "speed": float(sum(sorted(rates, reverse=True)[:n])),
+            "batch_size": _batch_size(cfg), "speed": float(sum(sorted(rates, reverse=True)[:n])),
         })
-    columns = ["run_id", "model", "dataset", "gpu", "workers", "ps", "placement", "speed"]
+    columns = ["run_id", "model", "dataset", "gpu", "workers", "ps", "placement", "batch_size", "speed"]
     return pd.DataFrame(rows, columns=columns), skipped
+
+
+def _batch_size(cfg: dict) -> int:
+    """The run's per-worker batch size (train's default where its config does not say)."""
+    from cmdare.option_values import DEFAULT_BATCH_SIZE
+
+    value = cfg.get("batch_size")
+    usable = isinstance(value, int | float) and not isinstance(value, bool) and value >= 1
+    return int(value) if usable else DEFAULT_BATCH_SIZE
 
 
 def own_speed_rows(store) -> pd.DataFrame:
@@ -181,8 +190,9 @@ def fit_speed_refinement(rows: pd.DataFrame, speed_with_scales, ridge: float = R
         features = {(m, d): run_features(m, d) for m, d in pairs}
 
     def prior(r, step: float = 1.0, demand: float = 1.0) -> float:
+        batch = int(getattr(r, "batch_size", 0) or 0) or None  # rows of an older store: train's default
         return speed_with_scales(features[r.model, r.dataset], {r.gpu: int(r.workers)}, int(r.ps), _known(r.placement),
-                                 step_scales={r.gpu: step}, demand_scale=demand)
+                                 step_scales={r.gpu: step}, demand_scale=demand, batch_size=batch)
 
     for gpu in sorted(rows["gpu"].unique()):
         part = rows[rows["gpu"] == gpu].reset_index(drop=True)

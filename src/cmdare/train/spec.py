@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from cmdare.errors import UnknownNameError, UserInputError
+from cmdare.option_values import DEFAULT_BATCH_SIZE
 from cmdare.ps.optimizer_config import OptimizerConfig
 from cmdare.storage.location import mask_credentials
 from cmdare.tasks.statistics import CALIBRATION_SAMPLES
@@ -62,7 +63,7 @@ class TrainSpec:
     workers: int = 2
     ps: int = 1
     steps: int = 500
-    batch_size: int = 32
+    batch_size: int = DEFAULT_BATCH_SIZE
     sync: bool = False
     optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=0.05, weight_decay=1e-4))
     placement: str = "round-robin"

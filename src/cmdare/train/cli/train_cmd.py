@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from cmdare.errors import UserInputError
 from cmdare.events import EventReport, RunSummary, TrainCallback
+from cmdare.option_values import DEFAULT_BATCH_SIZE
 
 console = Console(soft_wrap=True)
 
@@ -55,7 +56,7 @@ def train_command(
                                 "k80:2,v100:1 (each worker on a server of its type and price)."),
     ps: int = typer.Option(1, "--ps", help="Number of parameter shards."),
     steps: int = typer.Option(500, help="Target global step."),
-    batch_size: int = typer.Option(32, help="Per-worker batch size."),
+    batch_size: int = typer.Option(DEFAULT_BATCH_SIZE, help="Per-worker batch size."),
     lr: float = typer.Option(0.05, help="Learning rate."),
     momentum: float = typer.Option(0.9, help="SGD momentum."),
     weight_decay: float = typer.Option(1e-4, help="Weight decay."),

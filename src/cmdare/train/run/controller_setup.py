@@ -37,10 +37,12 @@ PROBE_AFTER_S = 20.0  # no news for this long: the workers, the shards and the c
 
 class EmulatedStepTimes(Mapping[str, float]):
     """Emulated cloud seconds per worker step, by GPU type: ``step=`` of ``--revocations`` for every type, else
-    the step-time model's prediction for the run's model (asked once per type, when a type first appears)."""
+    the step-time model's prediction for the run's model at its per-worker ``batch_size`` (asked once per type,
+    when a type first appears)."""
 
-    def __init__(self, model: str | WorkloadFeatures, fixed_s: float | None, types: tuple[str, ...]):
-        self.model, self.fixed_s = model, fixed_s
+    def __init__(self, model: str | WorkloadFeatures, fixed_s: float | None, types: tuple[str, ...],
+                 batch_size: int | None = None):
+        self.model, self.fixed_s, self.batch_size = model, fixed_s, batch_size
         self._known: dict[str, float] = {}
         for t in types:
             self[t]  # noqa: B018 - asked now: a model that cannot be profiled fails before the run
@@ -51,7 +53,7 @@ class EmulatedStepTimes(Mapping[str, float]):
             if key == "*" or self.fixed_s is not None:
                 self._known[key] = self.fixed_s if self.fixed_s is not None else DEFAULT_STEP_S
             else:
-                self._known[key] = step_time_s(self.model, key) or DEFAULT_STEP_S
+                self._known[key] = step_time_s(self.model, key, self.batch_size) or DEFAULT_STEP_S
         return self._known[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -116,7 +118,7 @@ def _step_times(spec: TrainSpec, plan: RevocationPlan) -> EmulatedStepTimes:
     or the step time measured here for a model that cannot be profiled."""
     workload, measured_s = run_workload(spec) if plan.step_s is None else (spec.model_name, None)
     return EmulatedStepTimes(workload, plan.step_s if plan.step_s is not None else measured_s,
-                             tuple(spec.slot_gpus()))
+                             tuple(spec.slot_gpus()), spec.batch_size)
 
 
 def build_controller(spec: TrainSpec, plan: RevocationPlan, source: RevocationSource, run_id: str,
@@ -130,7 +132,7 @@ def build_controller(spec: TrainSpec, plan: RevocationPlan, source: RevocationSo
     config = run_config(spec, plan, run_id, real, checkpoints, resumed_from)
     speed = None  # ``cheapest`` prices the offers at the speeds the run would train at: emulated, or the model's
     if spec.replace in ("cheapest", "cost-efficient"):  # (speeds cost a model fit: asked only where needed)
-        speed = steps_per_s(spec.model_name) if real else lambda gpu: 1.0 / config.step_s[gpu]
+        speed = steps_per_s(spec.model_name, spec.batch_size) if real else lambda gpu: 1.0 / config.step_s[gpu]
     kernel = MembershipKernel(spec.workers, replacement=spec.replace, lr_policy=spec.lr_policy, revocations=source,
                               offers=ReplacementOffers(default_catalog(), speed))
     ps_source = source if spec.ps_transient and plan.hits("ps") else NoRevocations()

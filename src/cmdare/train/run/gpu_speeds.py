@@ -27,22 +27,23 @@ __all__ = ["compute_stretch", "emulated_step_stretch", "step_time_s", "steps_per
 
 
 @functools.cache
-def step_time_s(model: str, gpu: str) -> float | None:
-    """Predicted seconds per step of ``model`` on ``gpu`` (None: the model cannot say for this GPU)."""
+def step_time_s(model: str, gpu: str, batch_size: int | None = None) -> float | None:
+    """Predicted seconds per step of ``model`` on ``gpu`` at a per-worker ``batch_size`` (None: train's default;
+    None returned: the model cannot say for this GPU)."""
     from cmdare.predict import predict_step_time_s
 
     try:
-        t = predict_step_time_s(model, gpu)  # the network the name names (workload_features)
+        t = predict_step_time_s(model, gpu, batch_size=batch_size)  # the network the name names
     except CmdareError:
         return None
     return t if t > 0 else None
 
 
-def compute_stretch(model: str, gpus: Iterable[str]) -> dict[str, float]:
+def compute_stretch(model: str, gpus: Iterable[str], batch_size: int | None = None) -> dict[str, float]:
     """GPU type -> the factor its workers' steps are stretched by (1 for the fastest type present; 1 for
-    every type when the model cannot rank them)."""
+    every type when the model cannot rank them), at a per-worker ``batch_size`` (None: train's default)."""
     types = list(dict.fromkeys(g.lower() for g in gpus))
-    times = {g: step_time_s(model, g) for g in types}
+    times = {g: step_time_s(model, g, batch_size) for g in types}
     known = [t for t in times.values() if t is not None]
     if len(types) < 2 or not known:
         return dict.fromkeys(types, 1.0)
@@ -53,16 +54,17 @@ def compute_stretch(model: str, gpus: Iterable[str]) -> dict[str, float]:
 def emulated_step_stretch(spec: TrainSpec, emitter: RunEmitter) -> dict[str, float]:
     """The stretch of each GPU type of ``spec``'s mix, reported as an ``emulated_gpu_speeds`` event (so the
     store says the types' speeds were emulated, and by which factors)."""
-    stretch = compute_stretch(spec.model_name, spec.slot_gpus())
+    stretch = compute_stretch(spec.model_name, spec.slot_gpus(), spec.batch_size)
     emitter.event("emulated_gpu_speeds", details={"step_stretch": stretch, "source": "step-time model"})
     return stretch
 
 
-def steps_per_s(model: str) -> Callable[[str], float | None]:
-    """Steps per second a worker trains ``model`` at, by GPU type (None: the step-time model cannot say)."""
+def steps_per_s(model: str, batch_size: int | None = None) -> Callable[[str], float | None]:
+    """Steps per second a worker trains ``model`` at (per-worker ``batch_size``; None: train's default), by GPU
+    type (None: the step-time model cannot say)."""
 
     def speed(gpu: str) -> float | None:
-        t = step_time_s(model, gpu.lower())
+        t = step_time_s(model, gpu.lower(), batch_size)
         return 1.0 / t if t else None
 
     return speed
