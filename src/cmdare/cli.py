@@ -29,6 +29,7 @@ app = typer.Typer(
 
 # One module per concern; each defines ``register(app: typer.Typer) -> None``.
 COMMAND_MODULES: tuple[str, ...] = (
+    "cmdare.predict.models_commands",
     "cmdare.predict.commands",
     "cmdare.train.cli.train_cmd",
     "cmdare.train.cli.ps_cmd",
