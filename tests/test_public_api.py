@@ -41,7 +41,8 @@ PINNED: dict[str, list[str]] = {
     "cmdare.predict": [
         "WorkloadFeatures", "checkpoint_model", "cluster_speed_model", "fit_from_store", "gpu_tflops",
         "list_published_workloads", "predict_checkpoint_s", "predict_cluster_steps_per_s", "predict_step_time_s",
-        "published_workload", "recovery_time_published_s", "recovery_time_s", "startup_model", "step_time_model",
+        "published_workload", "recovery_time_published_s", "recovery_time_s", "startup_model", "step_flops",
+        "step_time_model",
     ],
     "cmdare.ps": [
         "Block", "OptimizerConfig", "ParamInfo", "Placement", "PlacementStrategy", "get_placement",

@@ -214,9 +214,10 @@ def test_the_planner_doc_validates_with_the_network_the_test_does():
     ``t2t_resnet32``; ``resnet32`` is cmdare's zoo network, predicted from its profile)."""
     doc = re.sub(r"\s+", " ", (Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text("utf-8"))
     section = doc[doc.index("## Validation against the published runs"):]
-    model = re.search(r"`cmdare plan simulate --model (\S+) ", section).group(1)
+    model, batch = re.search(r"`cmdare plan simulate --model (\S+) --steps 64000 --batch-size (\d+) ", section).groups()
     validation = (Path(__file__).parent / "test_plan_validation.py").read_text("utf-8")
-    assert model == "t2t_resnet32" and f'JobSpec("{model}", 64000)' in validation
+    assert model == "t2t_resnet32" and f'JobSpec("{model}", 64000, batch_size={batch})' in validation
+    assert batch == "128"  # ICAC 2019 trained at Tensor2Tensor's batch
     assert not re.search(r"`resnet32` = CM-DARE's Tensor2Tensor", doc)
 
 
