@@ -127,6 +127,15 @@ def test_plan_prints_the_train_command_of_its_choice_and_that_command_simulates_
     assert sim["cost_usd"]["mean"] == pytest.approx(rec["choice"]["cost_mean_usd"], rel=0.01)
     code, out, _ = run_cli(monkeypatch, capsys, *plan)
     assert code == 0 and f"  {command} --address auto" in out and "cmdare cluster-config --cloud gcp" in out
+    # a batch other than train's default is part of the command, and simulates to the plan too
+    code, out, err = run_cli(monkeypatch, capsys, *plan, "--batch-size", "128", "--json")
+    assert code == 0, err
+    rec = json.loads(out)
+    command = rec["choice"]["train_command"]
+    assert command.startswith("cmdare train --model t2t_resnet32 --steps 64000 --batch-size 128 --workers ")
+    sim = _simulate(monkeypatch, capsys, *command.split()[2:], "--address", "auto")
+    assert sim["config"] == rec["choice"]["config"]
+    assert sim["time_s"]["mean"] == pytest.approx(rec["choice"]["time_mean_s"], rel=0.01)
 
 
 def test_spot_parameter_servers_are_evacuated_free_of_emulated_cloud_time(monkeypatch, capsys):

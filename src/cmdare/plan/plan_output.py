@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from cmdare.option_values import DEFAULT_BATCH_SIZE
+
 __all__ = ["cluster_config_command", "print_rec", "rec_json", "train_command"]
 
 
@@ -14,15 +16,16 @@ def _retired_in(cluster, retired: Collection[str]) -> list[str]:
 
 def train_command(cluster, job, cloud: str) -> str | None:
     """The ``cmdare train`` command line that trains ``job`` on ``cluster`` as the plan simulated it (every
-    option the simulation rests on: model, steps, workers, shards, pricing, cloud, region, checkpoint interval,
-    replacement and LR policies); None where ``train`` cannot: single-server training (``--ps 0``), or workers of
-    both pricings."""
+    option the simulation rests on: model, steps, batch size, workers, shards, pricing, cloud, region, checkpoint
+    interval, replacement and LR policies); None where ``train`` cannot: single-server training (``--ps 0``), or
+    workers of both pricings."""
     pricing = {g.transient for g in cluster.workers}
     if cluster.ps < 1 or len(pricing) != 1:
         return None
     workers = ",".join(f"{g.gpu}:{g.count}" for g in cluster.workers)
-    parts = ["cmdare train", f"--model {job.workload}", f"--steps {job.total_steps}", f"--workers {workers}",
-             f"--ps {cluster.ps}", "--transient" if pricing.pop() else "--on-demand"]
+    parts = ["cmdare train", f"--model {job.workload}", f"--steps {job.total_steps}"]
+    parts += [f"--batch-size {job.batch_size}"] if job.batch_size not in (None, DEFAULT_BATCH_SIZE) else []
+    parts += [f"--workers {workers}", f"--ps {cluster.ps}", "--transient" if pricing.pop() else "--on-demand"]
     parts += ["--ps-transient"] if cluster.ps_transient else []
     parts += [f"--cloud {cloud}", f"--region {cluster.region}", f"--checkpoint-every {job.checkpoint_every_steps}"]
     parts += [f"--replacement {cluster.replacement}"] if cluster.replacement != "same" else []
