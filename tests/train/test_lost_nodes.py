@@ -14,7 +14,7 @@ import pytest
 from cmdare.cloud.ray_cluster import NODE_ID_LABEL, RayClusterProvider, label_selectors
 from cmdare.cloud.servers import ServerSpec
 from cmdare.train.workers.lost_nodes import LostNodes
-from cmdare.train.workers.worker_executor import start_error
+from cmdare.train.workers.worker_handle import start_error
 
 K80 = ServerSpec("k80", "gcp", "us-east1", True, 0.14)
 A, B = "a1" * 28, "b2" * 28  # node ids: 56 hex digits

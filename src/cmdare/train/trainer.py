@@ -62,7 +62,8 @@ from cmdare.train.runtime.detached import DetachedCalls
 from cmdare.train.runtime.emitter import RunEmitter
 from cmdare.train.runtime.run_files import new_run_id, write_run_spec, write_status
 from cmdare.train.spec import TrainSpec
-from cmdare.train.workers.worker_executor import WorkerExecutor, WorkerHandle
+from cmdare.train.workers.worker_executor import WorkerExecutor
+from cmdare.train.workers.worker_handle import WorkerHandle
 
 
 class Trainer:
