@@ -66,6 +66,28 @@ def write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
     return path
 
 
+def test_batch_size_and_the_gpus_a_prediction_extrapolates_to(env):
+    """Issue 45: the step time follows --batch-size (default: train's 32), bad ones and tables refuse it in one
+    line; a GPU type the step-time data did not measure gets a note naming what its prediction rests on."""
+    at = {b: run(env, "predict", "step-time", "--model", "t2t_resnet32", "--gpu", "k80", "--batch-size", str(b))
+          for b in (16, 32, 128)}
+    default = run(env, "predict", "step-time", "--model", "t2t_resnet32", "--gpu", "k80")
+    times = {b: float(r.stdout.split()[0]) for b, r in at.items()}
+    assert times[16] < times[32] < times[128] and default.stdout == at[32].stdout
+    assert "note:" not in at[32].stderr  # K80 was measured
+    for bad in ("0", "-3"):
+        out = run(env, "predict", "step-time", "--model", "t2t_resnet32", "--gpu", "k80", "--batch-size", bad)
+        assert out.returncode == 1 and "batch size must be a positive whole number" in out.stderr
+    out = run(env, "predict", "step-time", "--input", "x.csv", "--batch-size", "64")
+    assert out.returncode == 1 and "--batch-size does not apply to an --input table" in out.stderr
+    a100 = run(env, "predict", "step-time", "--model", "t2t_resnet32", "--gpu", "a100")
+    assert a100.returncode == 0 and "note: A100 was not measured in the step-time data (K80, P100 were)" in a100.stderr
+    assert "19.5 TFLOPS FP32, 1555 GB/s" in a100.stderr and "this extrapolates" in a100.stderr
+    mix = run(env, "predict", "cluster-speed", "--model", "t2t_resnet32", "--workers", "k80:1,h100:1")
+    assert mix.returncode == 0 and mix.stderr.count("was not measured in the step-time data") == 1
+    assert "note: H100 was not measured" in mix.stderr
+
+
 def test_single_questions(env):
     out = run(env, "predict", "step-time", "--model", "t2t_resnet32", "--gpu", "k80", "--batch-size", "128")
     assert out.returncode == 0, out.stderr

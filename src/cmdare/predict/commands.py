@@ -66,6 +66,26 @@ _BATCH_SIZE = typer.Option(None, "--batch-size", help="Per-worker batch size (de
                            f"{DEFAULT_BATCH_SIZE}; CM-DARE measured at 128).")
 
 
+def _gpu_notes(gpus) -> None:
+    """One note on stderr per GPU type the step-time data did not measure: what its prediction rests on."""
+    from cmdare.cloud.gpu_specs import gpu_specs
+    from cmdare.predict import gpu_tflops
+    from cmdare.predict.intervals import step_pool
+
+    specs = gpu_specs()
+    seen = [name for name in specs if step_pool(gpu_tflops(name)) == "step_seen"]
+    for gpu in gpus:
+        tflops = float(gpu) if isinstance(gpu, float) else gpu_tflops(gpu)
+        if step_pool(tflops) == "step_seen":
+            continue
+        name = gpu.upper() if isinstance(gpu, str) else f"a {tflops:g}-TFLOPS GPU"
+        spec = specs.get(name) if isinstance(gpu, str) else None
+        sheet = (f"its spec sheet ({spec.fp32_tflops:g} TFLOPS FP32, {spec.memory_bw_gbs:g} GB/s)" if spec
+                 else "its FP32 TFLOPS and the spec sheets' median bytes per FLOP")
+        typer.echo(f"note: {name} was not measured in the step-time data ({', '.join(seen)} were): predicted from "
+                   f"{sheet} by the roofline form fitted on {', '.join(seen)}; this extrapolates", err=True)
+
+
 def _no_batch_with_table(batch_size: int | None) -> None:
     if batch_size is not None:
         from cmdare.errors import UserInputError
@@ -111,6 +131,7 @@ def step_time_cmd(
         check_number(g, "--gpu", 0.001, LIMITS["GPU TFLOPS"], "TFLOPS")
     check_number(latency_ms, "--latency-ms", 0.0, LIMITS["Latency (ms)"], "ms")
     t = predict_step_time_s(_model(model, input_shape), g, latency_ms, batch_size=batch_size)
+    _gpu_notes([g])
     if level is None:
         typer.echo(f"{t:.4f} s/step")
         return
@@ -148,6 +169,7 @@ def cluster_speed_cmd(
                                         placement=placement, batch_size=batch_size)
     if asked.mix is None:
         typer.echo(f"note: {default_gpu_note(asked.total, DEFAULT_WORKER_GPU)}", err=True)
+    _gpu_notes(list(asked.counts(DEFAULT_WORKER_GPU)))
     if level is None:
         typer.echo(f"{speed:.3f} steps/s")
         return
