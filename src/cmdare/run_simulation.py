@@ -31,6 +31,7 @@ _NOT_SIMULATED: dict[str, tuple[str, str]] = {
     "ps_bandwidth": ("--ps-bandwidth", "the PS link is not emulated"),
     "on_diverge": ("--on-diverge", "no divergence or rollback is predicted"),
     "optimizer": ("--lr/--momentum/--weight-decay", "the accuracy model knows one setting"),
+    "precision": ("--precision", "the step-time model predicts float32 steps"),
 }
 # ... and in real cloud time only (a local run's emulated time does not count them either)
 _NOT_SIMULATED_REAL: dict[str, tuple[str, str]] = {

@@ -64,6 +64,7 @@ class TrainSpec:
     ps: int = 1
     steps: int = 500
     batch_size: int = DEFAULT_BATCH_SIZE
+    precision: str = "fp32"  # or "amp-bf16": the forward pass in bfloat16 (cmdare.train.workers.precision)
     sync: bool = False
     optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=0.05, weight_decay=1e-4))
     placement: str = "round-robin"
@@ -183,6 +184,9 @@ class TrainSpec:
         if self.ps_bandwidth is not None:
             parse_rate_bytes_per_s(self.ps_bandwidth)  # validates
         self.max_rollbacks()  # validates
+        from cmdare.train.workers.precision import check_precision
+
+        check_precision(self.precision)
         if self.async_momentum not in ASYNC_MOMENTUM:
             raise UnknownNameError("--async-momentum", str(self.async_momentum), ASYNC_MOMENTUM)
         if not 0 < self.rollback_lr_scale <= 1:

@@ -57,6 +57,9 @@ def train_command(
     ps: int = typer.Option(1, "--ps", help="Number of parameter shards."),
     steps: int = typer.Option(500, help="Target global step."),
     batch_size: int = typer.Option(DEFAULT_BATCH_SIZE, help="Per-worker batch size."),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, or amp-bf16: the forward pass and the loss "
+                                  "in bfloat16 (torch.autocast; GPUs from Ampere on, and CPUs), parameters and "
+                                  "gradients in float32. amp-fp16 is refused (it needs loss scaling)."),
     lr: float = typer.Option(0.05, help="Learning rate."),
     momentum: float = typer.Option(0.9, help="SGD momentum."),
     weight_decay: float = typer.Option(1e-4, help="Weight decay."),
@@ -177,7 +180,8 @@ def train_command(
     spec = TrainSpec(model=model, dataset=dataset, loss=loss, metric=metric,
                      data_dir=str(data_dir) if data_dir else None, workers=num_workers,
                      worker_gpus=worker_gpus,
-                     ps=ps, steps=steps, batch_size=batch_size, sync=sync, placement=placement,
+                     ps=ps, steps=steps, batch_size=batch_size, precision=precision, sync=sync,
+                     placement=placement,
                      optimizer=OptimizerConfig(lr=lr, momentum=momentum, weight_decay=weight_decay),
                      checkpoint_every=checkpoint_every if checkpoint_every is not None else
                      PS_TRANSIENT_CHECKPOINT_EVERY if ps_transient else DEFAULT_CHECKPOINT_EVERY,

@@ -62,7 +62,9 @@ class StandbyWorker(Worker):
         self.init_at = time.time()  # torch and cmdare imported (by a prestarted process, before it was placed)
         self._build(spec, threads)
         x, y = next(self.task.stream(0, 1, spec.batch_size, spec.seed))
-        self.task.loss_of(self.model(x.to(self.device)), y.to(self.device)).backward()
+        with self.forward_precision():  # the kernels of the run's precision
+            loss = self.task.loss_of(self.model(x.to(self.device)), y.to(self.device))
+        loss.backward()
         self.model.zero_grad(set_to_none=True)
         self.step, self.watchers, self.pull_first = -1, [], False
         self.channels, self.same_node, self.pieces = {}, set(), None  # as before a first layout (leave() closes them)

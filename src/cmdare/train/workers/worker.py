@@ -28,6 +28,7 @@ from cmdare.train.ps.shard_channels import open_channels
 from cmdare.train.spec import TrainSpec
 from cmdare.train.workers.chunk_result import ChunkResult
 from cmdare.train.workers.overlap import GradientPieces, pieced_shard
+from cmdare.train.workers.precision import forward_precision
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class Worker:
         torch.manual_seed(spec.seed)  # every worker builds the same initial model
         self.task = spec.task()
         self.model = self.task.build().to(self.device)
+        self.forward_precision = forward_precision(spec.precision, self.device)
 
     def _join(self, worker_id: int, slot: int, num_slots: int, shards: Sequence[Any], placement: Placement,
               start_step: int, notice: tuple[str, str] | None, stretch: float) -> None:
@@ -249,7 +251,8 @@ class Worker:
                 break
             t0 = time.perf_counter()
             self.layout.zero_grads()
-            loss = self.task.step_loss(self.model, self.stream, self.device, self.step)  # a mistake: one line
+            with self.forward_precision():  # a mistake in the user's code: one line
+                loss = self.task.step_loss(self.model, self.stream, self.device, self.step)
             if not torch.isfinite(loss):  # diverged: its gradient would make every shard's parameters non-finite
                 diverged_at, loss_sum = self.step, float("nan")
                 break

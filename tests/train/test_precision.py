@@ -1,0 +1,67 @@
+"""``--precision`` (issue 45 item 4): ``amp-bf16`` runs a worker's forward pass and loss under ``torch.autocast`` in
+bfloat16 (parameters, gradients and the shards in float32); ``amp-fp16`` and unknown names are refused in one line."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cmdare.errors import UnknownNameError, UserInputError
+from cmdare.train import Trainer, TrainSpec
+from cmdare.train.callbacks import TrainCallback
+from cmdare.train.workers.precision import check_precision, forward_precision
+
+
+def test_bf16_autocasts_the_forward_pass_and_fp32_leaves_it_alone():
+    conv = torch.nn.Conv2d(1, 4, 3)
+    x = torch.randn(2, 1, 8, 8)
+    with forward_precision("amp-bf16", torch.device("cpu"))():
+        assert conv(x).dtype == torch.bfloat16
+    with forward_precision("fp32", torch.device("cpu"))():
+        assert conv(x).dtype == torch.float32
+    assert conv.weight.dtype == torch.float32  # the parameters stay float32
+
+
+def test_fp16_and_unknown_precisions_are_refused_in_one_line():
+    with pytest.raises(UserInputError, match="amp-fp16 needs loss scaling"):
+        check_precision("amp-fp16")
+    with pytest.raises(UnknownNameError, match="amp-bf16"):
+        TrainSpec(precision="bf16")
+    assert TrainSpec(precision="amp-bf16").precision == "amp-bf16"
+
+
+class _Losses(TrainCallback):
+    def __init__(self):
+        self.losses: list[float] = []
+
+    def on_step(self, r):
+        self.losses.append(r.loss)
+
+
+def test_a_bf16_run_trains_and_its_arithmetic_differs_from_float32(local_ray, tmp_path):
+    """One synchronous worker, the same seed and data: float32 and bfloat16 start from the same loss to bfloat16's
+    precision, both learn, and their losses are not the same numbers (the forward pass ran in bfloat16)."""
+    losses = {}
+    for precision in ("fp32", "amp-bf16"):
+        spec = TrainSpec(model="resnet8", dataset="digits", workers=1, ps=1, steps=60, sync=True, precision=precision,
+                         checkpoint_every=0, eval_every=0, seed=3, chunk_steps=5)
+        cb = _Losses()
+        summary = Trainer(spec, [cb], checkpoint_dir=tmp_path / precision).run()
+        assert summary.status == "finished" and summary.global_step == 60
+        assert all(math.isfinite(v) for v in cb.losses)
+        losses[precision] = cb.losses
+    fp32, bf16 = losses["fp32"], losses["amp-bf16"]
+    assert bf16[0] == pytest.approx(fp32[0], rel=0.05)  # the first chunk: the same model and batches
+    assert bf16 != fp32
+    for run in (fp32, bf16):
+        assert sum(run[-3:]) / 3 < 0.8 * run[0]  # it learns
+
+
+def test_the_simulation_says_it_predicts_float32_steps():
+    from cmdare.run_simulation import unsimulated_options
+
+    named = " ".join(unsimulated_options(TrainSpec(precision="amp-bf16"), joined=False))
+    assert "--precision (the step-time model predicts float32 steps)" in named
+    assert "--precision" not in " ".join(unsimulated_options(TrainSpec(), joined=False))
