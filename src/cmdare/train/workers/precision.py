@@ -3,9 +3,10 @@ in bfloat16: the forward pass and the loss run under ``torch.autocast``, matrix 
 the parameters, their gradients and everything the shards hold in float32).
 
 ``amp-fp16`` is refused: float16's narrow range needs loss scaling (a gradient scaled up before the backward pass, then
-unscaled and checked for overflow before it is applied). A worker pushes its gradient to the shards in pieces while
-the backward pass runs, so a piece leaves before the step can know whether any part overflowed; bfloat16 has
-float32's range and needs no scaling.
+unscaled and checked for overflow before it is applied), which cmdare does not do yet. By default a worker pushes its
+gradient to the shards in pieces while the backward pass runs (``--overlap``), so a piece leaves before the step can
+know whether any part overflowed: the check would have to move to the shards. bfloat16 has float32's range and needs
+no scaling.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise UnknownNameError("--precision", str(precision), list(PRECISIONS))
     if precision == "amp-fp16":
-        raise UserInputError("--precision amp-fp16 needs loss scaling, which cmdare does not do: a worker pushes its "
-                             "gradient in pieces during the backward pass, before an overflow could be seen; use "
-                             "amp-bf16 (bfloat16 has float32's range, no scaling needed) or fp32")
+        raise UserInputError("--precision amp-fp16 needs loss scaling, which cmdare does not do yet (a worker pushes "
+                             "its gradient in pieces during the backward pass, before an overflow could be seen); "
+                             "use amp-bf16 (bfloat16 has float32's range, no scaling needed) or fp32")
     return precision
 
 
