@@ -212,9 +212,10 @@ class NetnsCluster:
         return self._marked_pids(f"RAY_OVERRIDE_NODE_ID_FOR_TESTING={node_id}".encode())
 
     def freeze_autoscaler(self) -> list[int]:
-        """SIGSTOP Ray's autoscaler (the head's ``monitor.py``): from now on no node is launched, as when the
-        cloud has no capacity. The nodes it started go on (they are its children, not stopped with it)."""
-        pids = [pid for pid in self._ns_procs() if b"monitor.py" in _cmdline(pid)]
+        """SIGSTOP Ray's autoscaler (the head's ``autoscaler/_private/monitor.py``; not the nodes' ``log_monitor.py``):
+        from now on no node is launched, as when the cloud has no capacity. The nodes it started go on (they are its
+        children, not stopped with it)."""
+        pids = [pid for pid in self._ns_procs() if b"autoscaler/_private/monitor.py" in _cmdline(pid)]
         if not pids:
             raise RuntimeError("no autoscaler (monitor.py) in the namespace")
         for pid in pids:

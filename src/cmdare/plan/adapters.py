@@ -351,13 +351,14 @@ def load_plan_models(
         lifetimes = NoRevocations() if lifetime == "none" else QuantileLifetimes(lifetime)
     from cmdare.predict import step_flops
 
-    step_flops(features, batch_size)  # a batch size the models cannot take fails here, in one line
+    batch = DEFAULT_BATCH_SIZE if batch_size is None else batch_size  # one batch for the speed and accuracy models
+    step_flops(features, batch)  # a batch size the models cannot take fails here, in one line
     checkpoint_s = predict_checkpoint_s(features.checkpoint_mb * 1e6, features.num_tensors, remote=True)
     from cmdare.workloads.import_path import is_import_path
 
     yours = is_import_path(workload)  # your own model: the CIFAR classifiers' accuracy points say nothing of it
     return PlanModels(
-        speed=_PredictSpeed(features, model_error, batch_size),
+        speed=_PredictSpeed(features, model_error, batch),
         lifetimes=lifetimes,
         startup=_Startup(),
         prices=prices,
@@ -368,7 +369,7 @@ def load_plan_models(
             f"prices {catalog or 'default catalog'} ({cloud}); "
             + ("no accuracy model (your own model)" if yours else "accuracy: ICAC 2019 ResNet-32/CIFAR-10 points")
         ),
-        accuracy=None if yours else PredictedAccuracy(DEFAULT_BATCH_SIZE if batch_size is None else batch_size),
+        accuracy=None if yours else PredictedAccuracy(batch),
         evacuation=DEFAULT_EVACUATION,
         ps_state_bytes=features.checkpoint_mb * 1e6,  # the checkpoint holds the values and the momentum
         notice_s=NOTICE_LEAD_S.get(cloud, NOTICE_LEAD_S["gcp"]),
