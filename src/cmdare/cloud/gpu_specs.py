@@ -15,10 +15,14 @@ import yaml
 
 from cmdare.errors import DataFormatError, UnknownNameError
 
-__all__ = ["SPEC_FIELDS", "GpuSpec", "gpu_spec", "gpu_specs", "spec_sources"]
+#: GPU generations, oldest first (the spec sheet's ``architecture``).
+ARCHITECTURES = ("Kepler", "Pascal", "Volta", "Turing", "Ampere", "Ada", "Hopper")
+
+__all__ = ["ARCHITECTURES", "SPEC_FIELDS", "GpuSpec", "gpu_spec", "gpu_specs", "spec_sources"]
 
 _FILE = Path(__file__).parent / "data" / "gpu_specs.yaml"
-SPEC_FIELDS = ("fp32_tflops", "half_tflops", "memory_bw_gbs", "memory_gb", "sms", "cuda_cores", "boost_mhz")
+SPEC_FIELDS = ("fp32_tflops", "tf32_tflops", "half_tflops", "memory_bw_gbs", "memory_gb", "sms", "cuda_cores",
+               "boost_mhz")
 
 
 @dataclass(frozen=True)
@@ -27,12 +31,19 @@ class GpuSpec:
 
     name: str
     fp32_tflops: float
+    tf32_tflops: float
     half_tflops: float
     memory_bw_gbs: float
     memory_gb: float
     sms: int
     cuda_cores: int
     boost_mhz: float
+    architecture: str = "Volta"
+
+    @property
+    def generation(self) -> int:
+        """Index of :attr:`architecture` in :data:`ARCHITECTURES` (0 = Kepler)."""
+        return ARCHITECTURES.index(self.architecture)
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -56,8 +67,15 @@ def _parse(path: Path) -> tuple[dict[str, GpuSpec], dict[str, dict[str, str]]]:
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise DataFormatError(f"GPU spec sheet {path}: {name}.{field} must be a positive number")
             values[field], srcs[field] = value, str(item["source"])
+        arch = (entry or {}).get("architecture")
+        if (not isinstance(arch, dict) or arch.get("value") not in ARCHITECTURES
+                or not str(arch.get("source", "")).strip()):
+            raise DataFormatError(f"GPU spec sheet {path}: {name}.architecture needs a value (one of "
+                                  f"{', '.join(ARCHITECTURES)}) and a source")
+        srcs["architecture"] = str(arch["source"])
         specs[name.upper()] = GpuSpec(
-            name.upper(), **{k: (int(v) if k in ("sms", "cuda_cores") else float(v)) for k, v in values.items()}
+            name.upper(), **{k: (int(v) if k in ("sms", "cuda_cores") else float(v)) for k, v in values.items()},
+            architecture=arch["value"],
         )
         sources[name.upper()] = srcs
     return specs, sources

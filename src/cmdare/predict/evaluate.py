@@ -49,6 +49,8 @@ TASKS: dict[str, Task] = {
             "s",
             {
                 "cmdare StepTimeModel": StepTimeModel,
+                "cmdare StepTimeModel, one roofline for every GPU (before issue 45)":
+                    lambda: StepTimeModel(unseen="roofline"),
                 "cmdare StepTimeModel, TFLOPS only (the earlier form)": lambda: StepTimeModel(unseen="tflops"),
                 "published SVR on normalized FLOPs (per GPU)": lambda: PerGPUFlopsRegression("svr"),
                 "published linear on normalized FLOPs (per GPU)": lambda: PerGPUFlopsRegression("linear"),
@@ -178,7 +180,10 @@ def cross_predict(
     """Out-of-sample predictions under a protocol: ``(test row indices, predictions)``, pooled."""
     rows, preds = [], []
     for train, test in _splits(protocol, meta, repeats):
-        fitted = clone(model).fit(X[train], y[train])
+        fresh = clone(model)
+        if protocol == "logo" and "held_out_gpus" in fresh.get_params():
+            fresh.set_params(held_out_gpus=tuple(pd.unique(meta["gpu"].to_numpy()[test])))
+        fitted = fresh.fit(X[train], y[train])
         rows.append(test)
         preds.append(fitted.predict(X[test]))
     return np.concatenate(rows), np.concatenate(preds)

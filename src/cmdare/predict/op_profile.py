@@ -24,9 +24,11 @@ import numpy as np
 __all__ = [
     "PROFILE_BATCH",
     "ZOO_NAMES",
+    "OP_KINDS",
     "OpProfile",
     "op_profile_for",
     "profile_model_ops",
+    "extra_op_profiles",
     "published_op_profiles",
     "roofline_split",
     "tensor_list_for",
@@ -53,17 +55,30 @@ _FREE = {
 }
 
 
+#: Operator kinds of a profile's fourth column: convolutions (TF32 tensor cores by default from Ampere on),
+#: other FLOP-counted operators (matrix products, attention: FP32 by default) and the rest (elementwise,
+#: normalisation, pooling, copies: DRAM-bound).
+OP_KINDS = ("memory", "conv", "matmul")
+_CONV_OPS = {"aten.convolution", "aten._convolution", "aten.convolution_backward", "aten.cudnn_convolution",
+             "aten.conv2d", "aten.conv1d", "aten.conv3d"}
+
+
 class OpProfile:
-    """Operators of one training step as rows ``(flops, bytes, count)``, plus the parameter list.
+    """Operators of one training step as rows ``(flops, bytes, count, kind)``, plus the parameter list.
 
     Attributes:
-        ops: array of shape (n, 3).
+        ops: array of shape (n, 4); ``kind`` indexes :data:`OP_KINDS` (a 3-column array reads as conv for an
+            operator with FLOPs, memory otherwise).
         params: ``[(name, shape), ...]`` of the trainable tensors, in model order.
         batch: the batch size profiled.
     """
 
     def __init__(self, ops: np.ndarray, params: list[tuple[str, tuple[int, ...]]], batch: int):
-        self.ops = np.asarray(ops, dtype=float).reshape(-1, 3)
+        ops = np.asarray(ops, dtype=float)
+        ops = ops.reshape(-1, ops.shape[-1] if ops.size else 4)
+        if ops.shape[1] == 3:
+            ops = np.column_stack([ops, (ops[:, 0] > 0).astype(float)])
+        self.ops = ops
         self.params = [(str(n), tuple(int(d) for d in s)) for n, s in params]
         self.batch = int(batch)
 
@@ -86,10 +101,16 @@ class OpProfile:
 
 def roofline_split(profile: OpProfile, peak_flops: float, bandwidth: float) -> tuple[float, float]:
     """``(FLOPs of compute-bound operators, bytes of memory-bound operators)`` at ridge ``P / B``."""
-    f, b, n = profile.ops.T
+    f, b, n = profile.ops[:, :3].T
     ridge = peak_flops / bandwidth
     compute = (b <= 0) | (f >= ridge * b)
     return float((f * n)[compute].sum()), float((b * n)[~compute].sum())
+
+
+#: Zoo models profiled beside the published CNNs (Gavel's measured networks), at the batch sizes Gavel measured:
+#: ``name -> (input shape, classes)``.
+EXTRA_PROFILES = {"resnet18": ((3, 32, 32), 10), "resnet50": ((3, 224, 224), 1000)}
+EXTRA_BATCHES = (16, 32, 64, 128, 256)
 
 
 def profile_model_ops(name: str, batch: int = PROFILE_BATCH, input_shape=(3, 32, 32), num_classes: int = 10):
@@ -113,7 +134,8 @@ def profile_model_ops(name: str, batch: int = PROFILE_BATCH, input_shape=(3, 32,
             tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
             nbytes = sum(t.numel() * t.element_size() for t in tensors)
             flops = flop_registry[packet](*args, **kwargs, out_val=out) if packet in flop_registry else 0
-            counts[(int(flops), int(nbytes))] += 1
+            kind = 0 if not flops else 1 if str(packet) in _CONV_OPS else 2
+            counts[(int(flops), int(nbytes), kind)] += 1
             return out
 
     with torch.device("meta"):
@@ -123,7 +145,7 @@ def profile_model_ops(name: str, batch: int = PROFILE_BATCH, input_shape=(3, 32,
     y = torch.zeros((batch,), dtype=torch.long, device="meta")
     with _Count():
         torch.nn.functional.cross_entropy(model(x), y).backward()
-    ops = np.array([[f, b, c] for (f, b), c in sorted(counts.items())], dtype=float)
+    ops = np.array([[f, b, c, k] for (f, b, k), c in sorted(counts.items())], dtype=float)
     params = [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad]
     return OpProfile(ops, params, batch)
 
@@ -131,9 +153,25 @@ def profile_model_ops(name: str, batch: int = PROFILE_BATCH, input_shape=(3, 32,
 @lru_cache(maxsize=1)
 def published_op_profiles() -> dict[str, OpProfile]:
     """The shipped profiles of the published CNNs, by published workload name."""
-    raw = json.loads(_FILE.read_text())
+    raw = _raw()
     return {k: OpProfile(np.array(v["ops"]), [(n, tuple(s)) for n, s in v["params"]], raw["batch"])
             for k, v in raw["profiles"].items()}
+
+
+@lru_cache(maxsize=1)
+def _raw() -> dict:
+    return json.loads(_FILE.read_text())
+
+
+@lru_cache(maxsize=1)
+def extra_op_profiles() -> dict[tuple[str, int], OpProfile]:
+    """The shipped profiles of :data:`EXTRA_PROFILES`, by ``(zoo name, batch)``."""
+    out = {}
+    for name, entry in _raw().get("extra", {}).items():
+        params = [(n, tuple(s)) for n, s in entry["params"]]
+        for batch, ops in entry["ops_by_batch"].items():
+            out[(name, int(batch))] = OpProfile(np.array(ops), params, int(batch))
+    return out
 
 
 @lru_cache(maxsize=4096)
@@ -148,6 +186,11 @@ def op_profile_for(model_flops: float, num_params: float, num_tensors: float) ->
         if round(w.model_flops) == round(model_flops) and int(w.num_params) == int(num_params):
             return profiles[name]
     tensors = max(int(round(num_tensors)), 1)
+    same = [p for p in extra_op_profiles().values()
+            if p.ops.size and _count(p.params) == int(num_params) and len(p.params) == tensors]
+    if same:  # a network profiled beside the CNNs: its nearest profile in FLOPs, scaled to them
+        best = min(same, key=lambda p: abs(np.log(p.flops / PROFILE_BATCH / max(model_flops, 1.0))))
+        return best.scaled(model_flops / (best.flops / PROFILE_BATCH))
 
     def dist(w) -> float:
         return (np.log(w.model_flops / max(model_flops, 1.0)) ** 2
@@ -159,6 +202,10 @@ def op_profile_for(model_flops: float, num_params: float, num_tensors: float) ->
     return OpProfile(scaled.ops, [(f"t{i}", (size,)) for i in range(tensors)], scaled.batch)
 
 
+def _count(params) -> int:
+    return int(sum(int(np.prod(shape)) for _, shape in params))
+
+
 def write_published_profiles(path: Path = _FILE) -> Path:
     """Profile the zoo twins of the published CNNs and write ``op_profiles.json``."""
     out = {}
@@ -166,8 +213,14 @@ def write_published_profiles(path: Path = _FILE) -> Path:
         p = profile_model_ops(zoo)
         out[name] = {"zoo_model": zoo, "ops": p.ops.astype(int).tolist(),
                      "params": [[n, list(s)] for n, s in p.params]}
+    extra = {}
+    for name, (shape, classes) in EXTRA_PROFILES.items():
+        by_batch = {b: profile_model_ops(name, b, shape, classes) for b in EXTRA_BATCHES}
+        extra[name] = {"input_shape": list(shape), "num_classes": classes,
+                       "params": [[n, list(s)] for n, s in by_batch[EXTRA_BATCHES[0]].params],
+                       "ops_by_batch": {str(b): p.ops.astype(int).tolist() for b, p in by_batch.items()}}
     payload = {"batch": PROFILE_BATCH, "input_shape": [3, 32, 32], "generator": "python -m cmdare.predict.op_profile",
-               "profiles": out}
+               "profiles": out, "extra": extra}
     path.write_text(json.dumps(payload, separators=(",", ":")))
     return path
 

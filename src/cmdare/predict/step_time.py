@@ -51,7 +51,7 @@ _REF_LATENCY_MS = 0.3  # worker-PS latency of the 0-latency table
 
 _P_UNIT = 1e13  # FLOP/s (10 TFLOPS) of the roofline overhead columns
 _B_UNIT = 700e9  # bytes/s of the same
-_UNSEEN_FORMS = ("roofline", "tflops")
+_UNSEEN_FORMS = ("generations", "roofline", "tflops")
 
 
 def gpu_bandwidth_for_tflops(tflops: float) -> float:
@@ -110,7 +110,10 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
         min_rows_per_gpu: rows a GPU type needs in training to get its own coefficients.
         min_workloads_per_gpu: distinct workloads a GPU type needs for the same.
         tflops_tol: two TFLOPS values closer than this are the same GPU type.
-        unseen: form for a GPU type not seen in training: ``roofline`` (spec sheet) or ``tflops``.
+        unseen: form for a GPU type not seen in training: ``generations`` (the cross-generation model of
+            :mod:`cmdare.predict.generations` for a catalog GPU, else ``roofline``), ``roofline`` (spec sheet, one
+            set of efficiencies) or ``tflops``.
+        held_out_gpus: GPU types the cross-generation model must not learn from (leave-one-GPU-out evaluation).
     """
 
     def __init__(
@@ -118,12 +121,14 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
         min_rows_per_gpu: int = 10,
         min_workloads_per_gpu: int = 4,
         tflops_tol: float = 1e-3,
-        unseen: str = "roofline",
+        unseen: str = "generations",
+        held_out_gpus: tuple[str, ...] = (),
     ):
         self.min_rows_per_gpu = min_rows_per_gpu
         self.min_workloads_per_gpu = min_workloads_per_gpu
         self.tflops_tol = tflops_tol
         self.unseen = unseen
+        self.held_out_gpus = held_out_gpus
 
     @staticmethod
     def _parts(X: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -134,7 +139,7 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
 
     def _pooled_design(self, X: np.ndarray) -> np.ndarray:
         tf, g, p, t, lat = self._parts(X)
-        if self.unseen == "roofline":
+        if self.unseen in ("roofline", "generations"):
             return np.column_stack([roofline_features(X), lat, lat * p])
         if self.unseen != "tflops":
             from cmdare.errors import UnknownNameError
@@ -180,13 +185,47 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
         """Seconds per step for each row."""
         check_is_fitted(self, "pooled_coef_")
         X = fixed_width(validate_data(self, X, reset=False), 5)
-        out = self._pooled_design(X) @ self.pooled_coef_
+        design = self._pooled_design(X)
+        out = design @ self.pooled_coef_
+        if self.unseen == "generations":
+            self._generation_rows(X, design, out)
         if len(self.gpu_tflops_):
             gpu = self._gpu_index(X[:, 0])
             rows = gpu >= 0
             if rows.any():
                 out[rows] = self._gpu_design(X[rows], gpu[rows]) @ self.gpu_coef_
         return out
+
+
+    def _generation_rows(self, X: np.ndarray, design: np.ndarray, out: np.ndarray) -> None:
+        """Answer rows of a catalog GPU from the cross-generation model (plus this model's latency term). A GPU
+        older than every measured generation keeps the pooled roofline: the nearest (newer) generation's
+        efficiencies overstate it (leave-one-GPU-out on K80: 21.6% this way, 11.9% pooled)."""
+        from cmdare.predict.generations import generation_step_model
+        from cmdare.predict.op_profile import op_profile_for
+
+        model = generation_step_model(tuple(sorted(g.upper() for g in self.held_out_gpus)))
+        latency = design[:, -2:] @ self.pooled_coef_[-2:]
+        for i, (tf, flops, params, tensors, _lat) in enumerate(X[:, :5]):
+            spec = spec_for_tflops(float(tf))
+            if spec is None or spec.generation < min(model.generations_):
+                continue
+            flops, params, tensors = (max(abs(float(v)), 1.0) for v in (flops, params, tensors))
+            profile = op_profile_for(flops, params, tensors)
+            out[i] = model.predict(profile, spec, int(params), int(round(tensors))) + latency[i]
+
+
+def spec_for_tflops(tflops: float):
+    """The spec sheet entry of the catalog GPU whose FP32 TFLOPS (as the catalog gives it) is ``tflops``, else None."""
+    return _spec_table().get(round(float(tflops), 3))
+
+
+@lru_cache(maxsize=1)
+def _spec_table() -> dict:
+    from cmdare.cloud.catalog import gpu_tflops
+    from cmdare.cloud.gpu_specs import gpu_specs
+
+    return {round(gpu_tflops(name), 3): spec for name, spec in gpu_specs().items()}
 
 
 class PerGPUFlopsRegression(RegressorMixin, BaseEstimator):

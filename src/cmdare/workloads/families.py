@@ -64,8 +64,8 @@ MEASURED_AS: dict[str, str] = {
     "shake_shake_96": "shakebig",
 }
 
-# Built outside the families above (cmdare.workloads.resnet_fc).
-EXTRA_MODELS: tuple[str, ...] = ("resnet8_fc",)
+# Built outside the families above (cmdare.workloads.resnet_fc, cmdare.workloads.resnet_imagenet).
+EXTRA_MODELS: tuple[str, ...] = ("resnet8_fc", "resnet18", "resnet50")
 
 
 def builtin_model_names() -> list[str]:
@@ -88,4 +88,8 @@ def describe_builtin(name: str) -> str:
     if name == "resnet8_fc":
         return "ResNet-8 trunk + Linear(4096, 1024) head: one 4.2M-parameter tensor among small ones (PS " \
                "load-balancing benchmarks)"
+    if name == "resnet18":
+        return "ResNet-18, CIFAR stem (3x3, no pool), BasicBlocks 2/2/2/2, 64-512 ch, 11.2M parameters (Gavel's)"
+    if name == "resnet50":
+        return "ResNet-50 (torchvision layout), ImageNet stem, bottlenecks 3/4/6/3; train at --input-shape 3,224,224"
     raise KeyError(name)

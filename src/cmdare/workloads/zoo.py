@@ -15,6 +15,7 @@ from cmdare.workloads.families import (
 )
 from cmdare.workloads.resnet import CifarResNet
 from cmdare.workloads.resnet_fc import resnet8_fc
+from cmdare.workloads.resnet_imagenet import resnet18_cifar, resnet50_imagenet
 from cmdare.workloads.shake_shake import ShakeShakeNet
 from cmdare.workloads.specs import add_model
 
@@ -37,5 +38,7 @@ def register_builtin_models() -> None:
     builders |= {name: partial(_t2t, blocks, widths) for name, (blocks, widths) in CUSTOM_RESNETS.items()}
     builders |= {name: partial(_shake, width) for name, width in SHAKE_SHAKE_WIDTHS.items()}
     builders["resnet8_fc"] = resnet8_fc
+    builders["resnet18"] = resnet18_cifar
+    builders["resnet50"] = resnet50_imagenet
     for name in builtin_model_names():
         add_model(name, builders[name], describe_builtin(name), builtin=True)
