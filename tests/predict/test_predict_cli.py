@@ -249,3 +249,14 @@ def test_models_evaluate_prints_baselines_and_writes_plots(env, tmp_path):
     assert res.returncode == 0 and "group held out: mean APE" in res.stdout
     res = run(env, "models", "evaluate", "--task", "nope")
     assert res.returncode == 1 and "step_time" in res.stderr
+
+
+def test_predict_step_time_takes_precision_and_names_what_an_unmeasured_gpu_rests_on(env):
+    base = ["predict", "step-time", "--model", "resnet50", "--input-shape", "3,224,224", "--batch-size", "64"]
+    fp32 = run(env, *base, "--gpu", "a100")
+    bf16 = run(env, *base, "--gpu", "a100", "--precision", "amp-bf16")
+    assert fp32.returncode == 0 and bf16.returncode == 0, fp32.stderr + bf16.stderr
+    assert float(bf16.stdout.split()[0]) < float(fp32.stdout.split()[0])
+    assert "TF32 156 TFLOPS for convolutions" in fp32.stderr and "efficiencies fitted on Volta" in fp32.stderr
+    bad = run(env, *base, "--gpu", "v100", "--precision", "amp-bf16")
+    assert bad.returncode != 0 and "needs Ampere or newer" in bad.stderr

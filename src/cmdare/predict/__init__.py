@@ -266,11 +266,13 @@ def step_flops(w: WorkloadFeatures, batch_size: int | None = None) -> float:
 
 def predict_step_time_s(
     workload: str | WorkloadFeatures, gpu: str | float, latency_ms: float = 0.3, refined: bool = True,
-    batch_size: int | None = None,
+    batch_size: int | None = None, precision: str = "fp32",
 ) -> float:
     """Seconds per step of ``workload`` on one GPU (a type name like ``k80`` or its TFLOPS) at a per-worker
     ``batch_size`` (None: train's default, 32; see :func:`step_flops`); ``refined``: apply the correction fitted
-    on the user's own runs of that GPU type, if any."""
+    on the user's own runs of that GPU type, if any. ``precision`` other than ``fp32`` (``amp-bf16``,
+    ``amp-fp16``) scales the fp32 answer by the cross-generation model's mixed-precision speed-up on that GPU
+    (:func:`cmdare.predict.generations.precision_factor`)."""
     w = _workload(workload)
     from cmdare.predict.features import gpu_tflops
 
@@ -281,6 +283,11 @@ def predict_step_time_s(
         raise UserInputError(f"need GPU TFLOPS > 0 and latency >= 0 ms, got {gpu!r} and {latency_ms!r}")
     X = np.array([[tf, step_flops(w, batch_size), w.num_params, w.num_tensors, latency_ms]])
     t = float(step_time_model().predict(X)[0])
+    if precision != "fp32":
+        from cmdare.predict.generations import precision_factor
+        from cmdare.predict.op_profile import op_profile_for
+
+        t *= precision_factor(op_profile_for(*X[0, 1:4]), gpu, int(w.num_params), int(w.num_tensors), precision)
     if refined and isinstance(gpu, str):
         from cmdare.predict.refine import step_scale
 

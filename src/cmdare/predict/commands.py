@@ -67,9 +67,10 @@ _BATCH_SIZE = typer.Option(None, "--batch-size", help="Per-worker batch size (de
 
 
 def _gpu_notes(gpus) -> None:
-    """One note on stderr per GPU type the step-time data did not measure: what its prediction rests on."""
+    """One note on stderr per GPU type the CM-DARE step-time data did not measure: what its prediction rests on."""
     from cmdare.cloud.gpu_specs import gpu_specs
     from cmdare.predict import gpu_tflops
+    from cmdare.predict.generations import generation_step_model
     from cmdare.predict.intervals import step_pool
 
     specs = gpu_specs()
@@ -80,10 +81,16 @@ def _gpu_notes(gpus) -> None:
             continue
         name = gpu.upper() if isinstance(gpu, str) else f"a {tflops:g}-TFLOPS GPU"
         spec = specs.get(name) if isinstance(gpu, str) else None
-        sheet = (f"its spec sheet ({spec.fp32_tflops:g} TFLOPS FP32, {spec.memory_bw_gbs:g} GB/s)" if spec
-                 else "its FP32 TFLOPS and the spec sheets' median bytes per FLOP")
+        if spec is None:
+            typer.echo(f"note: {name} was not measured in the step-time data ({', '.join(seen)} were): predicted from "
+                       f"its FP32 TFLOPS and the spec sheets' median bytes per FLOP by the roofline form fitted on "
+                       f"{', '.join(seen)}; this extrapolates", err=True)
+            continue
+        tf32 = f"TF32 {spec.tf32_tflops:g} TFLOPS for convolutions, " if spec.tf32_tflops != spec.fp32_tflops else ""
         typer.echo(f"note: {name} was not measured in the step-time data ({', '.join(seen)} were): predicted from "
-                   f"{sheet} by the roofline form fitted on {', '.join(seen)}; this extrapolates", err=True)
+                   f"its spec sheet ({tf32}{spec.fp32_tflops:g} TFLOPS FP32, {spec.memory_bw_gbs:g} GB/s) by the "
+                   f"cross-generation model, {generation_step_model().basis(spec)}"
+                   + ("" if name in generation_step_model().gpus_ else "; this extrapolates"), err=True)
 
 
 def _no_batch_with_table(batch_size: int | None) -> None:
@@ -111,6 +118,8 @@ def step_time_cmd(
     latency_ms: float = typer.Option(0.3, "--latency-ms", min=0.0, help="Worker-PS network latency."),
     input_shape: str = _INPUT_SHAPE,
     batch_size: int = _BATCH_SIZE,
+    precision: str = typer.Option("fp32", "--precision", help="fp32 (TF32 convolutions from Ampere on, as PyTorch "
+                                  "does by default), amp-bf16 or amp-fp16 (mixed precision)."),
     input_path: Path = _INPUT,
     output_path: Path = _OUTPUT,
     level: float = _INTERVAL,
@@ -130,7 +139,7 @@ def step_time_cmd(
     if isinstance(g, float):
         check_number(g, "--gpu", 0.001, LIMITS["GPU TFLOPS"], "TFLOPS")
     check_number(latency_ms, "--latency-ms", 0.0, LIMITS["Latency (ms)"], "ms")
-    t = predict_step_time_s(_model(model, input_shape), g, latency_ms, batch_size=batch_size)
+    t = predict_step_time_s(_model(model, input_shape), g, latency_ms, batch_size=batch_size, precision=precision)
     _gpu_notes([g])
     if level is None:
         typer.echo(f"{t:.4f} s/step")

@@ -31,7 +31,7 @@ from scipy.optimize import lsq_linear
 from cmdare.cloud.gpu_specs import ARCHITECTURES, GpuSpec
 from cmdare.predict.op_profile import OpProfile
 
-__all__ = ["PRECISIONS", "GenerationStepModel", "Row", "generation_step_model"]
+__all__ = ["PRECISIONS", "GenerationStepModel", "Row", "generation_step_model", "precision_factor"]
 
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
 _SHARED = ("params_ps_per_G", "per_step_ps", "per_step_alone", "per_tensor")
@@ -122,9 +122,9 @@ class GenerationStepModel:
         """Which measured generation a prediction for ``spec`` rests on, in words."""
         near = ARCHITECTURES[self._nearest(spec.generation, self.generations_)]
         if spec.name in self.gpus_:
-            return f"{spec.name} ({spec.architecture}) measured"
-        return (f"{spec.name} ({spec.architecture}) not measured: its spec sheet at the efficiencies of {near} "
-                f"(measured: {', '.join(self.gpus_)})")
+            return f"{spec.name} ({spec.architecture}) is in its training data"
+        return (f"{spec.architecture} at the efficiencies fitted on {near} (its training data: "
+                f"{', '.join(self.gpus_)})")
 
 
 def _spec(gpu: str) -> GpuSpec:
@@ -141,3 +141,30 @@ def generation_step_model(exclude: tuple[str, ...] = ()) -> GenerationStepModel:
     drop = {e.upper() for e in exclude}
     rows = [r for r in training_rows() if r.gpu.upper() not in drop and r.dataset.upper() not in drop]
     return GenerationStepModel().fit(rows)
+
+
+def precision_factor(profile: OpProfile, gpu: str | float, num_params: int, num_tensors: int, precision: str) -> float:
+    """Step time at ``precision`` over step time in fp32 on GPU type ``gpu``, by the cross-generation model.
+
+    Raises:
+        UnknownNameError: an unknown precision.
+        UserInputError: a GPU given by TFLOPS (its generation is unknown), or one without that precision's tensor
+            path (bfloat16 needs Ampere or newer; float16 Pascal or newer).
+    """
+    from cmdare.errors import UnknownNameError, UserInputError
+
+    if precision not in PRECISIONS:
+        raise UnknownNameError("precision", precision, list(PRECISIONS))
+    if precision == "fp32":
+        return 1.0
+    if not isinstance(gpu, str):
+        raise UserInputError(f"--precision {precision} needs a GPU type by name (its generation sets the speed-up), "
+                             f"not {gpu!r} TFLOPS")
+    spec = _spec(gpu)
+    need = ARCHITECTURES.index("Ampere" if precision == "amp-bf16" else "Pascal")
+    if spec.generation < need:
+        raise UserInputError(f"{spec.name} ({spec.architecture}) has no {precision[4:]} arithmetic: {precision} "
+                             f"needs {ARCHITECTURES[need]} or newer")
+    model = generation_step_model()
+    fp32 = model.predict(profile, spec, num_params, num_tensors)
+    return model.predict(profile, spec, num_params, num_tensors, precision) / fp32

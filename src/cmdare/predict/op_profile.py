@@ -187,8 +187,8 @@ def op_profile_for(model_flops: float, num_params: float, num_tensors: float) ->
             return profiles[name]
     tensors = max(int(round(num_tensors)), 1)
     same = [p for p in extra_op_profiles().values()
-            if p.ops.size and _count(p.params) == int(num_params) and len(p.params) == tensors]
-    if same:  # a network profiled beside the CNNs: its nearest profile in FLOPs, scaled to them
+            if p.ops.size and len(p.params) == tensors and abs(_count(p.params) / max(num_params, 1.0) - 1) < 0.1]
+    if same:  # a network profiled beside the CNNs (any head size): its nearest profile in FLOPs, scaled to them
         best = min(same, key=lambda p: abs(np.log(p.flops / PROFILE_BATCH / max(model_flops, 1.0))))
         return best.scaled(model_flops / (best.flops / PROFILE_BATCH))
 
