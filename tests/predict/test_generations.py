@@ -85,3 +85,14 @@ def test_mixed_precision_speeds_up_where_the_gpu_has_the_path_and_is_refused_whe
         precision_factor(p, "k80", 25_557_032, 161, "amp-fp16")
     with pytest.raises(UserInputError, match="by name"):
         precision_factor(p, 19.5, 25_557_032, 161, "amp-bf16")
+
+
+def test_two_ps_runs_predicted_by_the_one_ps_fit():
+    from cmdare.predict.two_ps_check import two_ps_errors
+
+    errors = two_ps_errors()
+    assert len(errors) == 32 and set(errors["cnn"]) == {"Res15", "Res32", "shakesmall", "shakebig"}
+    # the cluster task's protocol (the measured single-GPU step time): 6.16% when written
+    assert errors["error_measured_step_pct"].abs().mean() <= 8.0
+    # through the predicted step time (what `predict cluster-speed` answers) it is 8.97%: reported, not a target met
+    assert errors["error_predicted_step_pct"].abs().mean() < 10.0

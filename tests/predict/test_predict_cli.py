@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import json
 import os
 import subprocess
 import sys
@@ -248,7 +249,18 @@ def test_models_evaluate_prints_baselines_and_writes_plots(env, tmp_path):
     res = run(env, "models", "evaluate", "--task", "startup")
     assert res.returncode == 0 and "group held out: mean APE" in res.stdout
     res = run(env, "models", "evaluate", "--task", "nope")
-    assert res.returncode == 1 and "step_time" in res.stderr
+    assert res.returncode == 1 and "step_time" in res.stderr and "generations" in res.stderr
+
+
+def test_models_evaluate_generations_prints_the_cross_generation_checks(env):
+    res = run(env, "models", "evaluate", "--task", "generations")
+    assert res.returncode == 0, res.stderr
+    assert "leave-one-GPU-out" in res.stdout and "leave-one-family-out" in res.stdout
+    assert "CM-DARE networks on V100, held out: MAPE 7.4" in res.stdout
+    assert "P100 with 2 PS, fitted on 1 PS" in res.stdout
+    res = run(env, "models", "evaluate", "--task", "generations", "--json")
+    rows = json.loads(res.stdout)
+    assert {r["check"] for r in rows} == {"errors", "held_out_v100", "two_ps"}
 
 
 def test_predict_step_time_takes_precision_and_names_what_an_unmeasured_gpu_rests_on(env):
@@ -260,3 +272,9 @@ def test_predict_step_time_takes_precision_and_names_what_an_unmeasured_gpu_rest
     assert "TF32 156 TFLOPS for convolutions" in fp32.stderr and "efficiencies fitted on Volta" in fp32.stderr
     bad = run(env, *base, "--gpu", "v100", "--precision", "amp-bf16")
     assert bad.returncode != 0 and "needs Ampere or newer" in bad.stderr
+    # cluster speed: one worker (no PS queue to hide behind) gains; a K80 in the mix is refused in one line
+    one = ["predict", "cluster-speed", *base[2:], "--workers", "a100:1"]
+    fp32_speed, bf16_speed = run(env, *one), run(env, *one, "--precision", "amp-bf16")
+    assert float(bf16_speed.stdout.split()[0]) > float(fp32_speed.stdout.split()[0])
+    mixed = run(env, *one[:-1], "k80:1,a100:1", "--precision", "amp-bf16")
+    assert mixed.returncode == 1 and "K80 (Kepler) has no bf16" in mixed.stderr

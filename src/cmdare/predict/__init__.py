@@ -303,12 +303,13 @@ def predict_cluster_steps_per_s(
     placement: str = "round-robin",
     refined: bool = True,
     batch_size: int | None = None,
+    precision: str = "fp32",
 ) -> float:
     """Global steps/s of asynchronous PS training with the given workers (e.g. ``{"k80": 4, "p100": 2}``,
     ``["k80", "k80"]`` or ``"k80:2,p100:1"``) and ``ps`` parameter servers, tensors placed on them by
     ``placement`` (``round-robin``, ``greedy``, ``mxnet``, ``byteps``, or ``psld`` = balanced load), each worker
-    at ``batch_size`` (None: train's default); ``refined``: apply the corrections fitted on the user's own runs
-    (:mod:`cmdare.predict.refine`)."""
+    at ``batch_size`` (None: train's default) and ``precision`` (see :func:`predict_step_time_s`; the PS traffic
+    stays float32); ``refined``: apply the corrections fitted on the user's own runs (:mod:`cmdare.predict.refine`)."""
     from cmdare.errors import UserInputError
 
     if int(ps) < 1:
@@ -316,11 +317,12 @@ def predict_cluster_steps_per_s(
     w = _workload(workload)
     counts = parse_gpu_counts(gpus)
     if not refined:
-        return speed_with_scales(w, counts, int(ps), placement, latency_ms, batch_size=batch_size)
+        return speed_with_scales(w, counts, int(ps), placement, latency_ms, batch_size=batch_size,
+                                 precision=precision)
     from cmdare.predict.refine import demand_scale, step_scale
 
     return speed_with_scales(w, counts, int(ps), placement, latency_ms, {g: step_scale(g) for g in counts},
-                             demand_scale(counts), batch_size=batch_size)
+                             demand_scale(counts), batch_size=batch_size, precision=precision)
 
 
 def speed_with_scales(
@@ -332,11 +334,12 @@ def speed_with_scales(
     step_scales: Mapping[str, float] | None = None,
     demand_scale: float = 1.0,
     batch_size: int | None = None,
+    precision: str = "fp32",
 ) -> float:
     """Cluster steps/s of the public-data models with each GPU type's step time (at ``batch_size``) times
     ``step_scales[gpu]`` and the PS service time times ``demand_scale`` (what a refinement fits). The PS
     traffic of a step is the parameters', whatever the batch."""
-    times = [predict_step_time_s(w, g, latency_ms, refined=False, batch_size=batch_size)
+    times = [predict_step_time_s(w, g, latency_ms, refined=False, batch_size=batch_size, precision=precision)
              * (step_scales or {}).get(g, 1.0) for g in counts]
     return cluster_speed_model().predict_mixed(
         times, list(counts.values()), w.num_params, w.num_tensors, ps, placement, demand_scale=demand_scale

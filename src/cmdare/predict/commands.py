@@ -64,6 +64,8 @@ _INPUT_SHAPE = typer.Option(None, "--input-shape", help="Your own model (an impo
                             "32 for a vector of 32 (default: 3,32,32, CIFAR's images).")
 _BATCH_SIZE = typer.Option(None, "--batch-size", help="Per-worker batch size (default: cmdare train's, "
                            f"{DEFAULT_BATCH_SIZE}; CM-DARE measured at 128).")
+_PRECISION = typer.Option("fp32", "--precision", help="fp32 (TF32 convolutions from Ampere on, as PyTorch does by "
+                          "default), amp-bf16 or amp-fp16 (mixed precision).")
 
 
 def _gpu_notes(gpus) -> None:
@@ -118,8 +120,7 @@ def step_time_cmd(
     latency_ms: float = typer.Option(0.3, "--latency-ms", min=0.0, help="Worker-PS network latency."),
     input_shape: str = _INPUT_SHAPE,
     batch_size: int = _BATCH_SIZE,
-    precision: str = typer.Option("fp32", "--precision", help="fp32 (TF32 convolutions from Ampere on, as PyTorch "
-                                  "does by default), amp-bf16 or amp-fp16 (mixed precision)."),
+    precision: str = _PRECISION,
     input_path: Path = _INPUT,
     output_path: Path = _OUTPUT,
     level: float = _INTERVAL,
@@ -161,6 +162,7 @@ def cluster_speed_cmd(
     ),
     input_shape: str = _INPUT_SHAPE,
     batch_size: int = _BATCH_SIZE,
+    precision: str = _PRECISION,
     input_path: Path = _INPUT,
     output_path: Path = _OUTPUT,
     level: float = _INTERVAL,
@@ -175,7 +177,7 @@ def cluster_speed_cmd(
 
     asked = parse_workers(_need(workers, "--workers"))
     speed = predict_cluster_steps_per_s(_model(model, input_shape), asked.counts(DEFAULT_WORKER_GPU), ps,
-                                        placement=placement, batch_size=batch_size)
+                                        placement=placement, batch_size=batch_size, precision=precision)
     if asked.mix is None:
         typer.echo(f"note: {default_gpu_note(asked.total, DEFAULT_WORKER_GPU)}", err=True)
     _gpu_notes(list(asked.counts(DEFAULT_WORKER_GPU)))

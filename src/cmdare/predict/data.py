@@ -19,6 +19,7 @@ __all__ = [
     "load_checkpoint",
     "load_cluster_speed",
     "load_latency_speed",
+    "load_two_ps_cluster_speed",
     "load_single_gpu_speed",
     "load_startup",
 ]
@@ -39,7 +40,8 @@ CNN_CHECKPOINT_NAMES: dict[str, str] = {
 }
 
 # Folder prefixes of speed_and_cluster_size -> CNN names of the speed tables.
-_CLUSTER_PREFIX = {"res15": "Res15", "res32": "Res32", "shakesmall": "shakesmall", "shakebig": "shakebig"}
+_CLUSTER_PREFIX = {"res15": "Res15", "res32": "Res32", "shakesmall": "shakesmall", "shakebig": "shakebig",
+                   "shakesbig": "shakebig"}  # upstream's spelling in p100ps2/
 
 
 def _cmdare_dir() -> Path:
@@ -92,12 +94,25 @@ def load_cluster_speed() -> pd.DataFrame:
     first 20% of the run (warm-up). Columns: gpu, cnn, Workers, PS, GPU TFLOPS, model features,
     ``Single Step Time (s)`` (mean of the single-GPU table for the same CNN and GPU).
     """
+    return pd.DataFrame(_cluster_rows(ps=1))
+
+
+@lru_cache(maxsize=1)
+def load_two_ps_cluster_speed() -> pd.DataFrame:
+    """Cluster training speed of the P100 runs with 2 PS and 1-8 workers (``speed_and_cluster_size/p100ps2``), the
+    columns of :func:`load_cluster_speed` (``PS`` = 2). Not in the models' training data: the 2-PS check."""
+    return pd.DataFrame(_cluster_rows(ps=2))
+
+
+def _cluster_rows(ps: int) -> list[dict]:
     single = load_single_gpu_speed()
     ref = single.groupby("cnn").first()
     st = single.groupby(["gpu", "cnn"])["Step Time (s)"].mean()
     rows = []
     for gpu_dir in sorted((_cmdare_dir() / "speed_and_cluster_size").iterdir()):
-        gpu = gpu_dir.name.upper()
+        gpu, _, dir_ps = gpu_dir.name.upper().partition("PS")
+        if gpu not in GPU_TFLOPS_IN_DATA or int(dir_ps or 1) != ps:
+            continue
         for run in sorted(gpu_dir.iterdir()):
             name = run.name
             prefix = next(p for p in _CLUSTER_PREFIX if name.startswith(p))
@@ -109,7 +124,7 @@ def load_cluster_speed() -> pd.DataFrame:
                     "gpu": gpu,
                     "cnn": cnn,
                     "Workers": workers,
-                    "PS": 1,
+                    "PS": ps,
                     "GPU TFLOPS": GPU_TFLOPS_IN_DATA[gpu],
                     "Model FLOPs": ref.loc[cnn, "Model FLOPs"],
                     "Number of Parameters": ref.loc[cnn, "Number of Parameters"],
@@ -118,7 +133,7 @@ def load_cluster_speed() -> pd.DataFrame:
                     "Speed (steps/sec)": float(np.median(values[len(values) // 5 :])),
                 }
             )
-    return pd.DataFrame(rows)
+    return rows
 
 
 @lru_cache(maxsize=1)

@@ -21,7 +21,8 @@ def evaluate_cmd(
     task: list[str] = typer.Option(
         None,
         "--task",
-        help="step_time, cluster_speed, checkpoint_remote, checkpoint_local, accuracy, startup (default: all)",
+        help="step_time, cluster_speed, checkpoint_remote, checkpoint_local, accuracy, startup, generations "
+             "(default: all)",
     ),
     plot_dir: Path = typer.Option(None, "--plot-dir", help="Write predicted-vs-measured plots here."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of tables."),
@@ -35,7 +36,7 @@ def evaluate_cmd(
     from cmdare.errors import UnknownNameError
     from cmdare.predict.evaluate import TASKS, evaluate, evaluate_startup, plot_cluster_scaling, plot_predictions
 
-    valid = [*TASKS, "startup"]
+    valid = [*TASKS, "startup", "generations"]
     for name in task or []:
         if name not in valid:
             raise UnknownNameError("model task", name, valid)
@@ -43,6 +44,7 @@ def evaluate_cmd(
 
     regression = tuple(t for t in task if t in TASKS) if task else tuple(TASKS)
     with_startup = not task or "startup" in task
+    with_generations = not task or "generations" in task
     if plot_dir is not None:
         from cmdare.output_files import check_output, output_dir
         from cmdare.predict.evaluate import plot_files
@@ -52,19 +54,25 @@ def evaluate_cmd(
     progress = Progress(TextColumn("evaluating {task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=Console(stderr=True), transient=True)
     with progress:  # on stderr, gone when done: the tables (or the JSON) stay clean
-        bar = progress.add_task("", total=len(regression) + with_startup)
+        bar = progress.add_task("", total=len(regression) + with_startup + with_generations)
 
         def started(name: str) -> None:
-            progress.update(bar, description=name, completed=[*regression, "startup"].index(name))
+            progress.update(bar, description=name, completed=[*regression, "startup", "generations"].index(name))
 
         frame, preds = evaluate(regression, on_task=started) if regression else (pd_frame(), {})
         if with_startup:
             started("startup")
         startup = evaluate_startup() if with_startup else None
+        if with_generations:
+            started("generations")
+        generations = _generation_checks() if with_generations else None
     if as_json:
         out = frame.to_dict(orient="records")
         if startup is not None:
             out += [{"task": "startup", **r} for r in startup.to_dict(orient="records")]
+        if generations is not None:
+            for check, part in generations.items():
+                out += [{"task": "generations", "check": check, **r} for r in part.to_dict(orient="records")]
         typer.echo(json.dumps(out))
     else:
         console = make_console()
@@ -108,12 +116,40 @@ def evaluate_cmd(
                 )
             console.print(table)
             console.print(f"startup, group held out: mean APE {startup.held_out_ape.mean():.2f}%")
+        if generations is not None:
+            _print_generations(console, generations)
     if plot_dir is not None:
         paths = plot_predictions(preds, plot_dir, force)
         if "cluster_speed" in regression:
             paths.append(plot_cluster_scaling(plot_dir, force))
         for path in paths:
             typer.echo(f"wrote {path}", err=as_json)
+
+
+def _generation_checks() -> dict:
+    """The cross-generation step-time model's errors, its held-out V100 check and the 2-PS cluster check."""
+    from cmdare.predict.generation_eval import generation_errors, held_out_v100
+    from cmdare.predict.two_ps_check import two_ps_errors
+
+    return {"errors": generation_errors(), "held_out_v100": held_out_v100(), "two_ps": two_ps_errors()}
+
+
+def _print_generations(console, checks: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="generations: cross-generation step time, MAPE % (max %), n")
+    for col in ("protocol", "held out", "dataset", "MAPE (max) n"):
+        table.add_column(col)
+    for r in checks["errors"].itertuples():
+        table.add_row(r.protocol, r.held_out, r.dataset, f"{r.mape:.2f} ({r.max_ape:.1f}) n={r.n}")
+    console.print(table)
+    v100 = checks["held_out_v100"]
+    per = ", ".join(f"{r.cnn} {r.error_pct:+.1f}" for r in v100.itertuples())
+    console.print(f"CM-DARE networks on V100, held out: MAPE {v100.error_pct.abs().mean():.2f}% ({per})")
+    two = checks["two_ps"]
+    console.print(f"P100 with 2 PS, fitted on 1 PS: MAPE {two.error_measured_step_pct.abs().mean():.2f}% from the "
+                  f"measured single-GPU step time, {two.error_predicted_step_pct.abs().mean():.2f}% from the "
+                  f"predicted one (n={len(two)})")
 
 
 def pd_frame():

@@ -21,7 +21,7 @@ from cmdare.errors import DataFormatError
 
 __all__ = ["MODEL_VERSION", "data_fingerprint", "load_json_model", "load_model", "save_model"]
 
-MODEL_VERSION = 3
+MODEL_VERSION = 4  # 4: issue 45, the step-time model answers unseen GPUs by generation
 
 _JSON_CLASSES = {
     "StepTimeModel": ("cmdare.predict.step_time", "StepTimeModel"),

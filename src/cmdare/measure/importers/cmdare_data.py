@@ -1,8 +1,9 @@
 """Importer of CM-DARE's processed CSVs (github.com/cake-lab/CM-DARE ``data/processed_data``).
 
 Layout (see the shared data README): ``speed_data/`` single-GPU speed tables,
-``speed_data_base/<model><gpu>/data.csv`` single-worker TensorBoard exports,
-``speed_and_cluster_size/<gpu>/<model><gpu>worker<N>/*.csv`` cluster speed with 1 PS,
+``speed_data_base/<model><gpu>/data.csv`` single-worker TensorBoard exports (K80, P100, V100),
+``speed_and_cluster_size/<gpu>/<model><gpu>worker<N>/*.csv`` cluster speed with 1 PS (and
+``p100ps2/<model>p100ps2worker<N>`` with 2 PS),
 ``checkpoint/`` checkpoint timings, ``startup_time/<on_demand|pre>_<region>/*.csv`` VM startup phases,
 ``chief_rejoining/*.csv`` accuracy curves when the chief is revoked and rejoins.
 Files that duplicate or aggregate another imported file are reported as skipped with that reason.
@@ -43,8 +44,9 @@ NAMED_SPEED_COLUMNS = (*SPEED_COLUMNS, "GPU (temp)", "Model (temp)")
 CKPT_COLUMNS = ("Model", "Local duration", "Duration", "Checkpoint Size (MB)")
 AGG_COLUMNS = ("Model", "Number of Tensors", "Number of Parameters")
 STARTUP_COLUMNS = ("Provisioning", "Staging", "Booting")
-_CLUSTER_DIR = re.compile(r"^(res15|res32|shakesmall|shakebig)(k80|p100|80|100)worker(\d+)$")
-_BASE_DIR = re.compile(r"^(res15|res32|shakesmall|shakebig)(k80|p100)$")
+# upstream spells Shake-Shake big "shakesbig" in its 2-PS runs (p100ps2/shakesbigp100ps2worker<N>)
+_CLUSTER_DIR = re.compile(r"^(res15|res32|shakesmall|shakebig|shakesbig)(k80|p100|80|100)(?:ps(\d))?worker(\d+)$")
+_BASE_DIR = re.compile(r"^(res15|res32|shakesmall|shakebig)(k80|p100|v100)$")
 _STARTUP_DIR = re.compile(r"^(on_demand|pre)_(east|west)$")
 _REJOIN_FILE = re.compile(r"^exp-(\d+)(?:-\d+)?$")
 SKIP_AS = {
@@ -253,9 +255,11 @@ def import_cmdare_dir(store: Store, directory: str | Path) -> ImportResult:
         m = _CLUSTER_DIR.match(csv_path.parent.name)
         if m:
             gpu = m.group(2) if m.group(2).startswith(("k", "p")) else ("k80" if m.group(2) == "80" else "p100")
+            model = "shakebig" if m.group(1) == "shakesbig" else m.group(1)
             parsed.append(
                 parse_tb_csv_speed(
-                    csv_path, "cmdare-cluster", f"{SOURCE}:cluster", None, gpu, m.group(1), int(m.group(3)), 1
+                    csv_path, "cmdare-cluster", f"{SOURCE}:cluster", None, gpu, model, int(m.group(4)),
+                    int(m.group(3) or 1),
                 )
             )
     whole = root / "checkpoint" / "whole_data.csv"
