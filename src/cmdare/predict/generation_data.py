@@ -1,4 +1,4 @@
-"""The measurements the cross-generation step-time model is fitted on, as :class:`~.generations.Row` objects.
+"""The measurements the cross-generation step-time model is fitted on, as :class:`Row` objects.
 
 * **CM-DARE, K80 and P100** (``cmdare/speed_data/0latency_data.csv``): 16 CIFAR CNNs at batch 128, TensorFlow 1.10
   with a parameter server; one row per (CNN, GPU): the median of the 13 samples.
@@ -14,18 +14,35 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 import pandas as pd
 
-from cmdare.predict.generations import Row
+from cmdare.predict.op_profile import OpProfile
 
-__all__ = ["DATASETS", "training_rows"]
+__all__ = ["DATASETS", "Row", "training_rows"]
 
 DATASETS = ("cmdare", "cmdare-v100", "gavel")
 _BASE = {"res15": "Res15", "res32": "Res32", "shakesmall": "shakesmall", "shakebig": "shakebig"}
 _GAVEL = {"ResNet-18": "resnet18", "ResNet-50": "resnet50"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured configuration: a network's profile on one GPU, and its seconds per step."""
+
+    dataset: str
+    family: str
+    model: str
+    gpu: str
+    batch: int
+    step_time_s: float
+    profile: OpProfile
+    num_params: int
+    num_tensors: int
+    parameter_server: bool
 
 
 def _family(cnn: str) -> str:

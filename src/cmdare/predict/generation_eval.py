@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from cmdare.predict.generations import GenerationStepModel, Row
+from cmdare.predict.generation_data import Row
+from cmdare.predict.generations import GenerationStepModel
 
 __all__ = ["generation_errors", "held_out_v100"]
 

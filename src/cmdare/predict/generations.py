@@ -22,35 +22,19 @@ Fitted by bounded least squares on relative error over :func:`cmdare.predict.gen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 from scipy.optimize import lsq_linear
 
 from cmdare.cloud.gpu_specs import ARCHITECTURES, GpuSpec
+from cmdare.predict.generation_data import Row, training_rows
 from cmdare.predict.op_profile import OpProfile
 
-__all__ = ["PRECISIONS", "GenerationStepModel", "Row", "generation_step_model", "precision_factor"]
+__all__ = ["PRECISIONS", "GenerationStepModel", "generation_step_model", "precision_factor"]
 
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
 _SHARED = ("params_ps_per_G", "per_step_ps", "per_step_alone", "per_tensor")
-
-
-@dataclass(frozen=True)
-class Row:
-    """One measured configuration: a network's profile on one GPU, and its seconds per step."""
-
-    dataset: str
-    family: str
-    model: str
-    gpu: str
-    batch: int
-    step_time_s: float
-    profile: OpProfile
-    num_params: int
-    num_tensors: int
-    parameter_server: bool
 
 
 def _path_peaks(spec: GpuSpec, precision: str) -> tuple[float, float]:
@@ -136,8 +120,6 @@ def _spec(gpu: str) -> GpuSpec:
 @lru_cache(maxsize=8)
 def generation_step_model(exclude: tuple[str, ...] = ()) -> GenerationStepModel:
     """The model fitted on every bundled row but those of the GPU types or datasets in ``exclude``."""
-    from cmdare.predict.generation_data import training_rows
-
     drop = {e.upper() for e in exclude}
     rows = [r for r in training_rows() if r.gpu.upper() not in drop and r.dataset.upper() not in drop]
     return GenerationStepModel().fit(rows)
