@@ -232,3 +232,15 @@ def test_the_python_api_reads_the_cloud_in_any_case():
     assert models.notice_s == 120.0 and models.prices.cloud == "aws"
     cluster = ClusterSpec(parse_workers("v100:2", True, "us-east-1"), ps=1, region="us-east-1")
     assert simulate(JobSpec("t2t_resnet32", 6400), cluster, models, runs=3, seed=0).cost_mean_usd > 0
+
+
+def test_plan_says_what_the_step_times_of_gpus_outside_cmdares_table_rest_on(monkeypatch, capsys):
+    """Issue 45: a prediction for a GPU CM-DARE's K80/P100 table lacks names the cross-generation model and what
+    it extrapolates from, in the plan's models line."""
+    code, out, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "a100:2,k80:1", "--json")
+    assert code == 0, err
+    models = json.loads(out)["models"]
+    assert "step times of A100: the cross-generation model (A100 from its spec sheet at Volta's efficiencies)" in models
+    assert "K80" not in models.split("step times of")[1]
+    code, out, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "k80:2", "--json")
+    assert "step times of" not in json.loads(out)["models"]

@@ -75,10 +75,12 @@ _StartHour = Annotated[
 ]
 
 
-def _source(models, start_hour: int | None) -> str:
+def _source(models, start_hour: int | None, gpus: list[str]) -> str:
+    from cmdare.predict.generations import step_time_basis
     from cmdare.predict.refine import refinement_note
 
-    source = f"{models.source}; {refinement_note()}"
+    basis = step_time_basis(gpus)
+    source = f"{models.source}; {refinement_note()}" + (f"; {basis}" if basis else "")
     if start_hour is None:
         return source
     return f"{source}; lifetimes by launch hour, job starts {start_hour:02d}:00 US Pacific"
@@ -182,7 +184,7 @@ def plan(
         out.update(retired_gpus=retired, left_out_retired_gpus=left_out, notes=notes)
         typer.echo(json.dumps(out, indent=2))
         return
-    print_rec(rec, _source(models, start_hour), plot, models.lifetimes, retired, notes, job, cloud)
+    print_rec(rec, _source(models, start_hour, gpu_list), plot, models.lifetimes, retired, notes, job, cloud)
 
 
 @plan_app.command("simulate")
@@ -260,7 +262,8 @@ def simulate_cmd(
                                        runs, seed)
     out = {"model": model, "steps": steps, **result, "transient": transient, "cloud": cloud,
            "catalog": catalog or "default", "revocations": revocations or f"lifetime={lifetime}",
-           "start_hour": start_hour, "models": _source(models, start_hour), "retired_gpus": retired, "notes": notes}
+           "start_hour": start_hour, "models": _source(models, start_hour, list(counts)), "retired_gpus": retired,
+           "notes": notes}
     if as_json:
         typer.echo(json.dumps(out))
         return

@@ -31,7 +31,7 @@ from cmdare.cloud.gpu_specs import ARCHITECTURES, GpuSpec
 from cmdare.predict.generation_data import Row, training_rows
 from cmdare.predict.op_profile import OpProfile
 
-__all__ = ["PRECISIONS", "GenerationStepModel", "generation_step_model", "precision_factor"]
+__all__ = ["PRECISIONS", "GenerationStepModel", "generation_step_model", "precision_factor", "step_time_basis"]
 
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
 _SHARED = ("params_ps_per_G", "per_step_ps", "per_step_alone", "per_tensor")
@@ -150,3 +150,22 @@ def precision_factor(profile: OpProfile, gpu: str | float, num_params: int, num_
     model = generation_step_model()
     fp32 = model.predict(profile, spec, num_params, num_tensors)
     return model.predict(profile, spec, num_params, num_tensors, precision) / fp32
+
+
+def step_time_basis(gpus) -> str | None:
+    """What the step times of the GPU types among ``gpus`` (names) that CM-DARE's single-GPU table lacks rest on, in
+    one phrase; None when every one is in that table."""
+    from cmdare.predict.data import GPU_TFLOPS_IN_DATA
+
+    names = sorted({g.upper() for g in gpus} - set(GPU_TFLOPS_IN_DATA))
+    if not names:
+        return None
+    model = generation_step_model()
+    parts = []
+    for name in names:
+        if name in model.gpus_:
+            parts.append(f"{name} measured in its training data")
+        else:
+            near = ARCHITECTURES[model._nearest(_spec(name).generation, model.generations_)]
+            parts.append(f"{name} from its spec sheet at {near}'s efficiencies")
+    return f"step times of {', '.join(names)}: the cross-generation model ({'; '.join(parts)}), extrapolated"
