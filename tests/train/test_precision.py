@@ -1,5 +1,6 @@
-"""``--precision`` (issue 45 item 4): ``amp-bf16`` runs a worker's forward pass and loss under ``torch.autocast`` in
-bfloat16 (parameters, gradients and the shards in float32); ``amp-fp16`` and unknown names are refused in one line."""
+"""``--precision`` (issue 45 item 4): ``amp-bf16`` and ``amp-fp16`` run a worker's forward pass and loss under
+``torch.autocast`` (parameters, gradients and the shards in float32); float16 with dynamic loss scaling; unknown names
+are refused in one line."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import math
 import pytest
 import torch
 
-from cmdare.errors import UnknownNameError, UserInputError
+from cmdare.errors import UnknownNameError
 from cmdare.train import Trainer, TrainSpec
 from cmdare.train.callbacks import TrainCallback
-from cmdare.train.workers.precision import check_precision, forward_precision
+from cmdare.train.workers.precision import LossScale, forward_precision, loss_scale_for
 
 
 def test_bf16_autocasts_the_forward_pass_and_fp32_leaves_it_alone():
@@ -24,12 +25,42 @@ def test_bf16_autocasts_the_forward_pass_and_fp32_leaves_it_alone():
     assert conv.weight.dtype == torch.float32  # the parameters stay float32
 
 
-def test_fp16_and_unknown_precisions_are_refused_in_one_line():
-    with pytest.raises(UserInputError, match="amp-fp16 needs loss scaling"):
-        check_precision("amp-fp16")
+def test_fp16_autocasts_and_unknown_precisions_are_refused_in_one_line():
+    conv = torch.nn.Conv2d(1, 4, 3)
+    with forward_precision("amp-fp16", torch.device("cpu"))():
+        assert conv(torch.randn(2, 1, 8, 8)).dtype == torch.float16
     with pytest.raises(UnknownNameError, match="amp-bf16"):
         TrainSpec(precision="bf16")
     assert TrainSpec(precision="amp-bf16").precision == "amp-bf16"
+    assert TrainSpec(precision="amp-fp16").precision == "amp-fp16"
+    assert loss_scale_for("amp-fp16") is not None and loss_scale_for("amp-bf16") is None
+
+
+def test_loss_scale_skips_an_overflow_halves_and_grows_back():
+    import numpy as np
+
+    scale = LossScale(scale=8.0, growth_interval=2, min_scale=1.0)
+    grads = np.array([16.0, -8.0], dtype=np.float32)
+    assert scale.unscale(grads) and grads.tolist() == [2.0, -1.0]  # divided in place
+    bad = np.array([np.inf, 1.0], dtype=np.float32)
+    assert not scale.unscale(bad) and scale.scale == 4.0 and scale.skipped == 1 and not scale.exhausted
+    assert bad[1] == 1.0  # a skipped gradient is left as it was
+    for _ in range(2):
+        assert scale.unscale(np.ones(2, dtype=np.float32))
+    assert scale.scale == 8.0  # two finite steps in a row: doubled
+    low = LossScale(scale=1.0, min_scale=1.0)
+    assert not low.unscale(np.array([np.nan], dtype=np.float32)) and low.exhausted
+
+
+def test_an_fp16_run_with_loss_scaling_trains(local_ray, tmp_path):
+    """One synchronous worker in float16 with dynamic loss scaling learns."""
+    spec = TrainSpec(model="resnet8", dataset="digits", workers=1, ps=1, steps=60, sync=True, precision="amp-fp16",
+                     checkpoint_every=0, eval_every=0, seed=3, chunk_steps=5)
+    cb = _Losses()
+    summary = Trainer(spec, [cb], checkpoint_dir=tmp_path / "fp16").run()
+    assert summary.status == "finished" and summary.global_step == 60
+    assert all(math.isfinite(v) for v in cb.losses)
+    assert sum(cb.losses[-3:]) / 3 < 0.8 * cb.losses[0]
 
 
 class _Losses(TrainCallback):
@@ -62,6 +93,6 @@ def test_a_bf16_run_trains_and_its_arithmetic_differs_from_float32(local_ray, tm
 def test_the_simulation_says_it_predicts_float32_steps():
     from cmdare.run_simulation import unsimulated_options
 
-    named = " ".join(unsimulated_options(TrainSpec(precision="amp-bf16"), joined=False))
+    named = " ".join(unsimulated_options(TrainSpec(precision="amp-fp16"), joined=False))
     assert "--precision (the step-time model predicts float32 steps)" in named
     assert "--precision" not in " ".join(unsimulated_options(TrainSpec(), joined=False))

@@ -57,9 +57,10 @@ def train_command(
     ps: int = typer.Option(1, "--ps", help="Number of parameter shards."),
     steps: int = typer.Option(500, help="Target global step."),
     batch_size: int = typer.Option(DEFAULT_BATCH_SIZE, help="Per-worker batch size."),
-    precision: str = typer.Option("fp32", "--precision", help="fp32, or amp-bf16: the forward pass and the loss "
-                                  "in bfloat16 (torch.autocast; GPUs from Ampere on, and CPUs), parameters and "
-                                  "gradients in float32. amp-fp16 is refused (it needs loss scaling)."),
+    precision: str = typer.Option("fp32", "--precision", help="fp32; amp-bf16: the forward pass and the loss "
+                                  "in bfloat16 (torch.autocast; GPUs from Ampere on, and CPUs); amp-fp16: the same "
+                                  "in float16 with dynamic loss scaling (GPUs from Pascal on; pushes after backward, "
+                                  "a gradient with an overflow skipped). Parameters and gradients stay float32."),
     lr: float = typer.Option(0.05, help="Learning rate."),
     momentum: float = typer.Option(0.9, help="SGD momentum."),
     weight_decay: float = typer.Option(1e-4, help="Weight decay."),
@@ -126,7 +127,7 @@ def train_command(
                                  "(with --ps-bandwidth, or through Ray to shards of 4 MiB or more); on a "
                                  "same-node channel an asynchronous shard sends the piece's parameters back "
                                  "at once, so push and pull overlap backward. --no-overlap pushes after "
-                                 "backward."),
+                                 "backward, as --precision amp-fp16 always does."),
     on_diverge: str = typer.Option("stop", "--on-diverge",
                                    help="A NaN or infinite loss: 'stop' ends the run (failed); 'rollback' "
                                    "(3 times) or 'rollback:N' rolls the shards back to the newest stored checkpoint, "

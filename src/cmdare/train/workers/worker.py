@@ -28,7 +28,7 @@ from cmdare.train.ps.shard_channels import open_channels
 from cmdare.train.spec import TrainSpec
 from cmdare.train.workers.chunk_result import ChunkResult
 from cmdare.train.workers.overlap import GradientPieces, pieced_shard
-from cmdare.train.workers.precision import forward_precision
+from cmdare.train.workers.precision import forward_precision, loss_scale_for
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ class Worker:
         self.task = spec.task()
         self.model = self.task.build().to(self.device)
         self.forward_precision = forward_precision(spec.precision, self.device)
+        self.loss_scale = loss_scale_for(spec.precision)  # amp-fp16: pushes after its overflow check, never in pieces
 
     def _join(self, worker_id: int, slot: int, num_slots: int, shards: Sequence[Any], placement: Placement,
               start_step: int, notice: tuple[str, str] | None, stretch: float) -> None:
@@ -152,7 +153,7 @@ class Worker:
         self.channels, self.same_node = open_channels(self.shards, live, self.layout, self.node_id, memory)
         spans = self.layout.param_spans()
         pieced = [k for k in live if pieced_shard(self.spec, k in self.same_node, self.layout.shard_ranges[k])]
-        if pieced and spans is not None:
+        if pieced and spans is not None and self.loss_scale is None:
             self.pieces = GradientPieces(params, spans, self.layout.shard_ranges, pieced, self._announce_piece)
 
     def _announce_piece(self, shard: int, lo: int, hi: int) -> None:
@@ -259,9 +260,14 @@ class Worker:
             if self.pieces is not None:
                 self.ray_pieces = []
                 self.pieces.arm()
-            self.task.backward(self.model, loss, self.step)
+            self.task.backward(self.model, loss if self.loss_scale is None else self.loss_scale.scaled(loss), self.step)
             announced = self.pieces.finish() if self.pieces is not None else {}
             self.layout.grads_to_host()
+            if self.loss_scale is not None and not self.loss_scale.unscale(self.layout.host_grads_np):
+                if self.loss_scale.exhausted:  # not finite even unscaled: diverged, as a non-finite loss
+                    diverged_at, loss_sum = self.step, float("nan")
+                    break
+                continue  # an overflow: nothing pushed, the scale halved, the next batch
             t1, sent_at = time.perf_counter(), time.time()
             timed = len(live) == 1 or steps % WAIT_SAMPLE_EVERY == 0
             try:
