@@ -31,7 +31,11 @@ _NOT_SIMULATED: dict[str, tuple[str, str]] = {
     "ps_bandwidth": ("--ps-bandwidth", "the PS link is not emulated"),
     "on_diverge": ("--on-diverge", "no divergence or rollback is predicted"),
     "optimizer": ("--lr/--momentum/--weight-decay", "the accuracy model knows one setting"),
-    "precision": ("--precision", "the step-time model predicts float32 steps"),
+}
+# ... in a local run only (its emulated step times are the step-time model's float32 figures; a joined run's
+# simulation predicts the cluster's GPUs at the run's precision)
+_NOT_SIMULATED_LOCAL: dict[str, tuple[str, str]] = {
+    "precision": ("--precision", "a local run's emulated step times are float32 predictions"),
 }
 # ... and in real cloud time only (a local run's emulated time does not count them either)
 _NOT_SIMULATED_REAL: dict[str, tuple[str, str]] = {
@@ -43,7 +47,7 @@ def unsimulated_options(spec: TrainSpec, joined: bool) -> list[str]:
     """The options of ``spec`` (those not at their default) that the simulator cannot honour, each with why;
     evaluations always (``joined``: they take the chief's time; locally they take no emulated time)."""
     default = TrainSpec()
-    table = {**_NOT_SIMULATED, **(_NOT_SIMULATED_REAL if joined else {})}
+    table = {**_NOT_SIMULATED, **(_NOT_SIMULATED_REAL if joined else _NOT_SIMULATED_LOCAL)}
     out = [f"{option} ({why})" for name, (option, why) in table.items()
            if getattr(spec, name) != getattr(default, name)]
     if joined and spec.eval_every:
@@ -79,8 +83,10 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
     lifetime, _, plan = revocation_source(revocations, "auto", spec.seed, emulated=not joined)
     workers, _ = server_specs(spec)
     region = workers[0].region
+    precision = spec.precision if joined else "fp32"  # see _NOT_SIMULATED_LOCAL
     models = with_evacuation(load_plan_models(spec.model_name, lifetime, None, spec.cloud,
-                                              input_shape=_input_shape(spec), batch_size=spec.batch_size),
+                                              input_shape=_input_shape(spec), batch_size=spec.batch_size,
+                                              precision=precision),
                              spec.ps_transient)
     if not (spec.dataset == "cifar10" and is_builtin_dataset(spec.dataset)):
         source = models.source.replace("accuracy: ICAC 2019 ResNet-32/CIFAR-10 points",
@@ -101,7 +107,7 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
                           replacement_timeout_s=spec.replacement_timeout_s if joined else None,
                           warm_spares=spec.warm_spares)
     job = JobSpec(spec.model_name, spec.steps, spec.checkpoint_every or spec.steps + 1, lr_policy=spec.lr_policy,
-                  sync=spec.sync, batch_size=spec.batch_size)
+                  sync=spec.sync, batch_size=spec.batch_size, precision=precision)
 
     def sources() -> tuple[Any, Any]:
         factory, parsed = revocation_source(revocations, lifetime, spec.seed, emulated=not joined)[1:]

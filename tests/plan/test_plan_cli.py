@@ -244,3 +244,20 @@ def test_plan_says_what_the_step_times_of_gpus_outside_cmdares_table_rest_on(mon
     assert "K80" not in models.split("step times of")[1]
     code, out, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "k80:2", "--json")
     assert "step times of" not in json.loads(out)["models"]
+
+
+def test_plan_predicts_at_the_runs_precision_and_leaves_out_gpus_without_its_arithmetic(monkeypatch, capsys):
+    """Issue 45 item 4: --precision is priced by the cross-generation model; a GPU type without the arithmetic is
+    left out with a note (plan) or refused in one line (plan simulate)."""
+    base = ["plan", "--model", "resnet50", "--input-shape", "3,224,224", "--batch-size", "64", "--steps", "20000",
+            "--deadline", "1h", "--gpus", "a100,l4,t4", "--runs", "5", "--max-workers", "4"]
+    code, out, err = run_cli(monkeypatch, capsys, *base, "--precision", "amp-bf16")
+    assert code == 0, err
+    assert "note: T4 left out: no bf16 arithmetic for --precision amp-bf16" in out
+    assert "--precision amp-bf16" in out and "(speed at amp-bf16)" in out
+    code, out, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "a100:1", "--json")
+    fp32 = json.loads(out)["time_s"]["mean"]
+    code, out, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "a100:1", "--precision", "amp-bf16", "--json")
+    assert code == 0 and json.loads(out)["time_s"]["mean"] < fp32
+    code, out, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "v100:1", "--precision", "amp-bf16")
+    assert code == 1 and "V100 (Volta) has no bf16 arithmetic" in err

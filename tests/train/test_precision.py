@@ -90,9 +90,10 @@ def test_a_bf16_run_trains_and_its_arithmetic_differs_from_float32(local_ray, tm
         assert sum(run[-3:]) / 3 < 0.8 * run[0]  # it learns
 
 
-def test_the_simulation_says_it_predicts_float32_steps():
+def test_a_local_simulation_says_its_steps_are_float32_and_a_joined_one_predicts_the_precision():
     from cmdare.run_simulation import unsimulated_options
 
     named = " ".join(unsimulated_options(TrainSpec(precision="amp-fp16"), joined=False))
-    assert "--precision (the step-time model predicts float32 steps)" in named
+    assert "--precision (a local run's emulated step times are float32 predictions)" in named
     assert "--precision" not in " ".join(unsimulated_options(TrainSpec(), joined=False))
+    assert "--precision" not in " ".join(unsimulated_options(TrainSpec(precision="amp-fp16"), joined=True))

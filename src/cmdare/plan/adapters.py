@@ -149,10 +149,12 @@ class NoRevocations:
 class _PredictSpeed:
     """Cluster speed from ``cmdare.predict`` for one workload, cached per membership."""
 
-    def __init__(self, workload: str, model_error: bool = False, batch_size: int | None = None):
+    def __init__(self, workload: str, model_error: bool = False, batch_size: int | None = None,
+                 precision: str = "fp32"):
         self.workload = workload
         self.model_error = model_error
         self.batch_size = batch_size  # per worker; None: train's default
+        self.precision = precision
         self._cache: dict[tuple, float] = {}
 
     def cluster_steps_per_s(self, gpus: Mapping[str, int], ps: int) -> float:
@@ -165,14 +167,16 @@ class _PredictSpeed:
                 (gpu,) = gpus
                 v = self.worker_steps_per_s(gpu)
             else:
-                v = float(predict_cluster_steps_per_s(self.workload, dict(gpus), ps, batch_size=self.batch_size))
+                v = float(predict_cluster_steps_per_s(self.workload, dict(gpus), ps, batch_size=self.batch_size,
+                                                      precision=self.precision))
             self._cache[key] = v
         return v
 
     def worker_steps_per_s(self, gpu: str) -> float:
         from cmdare.predict import predict_step_time_s
 
-        return 1.0 / float(predict_step_time_s(self.workload, gpu, batch_size=self.batch_size))
+        return 1.0 / float(predict_step_time_s(self.workload, gpu, batch_size=self.batch_size,
+                                               precision=self.precision))
 
     def speed_factor(self, rng: np.random.Generator, gpus) -> float:
         """One draw of the prediction's error (:func:`cmdare.predict.intervals.speed_factor`); 1.0
@@ -309,7 +313,7 @@ def resolve_workload(name: str, input_shape: tuple[int, ...] | None = None):
 def load_plan_models(
     workload: str, lifetime: str = "auto", catalog: str | None = None, cloud: str = "gcp",
     interruption_rate: str | None = None, model_error: bool = False, input_shape: tuple[int, ...] | None = None,
-    batch_size: int | None = None,
+    batch_size: int | None = None, precision: str = "fp32",
 ) -> PlanModels:
     """Speed, lifetime, startup and price models for ``workload``.
 
@@ -328,6 +332,7 @@ def load_plan_models(
             interval (:mod:`cmdare.predict.intervals`), so P95 carries model error too.
         input_shape: one sample's shape, for your own model given by import path (default 3,32,32).
         batch_size: per-worker batch size the speed and accuracy models predict at (None: train's default, 32).
+        precision: what the workers train in (``fp32``, ``amp-bf16``, ``amp-fp16``): the speed model's step times.
 
     Raises:
         UnknownNameError: unknown workload, lifetime model or cloud.
@@ -358,13 +363,14 @@ def load_plan_models(
 
     yours = is_import_path(workload)  # your own model: the CIFAR classifiers' accuracy points say nothing of it
     return PlanModels(
-        speed=_PredictSpeed(features, model_error, batch),
+        speed=_PredictSpeed(features, model_error, batch, precision),
         lifetimes=lifetimes,
         startup=_Startup(),
         prices=prices,
         checkpoint_s=checkpoint_s,
         source=(
-            f"{features.name} ({features.source}); cmdare.predict speed/checkpoint/startup; "
+            f"{features.name} ({features.source}); cmdare.predict speed/checkpoint/startup"
+            + ("" if precision == "fp32" else f" (speed at {precision})") + "; "
             f"lifetimes {_lifetime_source(lifetime, interruption_rate)}; "
             f"prices {catalog or 'default catalog'} ({cloud}); "
             + ("no accuracy model (your own model)" if yours else "accuracy: ICAC 2019 ResNet-32/CIFAR-10 points")

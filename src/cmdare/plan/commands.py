@@ -36,12 +36,21 @@ plan_app = typer.Typer(
 _MODEL_OPTION = typer.Option("--model", help="A model of `cmdare workloads`: t2t_resnet32 (measured by CM-DARE), "
                              "resnet32 (He's, predicted from its profile) ...")
 def _models(model: str, lifetime: str, catalog: str | None, cloud: str, rate: str | None = None,
-            model_error: bool = False, input_shape: str | None = None, batch_size: int | None = None):
+            model_error: bool = False, input_shape: str | None = None, batch_size: int | None = None,
+            precision: str = "fp32"):
     from cmdare.plan.adapters import load_plan_models
     from cmdare.workloads.commands import parse_shape
 
     return load_plan_models(model, lifetime, catalog, cloud, rate, model_error=model_error,
-                            input_shape=parse_shape(input_shape) if input_shape else None, batch_size=batch_size)
+                            input_shape=parse_shape(input_shape) if input_shape else None, batch_size=batch_size,
+                            precision=precision)
+
+
+def _without_precision(gpus: list[str], precision: str) -> list[str]:
+    """The GPU types among ``gpus`` that lack the arithmetic ``precision`` needs."""
+    from cmdare.predict.generations import supports_precision
+
+    return [g for g in gpus if not supports_precision(g, precision)]
 
 
 _Lifetime = Annotated[str, typer.Option(
@@ -61,6 +70,9 @@ _InputShape = Annotated[str | None, typer.Option(
 _BatchSize = Annotated[int, typer.Option(
     "--batch-size", help="Per-worker batch size the run will train with: the step time and the accuracy are "
     f"predicted at it (default: cmdare train's, {DEFAULT_BATCH_SIZE}).")]
+_Precision = Annotated[str, typer.Option(
+    "--precision", help="What the workers will train in: fp32 (TF32 convolutions from Ampere on), amp-bf16 (GPUs from "
+    "Ampere on) or amp-fp16 (from Pascal on); the step time is predicted for it.")]
 _Deadline = Annotated[str | None, typer.Option("--deadline", help="e.g. 2h, 90min, or a clock time.")]
 _Catalog = Annotated[str | None, typer.Option("--catalog", help="Price catalog file or name (icac2019).")]
 _Cloud = Annotated[str, typer.Option("--cloud", help="Cloud whose prices apply: gcp or aws.")]
@@ -123,6 +135,7 @@ def plan(
     start_hour: _StartHour = None,
     input_shape: _InputShape = None,
     batch_size: _BatchSize = DEFAULT_BATCH_SIZE,
+    precision: _Precision = "fp32",
     ps_market: Annotated[str, typer.Option(
         "--ps-market", help="Parameter servers on on-demand servers, spot servers (evacuated within their "
         "notice), or any: both, compared.")] = "on-demand",
@@ -147,15 +160,20 @@ def plan(
         from cmdare.output_files import check_figure_output
 
         check_figure_output(plot, "--plot", force)  # fail before minutes of simulation, not after
-    job = JobSpec(model, steps, checkpoint_every, batch_size=batch_size, start_hour=start_hour_option(start_hour))
+    job = JobSpec(model, steps, checkpoint_every, batch_size=batch_size, start_hour=start_hour_option(start_hour),
+                  precision=precision)
     cloud = cloud_name(cloud)
     models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape,
-                                     batch_size), ps_market != "on-demand")
+                                     batch_size, precision), ps_market != "on-demand")
     gpu_list = split_names(gpus) if gpus is not None else models.prices.default_gpus()
     if gpus is not None:
         check_names(models.prices, gpu_list, [])
     left_out = [] if gpus is not None or include_retired else retired_gpus(models.prices, gpu_list)
-    gpu_list = [g for g in gpu_list if g not in left_out]
+    no_path = _without_precision([g for g in gpu_list if g not in left_out], precision)
+    gpu_list = [g for g in gpu_list if g not in left_out and g not in no_path]
+    if no_path and not gpu_list:
+        raise UserInputError(f"--precision {precision}: none of {', '.join(g.upper() for g in no_path)} has the "
+                             "arithmetic for it (bf16 needs Ampere or newer: a100, l4, h100; fp16 Pascal or newer)")
     region_list = split_names(regions) if regions is not None else [models.prices.default_region(gpu_list)]
     if not gpu_list or not region_list:
         raise UserInputError("--gpus and --regions need at least one name each")
@@ -166,6 +184,9 @@ def plan(
         them = "them" if len(left_out) > 1 else "it"
         notes.append(retired_note(left_out, cloud, f"left out of this plan (--include-retired or --gpus "
                                                     f"{','.join([*left_out, *gpu_list])} to consider {them})"))
+    if no_path:
+        notes.append(f"{', '.join(g.upper() for g in no_path)} left out: no {precision[4:]} arithmetic for --precision "
+                     f"{precision}")
     clusters = [
         c for c in enumerate_clusters(gpu_list, region_list, max_workers, max_ps, mixes,
                                       ps_markets=ps_markets(ps_market))
@@ -197,6 +218,7 @@ def simulate_cmd(
     ps: Annotated[int, typer.Option("--ps", help="Parameter servers (0: single-server training).")] = 1,
     input_shape: _InputShape = None,
     batch_size: _BatchSize = DEFAULT_BATCH_SIZE,
+    precision: _Precision = "fp32",
     transient: Annotated[bool, typer.Option("--transient/--on-demand", help="Worker pricing.")] = False,
     ps_transient: _PsTransient = False,
     region: Annotated[str | None, typer.Option(
@@ -237,7 +259,7 @@ def simulate_cmd(
     if runs < 1:
         raise UserInputError(f"--runs must be at least 1, got {runs}")
     job = JobSpec(model, steps, checkpoint_every, batch_size=batch_size, start_hour=start_hour_option(start_hour),
-                  lr_policy=lr_policy)
+                  lr_policy=lr_policy, precision=precision)
     if trace is not None:
         if revocations is not None:
             raise UserInputError("give --trace FILE or --revocations, not both")
@@ -245,10 +267,14 @@ def simulate_cmd(
     lifetime, _, _ = revocation_source(revocations, lifetime, seed)
     cloud = cloud_name(cloud)
     models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape,
-                                     batch_size), ps_transient)
+                                     batch_size, precision), ps_transient)
     asked = read_workers(workers, models.prices.catalog)
     counts = asked.counts(DEFAULT_WORKER_GPU)
     check_names(models.prices, list(counts), [])
+    from cmdare.predict.generations import check_precision_on
+
+    for gpu in counts:
+        check_precision_on(gpu, precision)
     region = region or models.prices.default_region(list(counts))
     groups = tuple(WorkerGroup(gpu, n, transient, region) for gpu, n in counts.items())
     cluster = ClusterSpec(groups, ps=ps, region=region, ps_transient=ps_transient, replacement=replacement,

@@ -25,6 +25,7 @@ def train_command(cluster, job, cloud: str) -> str | None:
     workers = ",".join(f"{g.gpu}:{g.count}" for g in cluster.workers)
     parts = ["cmdare train", f"--model {job.workload}", f"--steps {job.total_steps}"]
     parts += [f"--batch-size {job.batch_size}"] if job.batch_size not in (None, DEFAULT_BATCH_SIZE) else []
+    parts += [f"--precision {job.precision}"] if getattr(job, "precision", "fp32") != "fp32" else []
     parts += [f"--workers {workers}", f"--ps {cluster.ps}", "--transient" if pricing.pop() else "--on-demand"]
     parts += ["--ps-transient"] if cluster.ps_transient else []
     parts += [f"--cloud {cloud}", f"--region {cluster.region}", f"--checkpoint-every {job.checkpoint_every_steps}"]

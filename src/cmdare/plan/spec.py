@@ -174,9 +174,16 @@ class JobSpec:
     start_hour: int | None = None
     lr_policy: str = "unchanged"
     sync: bool = False
+    precision: str = "fp32"  # fp32 | amp-bf16 | amp-fp16: what the workers train in (the speed model's precision)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lr_policy", LR_POLICIES.canonical(self.lr_policy))
+        from cmdare.predict.generations import PRECISIONS
+
+        if self.precision not in PRECISIONS:
+            from cmdare.errors import UnknownNameError
+
+            raise UnknownNameError("precision", str(self.precision), list(PRECISIONS))
         if self.total_steps <= 0:
             raise UserInputError(f"steps must be positive, got {self.total_steps}")
         if self.checkpoint_every_steps <= 0:

@@ -31,7 +31,8 @@ from cmdare.cloud.gpu_specs import ARCHITECTURES, GpuSpec
 from cmdare.predict.generation_data import Row, training_rows
 from cmdare.predict.op_profile import OpProfile
 
-__all__ = ["PRECISIONS", "GenerationStepModel", "generation_step_model", "precision_factor", "step_time_basis"]
+__all__ = ["PRECISIONS", "GenerationStepModel", "check_precision_on", "generation_step_model", "precision_factor",
+           "step_time_basis", "supports_precision"]
 
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
 _SHARED = ("params_ps_per_G", "per_step_ps", "per_step_alone", "per_tensor")
@@ -125,6 +126,38 @@ def generation_step_model(exclude: tuple[str, ...] = ()) -> GenerationStepModel:
     return GenerationStepModel().fit(rows)
 
 
+_NEEDS = {"fp32": "Kepler", "amp-fp16": "Pascal", "amp-bf16": "Ampere"}  # the oldest generation with the path
+
+
+def supports_precision(gpu: str, precision: str) -> bool:
+    """Whether GPU type ``gpu`` (a name) has the arithmetic ``precision`` needs (bf16: Ampere on; fp16: Pascal on).
+
+    Raises:
+        UnknownNameError: an unknown precision or GPU type.
+    """
+    from cmdare.errors import UnknownNameError
+
+    if precision not in PRECISIONS:
+        raise UnknownNameError("precision", precision, list(PRECISIONS))
+    return _spec(gpu).generation >= ARCHITECTURES.index(_NEEDS[precision])
+
+
+def check_precision_on(gpu: str, precision: str) -> GpuSpec:
+    """The spec of GPU type ``gpu`` if it has the arithmetic ``precision`` needs.
+
+    Raises:
+        UserInputError: it has not (one line naming the generation needed).
+        UnknownNameError: an unknown precision or GPU type.
+    """
+    from cmdare.errors import UserInputError
+
+    spec = _spec(gpu)
+    if not supports_precision(gpu, precision):
+        raise UserInputError(f"{spec.name} ({spec.architecture}) has no {precision[4:]} arithmetic: {precision} "
+                             f"needs {_NEEDS[precision]} or newer")
+    return spec
+
+
 def precision_factor(profile: OpProfile, gpu: str | float, num_params: int, num_tensors: int, precision: str) -> float:
     """Step time at ``precision`` over step time in fp32 on GPU type ``gpu``, by the cross-generation model.
 
@@ -142,11 +175,7 @@ def precision_factor(profile: OpProfile, gpu: str | float, num_params: int, num_
     if not isinstance(gpu, str):
         raise UserInputError(f"--precision {precision} needs a GPU type by name (its generation sets the speed-up), "
                              f"not {gpu!r} TFLOPS")
-    spec = _spec(gpu)
-    need = ARCHITECTURES.index("Ampere" if precision == "amp-bf16" else "Pascal")
-    if spec.generation < need:
-        raise UserInputError(f"{spec.name} ({spec.architecture}) has no {precision[4:]} arithmetic: {precision} "
-                             f"needs {ARCHITECTURES[need]} or newer")
+    spec = check_precision_on(gpu, precision)
     model = generation_step_model()
     fp32 = model.predict(profile, spec, num_params, num_tensors)
     return model.predict(profile, spec, num_params, num_tensors, precision) / fp32
