@@ -61,14 +61,49 @@ def test_an_fp16_run_with_loss_scaling_trains(local_ray, tmp_path):
     assert summary.status == "finished" and summary.global_step == 60
     assert all(math.isfinite(v) for v in cb.losses)
     assert sum(cb.losses[-3:]) / 3 < 0.8 * cb.losses[0]
+    assert not [e for e in cb.events if e.kind == "loss_scale_overflow"]  # 2^16 suits this model: no overflow
+
+
+def test_an_fp16_worker_skips_overflowing_gradients_halves_the_scale_and_trains_on(local_ray, tmp_path):
+    """A worker starting at a loss scale of 2^40 overflows float16 in its backward pass: it pushes nothing for those
+    batches, halves the scale each time, reports the overflows, and then trains (the run ends finished, learning)."""
+    import sys
+
+    from cmdare.train.workers.worker import Worker
+
+    class HugeScale(Worker):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.loss_scale = LossScale(scale=2.0**40)
+
+    patched = [name for name, mod in list(sys.modules.items())
+               if name.startswith("cmdare.") and name != Worker.__module__ and getattr(mod, "Worker", None) is Worker]
+    spec = TrainSpec(model="resnet8", dataset="digits", workers=1, ps=1, steps=60, sync=True, precision="amp-fp16",
+                     checkpoint_every=0, eval_every=0, seed=3, chunk_steps=5)
+    cb = _Losses()
+    with pytest.MonkeyPatch.context() as mp:
+        assert patched
+        for name in patched:
+            mp.setattr(sys.modules[name], "Worker", HugeScale)
+        summary = Trainer(spec, [cb], checkpoint_dir=tmp_path / "huge").run()
+    assert summary.status == "finished" and summary.global_step == 60
+    overflows = [e.details for e in cb.events if e.kind == "loss_scale_overflow"]
+    skipped = sum(d["skipped"] for d in overflows)
+    assert skipped >= 10  # 2^40 down to float16's range, one halving per skipped batch
+    assert min(d["loss_scale"] for d in overflows) == pytest.approx(2.0 ** (40 - skipped))
+    assert all(math.isfinite(v) for v in cb.losses) and sum(cb.losses[-3:]) / 3 < 0.8 * cb.losses[0]
 
 
 class _Losses(TrainCallback):
     def __init__(self):
         self.losses: list[float] = []
+        self.events: list = []
 
     def on_step(self, r):
         self.losses.append(r.loss)
+
+    def on_event(self, r):
+        self.events.append(r)
 
 
 def test_a_bf16_run_trains_and_its_arithmetic_differs_from_float32(local_ray, tmp_path):

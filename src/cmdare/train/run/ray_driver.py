@@ -222,6 +222,9 @@ class RayDriver(PsCommands):
                                              refused=res.done, loss=res.loss if res.steps or diverged else None,
                                              params_finite=res.params_finite, diverged_at=res.diverged_at,
                                              duration_s=res.duration_s, compute_s=res.compute_s)]
+        if res.overflow_skips:  # amp-fp16: gradients that overflowed were not pushed, the scale halved
+            self.emitter.event("loss_scale_overflow", worker_id=wid,
+                               details={"skipped": res.overflow_skips, "loss_scale": res.loss_scale})
         if res.at_risk is not None:
             self.emitter.event("rebalance_recommendation", worker_id=wid, details=dict(res.at_risk))
             events.append(E.WorkerAtRisk(wall=wall, worker_id=wid, provider=str(res.at_risk.get("provider"))))

@@ -26,3 +26,5 @@ class ChunkResult:
     params_finite: bool = True  # the parameters it holds at the end are all finite
     diverged_at: int | None = None  # a non-finite loss met on the parameters of this step: it pushed nothing more
     at_risk: dict[str, Any] | None = None  # a rebalance recommendation (AWS), first reported: it trains on
+    overflow_skips: int = 0  # amp-fp16: batches whose gradient overflowed in this chunk (not pushed)
+    loss_scale: float | None = None  # amp-fp16: the loss scale at the chunk's end

@@ -104,6 +104,11 @@ class LossScale:
         return True
 
 
+    def chunk_report(self, skipped_before: int) -> dict[str, float | int]:
+        """A worker's chunk: the overflows since ``skipped_before`` (the count at its start) and the scale now."""
+        return {"overflow_skips": self.skipped - skipped_before, "loss_scale": self.scale}
+
+
 def loss_scale_for(precision: str) -> LossScale | None:
     """A fresh :class:`LossScale` for ``amp-fp16``; None for the precisions that need none."""
     return LossScale() if check_precision(precision) == "amp-fp16" else None

@@ -243,6 +243,7 @@ class Worker:
         notice = None
         wait_s = [0.0] * len(self.shards)
         sampled = 0  # steps whose per-shard waits were timed
+        skipped_before = self.loss_scale.skipped if self.loss_scale is not None else 0
         while steps < max_steps and time.perf_counter() - t_start < max_s:
             if stop_at is not None and self.step >= stop_at:
                 break
@@ -308,7 +309,8 @@ class Worker:
                            loss_sum / steps if steps else float("nan"), compute_s, comm_s, self.step,
                            tuple(staleness), done, notice, tuple(w * scale for w in wait_s),
                            params_finite=self.layout.params_finite(), diverged_at=diverged_at,
-                           at_risk=self._new_risk())
+                           at_risk=self._new_risk(),
+                           **(self.loss_scale.chunk_report(skipped_before) if self.loss_scale else {}))
 
     # -- chief duties ----------------------------------------------------------------------
     @torch.no_grad()
