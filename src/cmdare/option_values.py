@@ -8,13 +8,28 @@ from __future__ import annotations
 
 import math
 
-from cmdare.errors import UserInputError
+from cmdare.errors import UnknownNameError, UserInputError
 
-__all__ = ["DEFAULT_BATCH_SIZE", "check_number"]
+__all__ = ["DEFAULT_BATCH_SIZE", "PRECISIONS", "check_number", "check_precision"]
 
 #: Per-worker batch size of ``cmdare train`` unless told, and the batch ``predict``, ``plan`` and ``train --simulate``
 #: predict at unless told (``--batch-size``): the step time a run sees is the step time at its batch.
 DEFAULT_BATCH_SIZE = 32
+
+#: What a run's workers compute in (``--precision`` of ``train``, ``predict``, ``plan``): float32 (TF32 convolutions
+#: on GPUs from Ampere on, as PyTorch does by default), or automatic mixed precision in bfloat16 or float16.
+PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
+
+
+def check_precision(precision: str) -> str:
+    """``precision`` if it is one of :data:`PRECISIONS`.
+
+    Raises:
+        UnknownNameError: it is not (the message lists them).
+    """
+    if precision not in PRECISIONS:
+        raise UnknownNameError("--precision", str(precision), list(PRECISIONS))
+    return precision
 
 
 def check_number(value: object, option: str, low: float | None = None, high: float | None = None,

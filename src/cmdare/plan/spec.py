@@ -178,12 +178,9 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lr_policy", LR_POLICIES.canonical(self.lr_policy))
-        from cmdare.predict.generations import PRECISIONS
+        from cmdare.option_values import check_precision
 
-        if self.precision not in PRECISIONS:
-            from cmdare.errors import UnknownNameError
-
-            raise UnknownNameError("precision", str(self.precision), list(PRECISIONS))
+        check_precision(self.precision)
         if self.total_steps <= 0:
             raise UserInputError(f"steps must be positive, got {self.total_steps}")
         if self.checkpoint_every_steps <= 0:

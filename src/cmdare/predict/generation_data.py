@@ -95,7 +95,7 @@ def _gavel_rows() -> list[Row]:
                 continue
             p = profiles[(_GAVEL[m.group(1)], int(m.group(2)))]
             rows.append(Row("gavel", m.group(1), m.group(1), gpu.upper(), int(m.group(2)), 1.0 / steps_per_s,
-                            p, sum(int(np.prod(s)) for _, s in p.params), len(p.params), False))
+                            p, p.param_count, len(p.params), False))
     return rows
 
 

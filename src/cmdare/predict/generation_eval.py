@@ -48,7 +48,7 @@ def generation_errors(rows: list[Row] | None = None) -> pd.DataFrame:
         groups = [None] if key is None else sorted({getattr(r, key) for r in rows})
         for group in groups:
             test = rows if group is None else [r for r in rows if getattr(r, key) == group]
-            model = full if group is None else GenerationStepModel().fit([r for r in rows if r not in test])
+            model = full if group is None else GenerationStepModel().fit([r for r in rows if getattr(r, key) != group])
             ape = np.abs(_ape(model, test))
             for dataset in sorted({r.dataset for r in test}):
                 mask = np.array([r.dataset == dataset for r in test])

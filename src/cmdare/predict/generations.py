@@ -28,13 +28,13 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from cmdare.cloud.gpu_specs import ARCHITECTURES, GpuSpec
+from cmdare.option_values import PRECISIONS, check_precision
 from cmdare.predict.generation_data import Row, training_rows
 from cmdare.predict.op_profile import OpProfile
 
 __all__ = ["PRECISIONS", "GenerationStepModel", "check_precision_on", "generation_step_model", "precision_factor",
            "step_time_basis", "supports_precision"]
 
-PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
 _SHARED = ("params_ps_per_G", "per_step_ps", "per_step_alone", "per_tensor")
 
 
@@ -103,9 +103,13 @@ class GenerationStepModel:
         return {ARCHITECTURES[g]: (1.0 / self.coef_[2 * i], 1.0 / self.coef_[2 * i + 1])
                 for i, g in enumerate(self.generations_)}
 
+    def nearest_architecture(self, spec: GpuSpec) -> str:
+        """The measured generation whose efficiencies price ``spec`` (its own where measured)."""
+        return ARCHITECTURES[self._nearest(spec.generation, self.generations_)]
+
     def basis(self, spec: GpuSpec) -> str:
         """Which measured generation a prediction for ``spec`` rests on, in words."""
-        near = ARCHITECTURES[self._nearest(spec.generation, self.generations_)]
+        near = self.nearest_architecture(spec)
         if spec.name in self.gpus_:
             return f"{spec.name} ({spec.architecture}) is in its training data"
         return (f"{spec.architecture} at the efficiencies fitted on {near} (its training data: "
@@ -135,11 +139,7 @@ def supports_precision(gpu: str, precision: str) -> bool:
     Raises:
         UnknownNameError: an unknown precision or GPU type.
     """
-    from cmdare.errors import UnknownNameError
-
-    if precision not in PRECISIONS:
-        raise UnknownNameError("precision", precision, list(PRECISIONS))
-    return _spec(gpu).generation >= ARCHITECTURES.index(_NEEDS[precision])
+    return _spec(gpu).generation >= ARCHITECTURES.index(_NEEDS[check_precision(precision)])
 
 
 def check_precision_on(gpu: str, precision: str) -> GpuSpec:
@@ -166,11 +166,9 @@ def precision_factor(profile: OpProfile, gpu: str | float, num_params: int, num_
         UserInputError: a GPU given by TFLOPS (its generation is unknown), or one without that precision's tensor
             path (bfloat16 needs Ampere or newer; float16 Pascal or newer).
     """
-    from cmdare.errors import UnknownNameError, UserInputError
+    from cmdare.errors import UserInputError
 
-    if precision not in PRECISIONS:
-        raise UnknownNameError("precision", precision, list(PRECISIONS))
-    if precision == "fp32":
+    if check_precision(precision) == "fp32":
         return 1.0
     if not isinstance(gpu, str):
         raise UserInputError(f"--precision {precision} needs a GPU type by name (its generation sets the speed-up), "
@@ -195,6 +193,5 @@ def step_time_basis(gpus) -> str | None:
         if name in model.gpus_:
             parts.append(f"{name} measured in its training data")
         else:
-            near = ARCHITECTURES[model._nearest(_spec(name).generation, model.generations_)]
-            parts.append(f"{name} from its spec sheet at {near}'s efficiencies")
+            parts.append(f"{name} from its spec sheet at {model.nearest_architecture(_spec(name))}'s efficiencies")
     return f"step times of {', '.join(names)}: the cross-generation model ({'; '.join(parts)}), extrapolated"

@@ -88,6 +88,11 @@ class OpProfile:
         return float(self.ops[:, 0] @ self.ops[:, 2])
 
     @property
+    def param_count(self) -> int:
+        """Trainable parameters of the profiled model (the sum over :attr:`params`)."""
+        return int(sum(int(np.prod(shape)) for _, shape in self.params))
+
+    @property
     def bytes(self) -> float:
         """DRAM bytes of the whole step."""
         return float(self.ops[:, 1] @ self.ops[:, 2])
@@ -187,7 +192,7 @@ def op_profile_for(model_flops: float, num_params: float, num_tensors: float) ->
             return profiles[name]
     tensors = max(int(round(num_tensors)), 1)
     same = [p for p in extra_op_profiles().values()
-            if p.ops.size and len(p.params) == tensors and abs(_count(p.params) / max(num_params, 1.0) - 1) < 0.1]
+            if p.ops.size and len(p.params) == tensors and abs(p.param_count / max(num_params, 1.0) - 1) < 0.1]
     if same:  # a network profiled beside the CNNs (any head size): its nearest profile in FLOPs, scaled to them
         best = min(same, key=lambda p: abs(np.log(p.flops / PROFILE_BATCH / max(model_flops, 1.0))))
         return best.scaled(model_flops / (best.flops / PROFILE_BATCH))
@@ -200,10 +205,6 @@ def op_profile_for(model_flops: float, num_params: float, num_tensors: float) ->
     scaled = profiles[nearest.name].scaled(model_flops / nearest.model_flops)
     size = max(int(round(num_params / tensors)), 1)
     return OpProfile(scaled.ops, [(f"t{i}", (size,)) for i in range(tensors)], scaled.batch)
-
-
-def _count(params) -> int:
-    return int(sum(int(np.prod(shape)) for _, shape in params))
 
 
 def write_published_profiles(path: Path = _FILE) -> Path:

@@ -57,15 +57,8 @@ _UNSEEN_FORMS = ("generations", "roofline", "tflops")
 def gpu_bandwidth_for_tflops(tflops: float) -> float:
     """Memory bandwidth (bytes/s) of the catalog GPU whose FP32 TFLOPS is ``tflops``; for a TFLOPS
     value no catalog GPU has, the spec sheet's median bytes per FLOP times ``tflops``."""
-    return _bandwidth_table().get(round(float(tflops), 3), float(tflops) * 1e12 * _median_bytes_per_flop())
-
-
-@lru_cache(maxsize=1)
-def _bandwidth_table() -> dict[float, float]:
-    from cmdare.cloud.catalog import gpu_tflops
-    from cmdare.cloud.gpu_specs import gpu_specs
-
-    return {round(gpu_tflops(name), 3): spec.memory_bw_gbs * 1e9 for name, spec in gpu_specs().items()}
+    spec = spec_for_tflops(tflops)
+    return spec.memory_bw_gbs * 1e9 if spec is not None else float(tflops) * 1e12 * _median_bytes_per_flop()
 
 
 @lru_cache(maxsize=1)

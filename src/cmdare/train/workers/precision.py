@@ -15,26 +15,14 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cmdare.errors import UnknownNameError, UserInputError
+from cmdare.errors import UserInputError
+from cmdare.option_values import PRECISIONS, check_precision
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
 __all__ = ["PRECISIONS", "LossScale", "check_precision", "forward_precision", "loss_scale_for"]
-
-PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
-
-
-def check_precision(precision: str) -> str:
-    """``precision`` if the trainer runs it.
-
-    Raises:
-        UnknownNameError: not one of :data:`PRECISIONS`.
-    """
-    if precision not in PRECISIONS:
-        raise UnknownNameError("--precision", str(precision), list(PRECISIONS))
-    return precision
 
 
 def forward_precision(precision: str, device: torch.device) -> Callable[[], Any]:
