@@ -261,3 +261,9 @@ def test_plan_predicts_at_the_runs_precision_and_leaves_out_gpus_without_its_ari
     assert code == 0 and json.loads(out)["time_s"]["mean"] < fp32
     code, out, err = run_cli(monkeypatch, capsys, *SIM, "--workers", "v100:1", "--precision", "amp-bf16")
     assert code == 1 and "V100 (Volta) has no bf16 arithmetic" in err
+    for args in (base, [*SIM, "--workers", "a100:1"]):  # an unknown precision: one line, before any simulation
+        code, out, err = run_cli(monkeypatch, capsys, *args, "--precision", "fp8")
+        assert code == 1 and "unknown --precision 'fp8'; valid: fp32, amp-bf16, amp-fp16" in err
+        assert "Traceback" not in err
+    code, out, err = run_cli(monkeypatch, capsys, *base[:-6], "--gpus", "t4,v100", "--precision", "amp-bf16")
+    assert code == 1 and "none of T4, V100 has the arithmetic for it" in err

@@ -278,3 +278,18 @@ def test_predict_step_time_takes_precision_and_names_what_an_unmeasured_gpu_rest
     assert float(bf16_speed.stdout.split()[0]) > float(fp32_speed.stdout.split()[0])
     mixed = run(env, *one[:-1], "k80:1,a100:1", "--precision", "amp-bf16")
     assert mixed.returncode == 1 and "K80 (Kepler) has no bf16" in mixed.stderr
+    # bad input: one line each, no traceback
+    for cmd in (base + ["--gpu", "a100"], one):
+        bad = run(env, *cmd, "--precision", "fp8")
+        assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == (
+            "error: unknown --precision 'fp8'; valid: fp32, amp-bf16, amp-fp16")
+    by_tflops = run(env, *base, "--gpu", "19.5", "--precision", "amp-bf16")
+    assert by_tflops.returncode == 1 and "needs a GPU type by name" in by_tflops.stderr
+
+
+def test_a_gpu_given_by_its_tflops_is_named_as_the_catalog_gpu_the_model_prices_it_as(env):
+    res = run(env, "predict", "step-time", "--model", "t2t_resnet32", "--gpu", "19.5")
+    named = run(env, "predict", "step-time", "--model", "t2t_resnet32", "--gpu", "a100")
+    assert res.returncode == 0 and res.stdout == named.stdout
+    assert "note: a 19.5-TFLOPS GPU (the catalog's A100) was not measured" in res.stderr
+    assert "by the cross-generation model, Ampere at the efficiencies fitted on Volta" in res.stderr

@@ -81,18 +81,22 @@ def _gpu_notes(gpus) -> None:
         tflops = float(gpu) if isinstance(gpu, float) else gpu_tflops(gpu)
         if step_pool(tflops) == "step_seen":
             continue
-        name = gpu.upper() if isinstance(gpu, str) else f"a {tflops:g}-TFLOPS GPU"
-        spec = specs.get(name) if isinstance(gpu, str) else None
+        from cmdare.predict.step_time import spec_for_tflops
+
+        spec = specs.get(gpu.upper()) if isinstance(gpu, str) else spec_for_tflops(tflops)
+        name = gpu.upper() if isinstance(gpu, str) else f"a {tflops:g}-TFLOPS GPU" + (
+            f" (the catalog's {spec.name})" if spec is not None else "")
         if spec is None:
             typer.echo(f"note: {name} was not measured in the step-time data ({', '.join(seen)} were): predicted from "
                        f"its FP32 TFLOPS and the spec sheets' median bytes per FLOP by the roofline form fitted on "
                        f"{', '.join(seen)}; this extrapolates", err=True)
             continue
+        model = generation_step_model()  # fitted once (cached), and only for a GPU it answers
         tf32 = f"TF32 {spec.tf32_tflops:g} TFLOPS for convolutions, " if spec.tf32_tflops != spec.fp32_tflops else ""
         typer.echo(f"note: {name} was not measured in the step-time data ({', '.join(seen)} were): predicted from "
                    f"its spec sheet ({tf32}{spec.fp32_tflops:g} TFLOPS FP32, {spec.memory_bw_gbs:g} GB/s) by the "
-                   f"cross-generation model, {generation_step_model().basis(spec)}"
-                   + ("" if name in generation_step_model().gpus_ else "; this extrapolates"), err=True)
+                   f"cross-generation model, {model.basis(spec)}"
+                   + ("" if name in model.gpus_ else "; this extrapolates"), err=True)
 
 
 def _no_batch_with_table(batch_size: int | None) -> None:
