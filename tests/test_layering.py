@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "cmdare.tasks": 1,
     "cmdare.ps": 1,
     "cmdare.cloud": 1,
+    "cmdare.collective": 1,
     "cmdare.storage": 1,
     "cmdare.measure": 2,
     "cmdare.predict": 3,

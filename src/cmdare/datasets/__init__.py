@@ -17,6 +17,7 @@ from cmdare.datasets.base import (
     register_dataset,
 )
 from cmdare.datasets.builtin import register_builtin_datasets
+from cmdare.datasets.group_batches import GroupBatches
 from cmdare.datasets.sharding import BatchStream, MapSamples, epoch_permutation
 
 register_builtin_datasets()
@@ -24,6 +25,7 @@ register_builtin_datasets()
 __all__ = [
     "BatchStream",
     "Dataset",
+    "GroupBatches",
     "DatasetSpec",
     "MapSamples",
     "epoch_permutation",

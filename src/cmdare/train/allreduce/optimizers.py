@@ -1,0 +1,42 @@
+"""The optimizer an all-reduce member runs: ``sgd``, ``adamw``, or any ``torch.optim`` class by import path."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cmdare.errors import UserInputError
+from cmdare.workloads.import_path import is_import_path, load_object
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    import torch
+
+    from cmdare.ps.optimizer_config import OptimizerConfig
+
+__all__ = ["OPTIMIZERS", "build_optimizer"]
+
+OPTIMIZERS = ("sgd", "adamw")  # or a torch.optim.Optimizer subclass by import path (module:Class)
+
+
+def build_optimizer(name: str, params: Iterable[torch.Tensor], config: OptimizerConfig) -> torch.optim.Optimizer:
+    """``name``'s optimizer over ``params`` with ``config``'s hyper-parameters (SGD: lr, momentum, weight decay,
+    Nesterov; AdamW and a class by import path: lr and weight decay).
+
+    Raises:
+        UserInputError: an unknown name, or an import path that is no ``torch.optim.Optimizer``.
+    """
+    import torch
+
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
+                               nesterov=config.nesterov)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    if not is_import_path(name):
+        raise UserInputError(f"--optimizer {name}: not one of {', '.join(OPTIMIZERS)} nor an import path "
+                             "(module:Class of a torch.optim.Optimizer)")
+    cls: Any = load_object(name, "--optimizer")
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        raise UserInputError(f"--optimizer {name} is {cls!r}, not a torch.optim.Optimizer class")
+    return cls(params, lr=config.lr, weight_decay=config.weight_decay)

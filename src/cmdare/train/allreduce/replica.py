@@ -1,0 +1,161 @@
+"""An all-reduce member: the whole model and optimizer, gradients averaged over the elastic group each step.
+
+A member is a plain class; a run makes it a Ray actor. The driver tells it the group it is in
+(:meth:`Replica.form`: epoch, rank, size); :meth:`Replica.heal` copies a peer's whole training state to every
+member (parameters, buffers, optimizer state, the step and the data position), which is how a newcomer joins and
+how survivors agree after a loss. A lost peer never hangs a member: the step in flight is dropped (its
+optimizer step not taken, its data position restored) and :meth:`Replica.run_steps` reports the loss.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from cmdare.collective import ElasticGroup, GradientBuckets, PeerLost
+from cmdare.datasets import GroupBatches
+from cmdare.tasks.seeding import seed_worker
+from cmdare.train.allreduce.optimizers import build_optimizer
+from cmdare.train.spec import TrainSpec
+from cmdare.train.workers.worker import pick_device
+
+__all__ = ["MemberChunk", "Replica"]
+
+
+@dataclass(frozen=True)
+class MemberChunk:
+    """What a member reports after a chunk of steps."""
+
+    steps: int  # steps completed in the group
+    duration_s: float
+    loss: float  # mean training loss of the completed steps (nan: none)
+    step: int  # the global step of the state held (steps applied since the start)
+    lost: str | None = None  # a peer was lost in the step after `step`: that step was dropped
+
+
+class Replica:
+    """One member of an all-reduce run.
+
+    Args:
+        spec: the run's spec (model, data, batch size, seed, optimizer hyper-parameters).
+        rendezvous: the driver's :class:`~cmdare.collective.Rendezvous` address.
+        optimizer: ``sgd``, ``adamw`` or a ``torch.optim`` class by import path.
+        member_seed: the seed of this member's own random streams (dropout masks).
+        deadline_s: the most a collective may take before its peers count as lost.
+        bind_host: the address this member's collective connections listen on.
+    """
+
+    def __init__(self, spec: TrainSpec, rendezvous: tuple[str, int], optimizer: str = "sgd",
+                 member_seed: int = 0, threads: int | None = None, deadline_s: float = 5.0,
+                 bind_host: str = "127.0.0.1", lr_scale: float = 1.0):
+        if threads:
+            torch.set_num_threads(threads)
+        self.spec, self.lr_scale = spec, lr_scale
+        self.device = pick_device()
+        torch.manual_seed(spec.seed)  # every member builds the same initial model
+        self.task = spec.task()
+        self.model = self.task.build().to(self.device)
+        self.optimizer = build_optimizer(optimizer, self.model.parameters(), spec.optimizer)
+        self.group = ElasticGroup(rendezvous, bind_host, deadline_s)
+        self.buckets = GradientBuckets(list(self.model.parameters()), self.group)
+        self.batches = GroupBatches(self.task.train, spec.batch_size, spec.seed)
+        seed_worker(spec.seed, member_seed)
+        self.step = 0
+        self.ready_at = time.time()  # the process is up and the model built
+
+    # -- the group ---------------------------------------------------------------------------------
+    def form(self, epoch: int, rank: int, size: int, lr_scale: float | None = None) -> bool:
+        """Join the group of ``epoch`` as member ``rank`` of ``size`` (``lr_scale``: the learning rate's factor at
+        that size, by the run's policy); False if a peer did not come."""
+        if lr_scale is not None:
+            self.lr_scale = lr_scale
+        try:
+            self.group.form(epoch, rank, size)
+        except PeerLost:
+            return False
+        self.batches.regroup(rank, size)
+        return True
+
+    def heal(self, root: int) -> bool:
+        """Every member takes member ``root``'s training state (parameters, buffers, optimizer state, step, data
+        position); False if a peer was lost meanwhile."""
+        if self.group.size == 1:
+            return True
+        payload = self._state_bytes() if self.group.rank == root else b""
+        length = torch.tensor([len(payload)], dtype=torch.int64)
+        try:
+            self.group.broadcast(length, root)
+            buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else \
+                torch.empty(int(length.item()), dtype=torch.uint8)
+            self.group.broadcast(buf, root)
+        except PeerLost:
+            return False
+        if self.group.rank != root:
+            self._load_state(buf.numpy().tobytes())
+        return True
+
+    def _state_bytes(self) -> bytes:
+        out = io.BytesIO()
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
+                    "where": self.batches.where}, out)
+        return out.getvalue()
+
+    def _load_state(self, data: bytes) -> None:
+        state = torch.load(io.BytesIO(data), map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.batches.seek(*state["where"])
+
+    # -- training -------------------------------------------------------------------------------
+    def run_steps(self, max_steps: int, stop_at: int | None = None) -> MemberChunk:
+        """Train up to ``max_steps`` steps in the group (stopping at global step ``stop_at``); a lost peer ends the
+        chunk with the step in flight dropped."""
+        self.model.train()
+        t_start = time.perf_counter()
+        steps, loss_sum, lost = 0, 0.0, None
+        while steps < max_steps and (stop_at is None or self.step < stop_at):
+            where = self.batches.where
+            buffers = [b.clone() for b in self.model.buffers()] if self.group.size > 1 else None
+            self.optimizer.zero_grad()
+            loss = self.task.step_loss(self.model, self.batches, self.device, self.step)
+            self.buckets.arm()
+            self.task.backward(self.model, loss, self.step)
+            try:
+                self.buckets.finish()
+            except PeerLost as err:
+                self.batches.seek(*where)  # the step is dropped: its data is taken again, its statistics undone
+                for b, saved in zip(self.model.buffers(), buffers or (), strict=False):
+                    b.copy_(saved)
+                lost = err.detail
+                break
+            lr = self.spec.optimizer.lr_at(self.step, self.lr_scale)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            self.step += 1
+            steps += 1
+            loss_sum += float(loss.detach())
+        return MemberChunk(steps, time.perf_counter() - t_start, loss_sum / steps if steps else float("nan"),
+                           self.step, lost)
+
+    # -- reading the state -----------------------------------------------------------------------
+    def params(self) -> np.ndarray:
+        """The parameters, flattened in ``model.parameters()`` order."""
+        return torch.cat([p.detach().reshape(-1).cpu() for p in self.model.parameters()]).numpy()
+
+    def position(self) -> tuple[int, int, int]:
+        """``(step, epoch, cursor)``: the state's global step and the group's data position."""
+        return (self.step, *self.batches.where)
+
+    def ping(self) -> float:
+        """When the member was ready (its process up, the model built), as ``time.time()``."""
+        return self.ready_at
+
+    def leave(self) -> None:
+        """Leave the group (its peers' collectives fail at once, not at the deadline)."""
+        self.group.abandon()

@@ -1,0 +1,194 @@
+"""All-reduce members equal single-process training, and a re-formation after a loss changes no value.
+
+The reference is plain PyTorch in one process: ``torch.optim`` stepping once per global step on the average of
+the members' gradients, member ``r`` of ``n`` computing its own on the ``r``-th run of ``batch`` samples of the
+group's cursor in the epoch permutation (:class:`~cmdare.datasets.GroupBatches`). Batch norm normalises each
+member's own batch (as DDP without SyncBatchNorm), so each member's gradient is computed separately.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cmdare.collective import Rendezvous
+from cmdare.datasets import GroupBatches, load_dataset
+from cmdare.ps.optimizer_config import OptimizerConfig
+from cmdare.train import TrainSpec
+from cmdare.train.allreduce.optimizers import build_optimizer
+from cmdare.train.allreduce.replica import Replica
+from cmdare.workloads import build_model
+
+BATCH, SEED = 16, 3
+OPT = OptimizerConfig(lr=0.05, momentum=0.9, weight_decay=5e-4)
+# 2 and 4 members: gloo sums in its own order, single-precision rounding after 8 steps stays below this
+TOLERANCE = 1e-5
+
+
+def _spec(**kw) -> TrainSpec:
+    return TrainSpec(**{"model": "resnet8", "dataset": "digits", "workers": 1, "steps": 8, "batch_size": BATCH,
+                        "seed": SEED, "optimizer": OPT, **kw})
+
+
+def _reference(sizes: list[int], optimizer: str = "sgd", cfg: OptimizerConfig = OPT) -> np.ndarray:
+    """One process: ``sizes[t]`` members' gradients averaged at step ``t``, then one optimizer step."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        data = load_dataset("digits", seed=SEED)
+        torch.manual_seed(SEED)
+        model = build_model("resnet8", num_classes=data.num_classes, in_channels=data.input_shape[0])
+        params = list(model.parameters())
+        opt = build_optimizer(optimizer, params, cfg)
+        batches = GroupBatches((data.train_x, data.train_y), BATCH, SEED)
+        model.train()
+        for t, size in enumerate(sizes):
+            total = None
+            where = batches.where
+            for rank in range(size):
+                batches.seek(*where)
+                batches.regroup(rank, size)
+                x, y = next(batches)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                g = torch.cat([p.grad.reshape(-1) for p in params])
+                total = g if total is None else total.add_(g)
+            if size > 1:
+                total.div_(size)
+            offset = 0
+            for p in params:
+                p.grad = total[offset:offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr_at(t)
+            opt.step()
+        return torch.cat([p.detach().reshape(-1) for p in params]).numpy()
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_one_member_equals_torch_optim_bit_for_bit(optimizer):
+    """A group of one runs no collective: its parameters are torch.optim's, exactly."""
+    rendezvous = Rendezvous()
+    try:
+        member = Replica(_spec(), rendezvous.address, optimizer=optimizer, threads=1)
+        assert member.form(0, 0, 1)
+        result = member.run_steps(8)
+        assert result.steps == 8 and result.lost is None and result.step == 8
+        np.testing.assert_array_equal(member.params(), _reference([1] * 8, optimizer))
+    finally:
+        torch.set_num_threads(os.cpu_count() or 1)
+        rendezvous.close()
+
+
+def _members(ray, n: int, rendezvous: Rendezvous, **kw):
+    actor = ray.remote(num_cpus=1)(Replica)
+    return [actor.remote(_spec(), rendezvous.address, threads=1, member_seed=r, **kw) for r in range(n)]
+
+
+def _form(ray, members, epoch: int) -> None:
+    assert all(ray.get([m.form.remote(epoch, r, len(members)) for r, m in enumerate(members)], timeout=60))
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_members_equal_single_process_sgd_on_their_averaged_batches(local_ray, n):
+    ray = local_ray
+    rendezvous = Rendezvous()
+    members = _members(ray, n, rendezvous)
+    try:
+        _form(ray, members, 0)
+        results = ray.get([m.run_steps.remote(8) for m in members], timeout=120)
+        assert [r.steps for r in results] == [8] * n and not any(r.lost for r in results)
+        params = ray.get([m.params.remote() for m in members])
+        for p in params[1:]:  # every member applied the same averaged gradient: identical replicas
+            np.testing.assert_array_equal(p, params[0])
+        np.testing.assert_allclose(params[0], _reference([n] * 8), rtol=0, atol=TOLERANCE)
+        assert len({ray.get(m.position.remote()) for m in members}) == 1
+    finally:
+        for m in members:
+            ray.kill(m)
+        rendezvous.close()
+
+
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+def test_a_lost_member_costs_the_step_in_flight_and_nothing_else(local_ray, how):
+    """3 members train 4 steps; one dies (or freezes: SIGSTOP) before the 5th. The survivors' 5th step fails within
+    the deadline, they re-form at 2 with a new epoch and train on from their own state: the result equals a run
+    sized 3 for 4 steps and 2 from there."""
+    ray = local_ray
+    rendezvous = Rendezvous()
+    members = _members(ray, 3, rendezvous, deadline_s=2.0)
+    try:
+        _form(ray, members, 0)
+        assert [r.steps for r in ray.get([m.run_steps.remote(4) for m in members], timeout=120)] == [4] * 3
+        victim = members.pop()
+        pid = ray.get(victim.__ray_call__.remote(lambda self: os.getpid()))
+        os.kill(pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        t0 = time.monotonic()
+        results = ray.get([m.run_steps.remote(4) for m in members], timeout=60)
+        waited = time.monotonic() - t0
+        assert [r.steps for r in results] == [0, 0] and all(r.lost for r in results), results
+        assert waited < 2.0 + 3.0, f"the survivors waited {waited:.1f} s for a {how} peer (deadline 2 s)"
+        _form(ray, members, 1)
+        assert all(ray.get([m.heal.remote(0) for m in members]))
+        results = ray.get([m.run_steps.remote(4) for m in members], timeout=120)
+        assert [r.step for r in results] == [8, 8]
+        np.testing.assert_allclose(ray.get(members[0].params.remote()), _reference([3] * 4 + [2] * 4),
+                                   rtol=0, atol=TOLERANCE)
+    finally:
+        if how == "frozen":
+            os.kill(pid, signal.SIGKILL)
+        for m in [*members, victim]:
+            ray.kill(m)
+        rendezvous.close()
+
+
+def test_a_newcomer_heals_from_a_peer_and_the_data_goes_on_without_a_gap(local_ray):
+    """2 members train 3 steps; a newcomer joins at epoch 1, takes member 0's state (parameters, optimizer state,
+    step, data position) and the 3 train on: equal to a run sized 2 then 3, every sample of the epoch taken once."""
+    ray = local_ray
+    rendezvous = Rendezvous()
+    members = _members(ray, 2, rendezvous, optimizer="adamw")
+    try:
+        _form(ray, members, 0)
+        ray.get([m.run_steps.remote(3) for m in members], timeout=120)
+        members += _members(ray, 1, rendezvous, optimizer="adamw")
+        _form(ray, members, 1)
+        assert all(ray.get([m.heal.remote(0) for m in members]))
+        assert len({ray.get(m.position.remote()) for m in members}) == 1
+        results = ray.get([m.run_steps.remote(3) for m in members], timeout=120)
+        assert [r.step for r in results] == [6, 6, 6]
+        params = ray.get([m.params.remote() for m in members])
+        np.testing.assert_array_equal(params[2], params[0])
+        np.testing.assert_allclose(params[0], _reference([2] * 3 + [3] * 3, "adamw"), rtol=0, atol=TOLERANCE)
+    finally:
+        for m in members:
+            ray.kill(m)
+        rendezvous.close()
+
+
+def test_group_batches_take_every_sample_of_an_epoch_once_across_sizes():
+    """Sizes 2, 3, 1, 4 in turn over a whole epoch: no index twice, none missing beyond the dropped tail."""
+    data = (torch.arange(100).float().reshape(100, 1), torch.arange(100))
+    batches = GroupBatches(data, 4, seed=7)
+    seen: list[int] = []
+    sizes = [2, 3, 1, 4] * 10
+    for size in sizes:
+        where = batches.where
+        if where[0] > 0:
+            break
+        for rank in range(size):
+            batches.seek(*where)
+            batches.regroup(rank, size)
+            if batches.step_indices().numel() and batches._fit()[0] == 0:
+                seen += batches.step_indices().tolist()
+            next(batches)
+    assert len(seen) == len(set(seen))
+    assert len(seen) >= 100 - 4 * 4  # the tail dropped is less than one step of the largest group
