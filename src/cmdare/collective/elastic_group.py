@@ -88,7 +88,7 @@ class ElasticGroup:
         try:
             return self._pg.allreduce([tensor])
         except RuntimeError as err:
-            raise PeerLost(self.epoch, _first_line(err)) from None
+            raise self._lost(err) from None
 
     def wait(self, works: Sequence[Any]) -> None:
         """Wait for started collectives (each bounded by the deadline).
@@ -101,7 +101,7 @@ class ElasticGroup:
                 if work is not None:
                     work.wait()
         except RuntimeError as err:
-            raise PeerLost(self.epoch, _first_line(err)) from None
+            raise self._lost(err) from None
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         """Copy member ``root``'s ``tensor`` into every member's, in place.
@@ -114,8 +114,15 @@ class ElasticGroup:
         try:
             work = self._pg.broadcast(tensor, root)
         except RuntimeError as err:
-            raise PeerLost(self.epoch, _first_line(err)) from None
+            raise self._lost(err) from None
         self.wait([work])
+
+    def _lost(self, err: BaseException) -> PeerLost:
+        """A collective failed: leave the group at once, so that a peer waiting on this member fails now rather
+        than at the deadline (a loss spreads through the group in one round trip)."""
+        lost = PeerLost(self.epoch, _first_line(err))
+        self.abandon()
+        return lost
 
 
 def _first_line(err: BaseException) -> str:

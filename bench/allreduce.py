@@ -1,0 +1,181 @@
+"""Elastic all-reduce (issue 44): cmdare's members against plain PyTorch DDP, and what a lost member costs.
+
+* ``overhead_vs_ddp``: steps/s of 2 cmdare all-reduce members (Ray actors, :class:`Replica`: gradient buckets
+  launched during backward over an elastic gloo group) over steps/s of plain DDP (gloo, 2 spawned processes,
+  ``init_method=tcp://127.0.0.1``), same model, batch, data and one thread each; interleaved rounds, medians.
+* ``recovery_s``: 3 members train; one is killed (SIGKILL) in the middle of a chunk; from the kill to the next
+  step completed by the survivors at size 2 (the failed collective, the re-formation at a new epoch, the heal
+  that makes the survivors agree, one step). Median of ``--trials``.
+* ``heal_s``: a replacement's process is up and its model built (its ``ping``); from then to its first step
+  completed in the group of 3 (formation, the whole state copied from a peer, one step).
+
+Everything is measured in this run on this machine. The goodput keys need whole runs under emulated
+revocations through ``cmdare train --topology allreduce``, which is not built yet: they print null.
+
+Usage: .venv/bin/python bench/allreduce.py [--model resnet8] [--batch 32] [--steps 40] [--rounds 3] [--trials 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import time
+
+from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
+
+
+def _ddp_member(rank: int, port: int, args: argparse.Namespace, out: object) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from cmdare.datasets import GroupBatches, load_dataset
+    from cmdare.workloads import build_model
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    data = load_dataset("digits", seed=0)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(build_model(args.model, num_classes=data.num_classes,
+                                                in_channels=data.input_shape[0]))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    batches = GroupBatches((data.train_x, data.train_y), args.batch, 0)
+    batches.regroup(rank, 2)
+
+    def steps(n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x, y = next(batches)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    steps(5)
+    for _ in range(args.rounds):
+        dist.barrier()
+        took = steps(args.steps)
+        if rank == 0:
+            out.put(args.steps / took)  # type: ignore[attr-defined]
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="resnet8")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=10)
+    args = ap.parse_args()
+    load_start = os.getloadavg()[0]
+    ray = start_local_ray(num_cpus=8)
+
+    import torch.multiprocessing as mp
+
+    from cmdare.collective import Rendezvous
+    from cmdare.ps.optimizer_config import OptimizerConfig
+    from cmdare.train import TrainSpec
+    from cmdare.train.allreduce.replica import Replica
+
+    spec = TrainSpec(model=args.model, dataset="digits", workers=1, steps=10**6, batch_size=args.batch, seed=0,
+                     optimizer=OptimizerConfig(lr=0.05, momentum=0.9, weight_decay=0.0))
+    rendezvous = Rendezvous()
+    actor = ray.remote(num_cpus=1)(Replica)
+    epoch = 0
+
+    def start(n: int) -> list:
+        return [actor.remote(spec, rendezvous.address, threads=1, member_seed=i) for i in range(n)]
+
+    def form(members: list) -> None:
+        nonlocal epoch
+        epoch += 1
+        assert all(ray.get([m.form.remote(epoch, r, len(members)) for r, m in enumerate(members)]))
+
+    # -- steady-state overhead against DDP, interleaved rounds ------------------------------------------
+    pair = start(2)
+    form(pair)
+    ray.get([m.run_steps.remote(5) for m in pair])
+    ctx = mp.get_context("spawn")
+    cmdare_rates, ddp_rates = [], []
+    for _ in range(args.rounds):
+        chunks = ray.get([m.run_steps.remote(args.steps) for m in pair])
+        cmdare_rates.append(args.steps / max(c.duration_s for c in chunks))
+        out = ctx.Queue()
+        port = _free_port()
+        procs = [ctx.Process(target=_ddp_member, args=(r, port, argparse.Namespace(**{**vars(args), "rounds": 1}),
+                                                       out)) for r in range(2)]
+        for p in procs:
+            p.start()
+        ddp_rates.append(out.get(timeout=600))
+        for p in procs:
+            p.join(timeout=60)
+    for m in pair:
+        ray.kill(m)
+
+    # -- recovery after a kill, and a replacement's heal -----------------------------------------------
+    members = start(3)
+    form(members)
+    ray.get([m.run_steps.remote(3) for m in members])
+    recovery, heal = [], []
+    for _ in range(args.trials):
+        victim = members.pop()
+        pid = ray.get(victim.__ray_call__.remote(lambda self: os.getpid()))
+        running = [m.run_steps.remote(10**6) for m in members]
+        victim.run_steps.remote(10**6)
+        time.sleep(0.5)
+        t_kill = time.perf_counter()
+        os.kill(pid, signal.SIGKILL)
+        lost = ray.get(running)
+        assert all(c.lost for c in lost), lost
+        root = max(range(len(members)), key=lambda i: lost[i].step)
+        form(members)
+        assert all(ray.get([m.heal.remote(root) for m in members]))
+        ray.get([m.run_steps.remote(1) for m in members])
+        recovery.append(time.perf_counter() - t_kill)
+        if os.environ.get("BENCH_DEBUG"):
+            print(round(recovery[-1], 3), [(c.steps, c.lost) for c in lost], flush=True)
+        newcomer = start(1)[0]
+        ready_at = ray.get(newcomer.ping.remote())
+        members.append(newcomer)
+        form(members)
+        assert all(ray.get([m.heal.remote(0) for m in members]))
+        ray.get([m.run_steps.remote(1) for m in members])
+        heal.append(time.time() - ready_at)
+    for m in members:
+        ray.kill(m)
+    rendezvous.close()
+    ray.shutdown()
+
+    result = {
+        "overhead_vs_ddp": round(statistics.median(cmdare_rates) / statistics.median(ddp_rates), 3),
+        "steps_per_s_cmdare": round(statistics.median(cmdare_rates), 2),
+        "steps_per_s_ddp": round(statistics.median(ddp_rates), 2),
+        "spread_cmdare": [round(min(cmdare_rates), 2), round(max(cmdare_rates), 2)],
+        "spread_ddp": [round(min(ddp_rates), 2), round(max(ddp_rates), 2)],
+        "recovery_s": round(statistics.median(recovery), 3),
+        "recovery_s_spread": [round(min(recovery), 3), round(max(recovery), 3)],
+        "heal_s": round(statistics.median(heal), 3),
+        "heal_s_spread": [round(min(heal), 3), round(max(heal), 3)],
+        **{f"goodput_{t}_{p}": None for t in ("allreduce", "ps", "restart") for p in ("60s", "15s")},
+        "model": args.model, "batch": args.batch, "trials": args.trials,
+        "loadavg_1m": [round(load_start, 1), round(os.getloadavg()[0], 1)],
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
