@@ -20,8 +20,8 @@ PINNED: dict[str, list[str]] = {
         "ServerSpec", "cost_usd", "gpu_tflops", "load_catalog",
     ],
     "cmdare.datasets": [
-        "BatchStream", "Dataset", "DatasetSpec", "MapSamples", "epoch_permutation", "fit_images", "list_datasets",
-        "load_dataset", "register_dataset",
+        "BatchStream", "Dataset", "DatasetSpec", "GroupBatches", "MapSamples", "epoch_permutation", "fit_images",
+        "list_datasets", "load_dataset", "register_dataset",
     ],
     "cmdare.events": [
         "CheckpointReport", "EVENT_KINDS", "EvalReport", "EventReport", "RunInfo", "RunSummary", "ShardReport",
@@ -44,6 +44,7 @@ PINNED: dict[str, list[str]] = {
         "published_workload", "recovery_time_published_s", "recovery_time_s", "startup_model", "step_flops",
         "step_time_model",
     ],
+    "cmdare.collective": ["ElasticGroup", "GradientBuckets", "PeerLost", "Rendezvous"],
     "cmdare.ps": [
         "Block", "OptimizerConfig", "ParamInfo", "Placement", "PlacementStrategy", "get_placement",
         "register_placement", "split_blocks",
@@ -87,6 +88,7 @@ PINNED_MODULES = {"cmdare.events", "cmdare.train.callbacks"}
 UNPINNED = {
     # cmdare.train's parts (its API is cmdare.train's): the command line, the run, the workers, the shards, the duties
     # and what they all use at run time
+    "cmdare.train.allreduce",
     "cmdare.train.cli",
     "cmdare.train.duties",
     "cmdare.train.ps",

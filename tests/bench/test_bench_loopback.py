@@ -27,6 +27,7 @@ LOOPBACK = "127.0.0.1"
 # Every bench that starts Ray, with arguments that make the work it does before Ray starts small.
 BENCHES: dict[str, list[str]] = {
     "accuracy_runs": [],
+    "allreduce": [],  # its rendezvous store and DDP processes start after Ray
     "checkpoint_stall": [],  # starts its moto server (a child process) after Ray
     "mitigation": [],
     "overlap": [],

@@ -15,7 +15,6 @@ import time
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from cmdare.collective import Rendezvous
 from cmdare.datasets import GroupBatches, load_dataset
@@ -24,6 +23,7 @@ from cmdare.train import TrainSpec
 from cmdare.train.allreduce.optimizers import build_optimizer
 from cmdare.train.allreduce.replica import Replica
 from cmdare.workloads import build_model
+from mean_gradient import set_mean_gradient
 
 BATCH, SEED = 16, 3
 OPT = OptimizerConfig(lr=0.05, momentum=0.9, weight_decay=5e-4)
@@ -49,22 +49,12 @@ def _reference(sizes: list[int], optimizer: str = "sgd", cfg: OptimizerConfig = 
         batches = GroupBatches((data.train_x, data.train_y), BATCH, SEED)
         model.train()
         for t, size in enumerate(sizes):
-            total = None
-            where = batches.where
-            for rank in range(size):
+            where, pieces = batches.where, []
+            for rank in range(size):  # each member's own piece of the group's step
                 batches.seek(*where)
                 batches.regroup(rank, size)
-                x, y = next(batches)
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                g = torch.cat([p.grad.reshape(-1) for p in params])
-                total = g if total is None else total.add_(g)
-            if size > 1:
-                total.div_(size)
-            offset = 0
-            for p in params:
-                p.grad = total[offset:offset + p.numel()].view_as(p).clone()
-                offset += p.numel()
+                pieces.append(next(batches))
+            set_mean_gradient(model, pieces)
             for group in opt.param_groups:
                 group["lr"] = cfg.lr_at(t)
             opt.step()

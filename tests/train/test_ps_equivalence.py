@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from cmdare.datasets import BatchStream, load_dataset
 from cmdare.ps.optimizer import OptimizerConfig
@@ -25,6 +24,7 @@ from cmdare.train.callbacks import RunInfo, TrainCallback
 from cmdare.train.duties.checkpoint import latest_checkpoint, load_checkpoint
 from cmdare.train.workers.worker import Worker
 from cmdare.workloads import build_model
+from mean_gradient import set_mean_gradient
 
 OPT = OptimizerConfig(lr=0.05, momentum=0.9, weight_decay=5e-4)
 # Nesterov momentum, weight decay and a step schedule (lr halves at steps 4 and 8): torch's MultiStepLR
@@ -82,20 +82,8 @@ def _reference_loop(steps: int, workers: int, cfg: OptimizerConfig, seed: int) -
     schedule = _torch_schedule(sgd, cfg)
     streams = [BatchStream(data, w, workers, BATCH, seed) for w in range(workers)]
     model.train()
-    for _ in range(steps):
-        total = None
-        for stream in streams:  # each worker's gradient on its own shard's batch for this step
-            x, y = next(stream)
-            sgd.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            g = torch.cat([p.grad.reshape(-1) for p in params])
-            total = g if total is None else total.add_(g)
-        if workers > 1:
-            total.div_(workers)
-        offset = 0
-        for p in params:
-            p.grad = total[offset:offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
+    for _ in range(steps):  # each worker's gradient on its own shard's batch for this step, averaged
+        set_mean_gradient(model, [next(stream) for stream in streams])
         sgd.step()
         schedule.step()
     return torch.cat([p.detach().reshape(-1) for p in params]).numpy()

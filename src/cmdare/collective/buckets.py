@@ -95,12 +95,16 @@ class GradientBuckets:
         if not self._armed:
             return
         self._armed = False
-        if self._error is not None:
-            raise self._error
-        for b, launched in enumerate(self._launched):
-            if not launched:
-                self._launch(b)
-        self.group.wait(self._works)
+        try:
+            if self._error is not None:
+                raise self._error
+            for b, launched in enumerate(self._launched):
+                if not launched:
+                    self._launch(b)
+            self.group.wait(self._works)
+        except PeerLost:
+            self._works = []  # the works hold the broken group: dropped, its connections close
+            raise
         size = self.group.size
         for b, members in enumerate(self.buckets):
             flat = self.flat[b].div_(size)

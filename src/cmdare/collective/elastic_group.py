@@ -9,7 +9,6 @@ told the next epoch, its rank and the new size (:meth:`ElasticGroup.form`). A gr
 
 from __future__ import annotations
 
-import contextlib
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -70,11 +69,12 @@ class ElasticGroup:
             raise PeerLost(epoch, _first_line(err)) from None
 
     def abandon(self) -> None:
-        """Leave the current group (its connections close; a peer still waiting in it fails at once)."""
-        pg, self._pg = self._pg, None
-        if pg is not None:
-            with contextlib.suppress(RuntimeError):  # already broken: closing is all that is left
-                pg.abort()
+        """Leave the current group: its connections close, so a peer still waiting in it fails at once.
+
+        Dropping the group is what closes them (gloo's ``abort()`` and ``shutdown()`` leave a waiting peer waiting
+        until its deadline); a caller holding a started collective's work must drop it too.
+        """
+        self._pg = None
 
     def allreduce(self, tensor: torch.Tensor) -> Any:
         """Start summing ``tensor`` in place over the group; returns the work to :meth:`wait` (None in a group

@@ -1,0 +1,28 @@
+"""The reference data-parallel step of the equivalence tests: each member's gradient on its own batch, averaged."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+
+
+def set_mean_gradient(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Put into ``model``'s ``.grad`` the mean over ``batches`` of the cross-entropy gradient of each batch
+    computed alone (batch norm normalising each batch by itself), summed in the batches' order."""
+    params = list(model.parameters())
+    total, count = None, 0
+    for x, y in batches:
+        for p in params:
+            p.grad = None
+        F.cross_entropy(model(x), y).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in params])
+        total = g if total is None else total.add_(g)
+        count += 1
+    if count > 1:
+        total.div_(count)
+    offset = 0
+    for p in params:
+        p.grad = total[offset:offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
