@@ -10,7 +10,7 @@ import math
 
 from cmdare.errors import UnknownNameError, UserInputError
 
-__all__ = ["DEFAULT_BATCH_SIZE", "PRECISIONS", "check_number", "check_precision"]
+__all__ = ["DEFAULT_BATCH_SIZE", "PRECISIONS", "TOPOLOGIES", "check_number", "check_precision", "check_topology"]
 
 #: Per-worker batch size of ``cmdare train`` unless told, and the batch ``predict``, ``plan`` and ``train --simulate``
 #: predict at unless told (``--batch-size``): the step time a run sees is the step time at its batch.
@@ -27,9 +27,27 @@ def check_precision(precision: str) -> str:
     Raises:
         UnknownNameError: it is not (the message lists them).
     """
-    if precision not in PRECISIONS:
-        raise UnknownNameError("--precision", str(precision), list(PRECISIONS))
-    return precision
+    return _one_of(precision, "--precision", PRECISIONS)
+
+
+#: How a run's workers train together (``--topology`` of ``predict cluster-speed``): through parameter servers, or
+#: all-reduce (every worker holds the model, gradients averaged each step).
+TOPOLOGIES = ("ps", "allreduce")
+
+
+def check_topology(topology: str) -> str:
+    """``topology`` if it is one of :data:`TOPOLOGIES`.
+
+    Raises:
+        UnknownNameError: it is not (the message lists them).
+    """
+    return _one_of(topology, "--topology", TOPOLOGIES)
+
+
+def _one_of(value: str, option: str, names: tuple[str, ...]) -> str:
+    if value not in names:
+        raise UnknownNameError(option, str(value), list(names))
+    return value
 
 
 def check_number(value: object, option: str, low: float | None = None, high: float | None = None,

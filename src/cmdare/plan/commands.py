@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from cmdare.errors import UserInputError
-from cmdare.option_values import DEFAULT_BATCH_SIZE
+from cmdare.option_values import DEFAULT_BATCH_SIZE, check_number
 from cmdare.plan.evacuation import ps_markets, with_evacuation
 from cmdare.plan.options import (
     check_names,
@@ -139,6 +139,9 @@ def plan(
     ps_market: Annotated[str, typer.Option(
         "--ps-market", help="Parameter servers on on-demand servers, spot servers (evacuated within their "
         "notice), or any: both, compared.")] = "on-demand",
+    link_gbps: Annotated[float, typer.Option(
+        "--link-gbps", help="Network per server in Gbit/s, for the comparison of a PS with all-reduce on the chosen "
+        "cluster (10: the network CM-DARE's PS runs are taken to have had).")] = 10.0,
 ) -> None:
     """Recommend a cluster: the cheapest meeting --deadline, or the fastest within --budget; with
     --min-accuracy only among configurations predicted to train accurately enough."""
@@ -154,6 +157,7 @@ def plan(
         raise UserInputError(f"the budget must not be negative, got {budget}")
     if runs < 1:
         raise UserInputError(f"--runs must be at least 1, got {runs}")
+    link_gbps = check_number(link_gbps, "--link-gbps", 1e-3, 1e4, "Gbit/s")
     if min_accuracy is not None and not 0 < min_accuracy <= 1:
         raise UserInputError(f"--min-accuracy is a fraction in (0, 1], e.g. 0.91 for 91%; got {min_accuracy}")
     if plot:
@@ -196,13 +200,24 @@ def plan(
     if not clusters:
         raise UserInputError(f"none of {gpus} is offered in {regions} on {cloud}")
     rec = recommend(job, clusters, models, deadline_s, budget, runs, seed, min_accuracy=min_accuracy)
+    topology = None
+    if rec.choice is not None and rec.choice.cluster.ps >= 1:
+        from cmdare.plan.topology_choice import topology_choice
+        from cmdare.predict.workloads import workload_features
+        from cmdare.workloads.commands import parse_shape
+
+        features = workload_features(model, parse_shape(input_shape) if input_shape else None)
+        said, topology = topology_choice(features, rec.choice.cluster.gpu_counts, rec.choice.cluster.ps,
+                                         link_gbps, batch_size,
+                                         precision)
+        notes.append(said)
     if plot:
         from cmdare.plan.plot import plot_pareto
 
         plot_pareto(rec, plot, deadline_s, budget, force)
     if as_json:
         out = rec_json(rec, models.lifetimes, retired, job, cloud)
-        out.update(retired_gpus=retired, left_out_retired_gpus=left_out, notes=notes)
+        out.update(retired_gpus=retired, left_out_retired_gpus=left_out, notes=notes, topology=topology)
         typer.echo(json.dumps(out, indent=2))
         return
     print_rec(rec, _source(models, start_hour, gpu_list), plot, models.lifetimes, retired, notes, job, cloud)

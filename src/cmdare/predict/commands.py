@@ -160,10 +160,14 @@ def cluster_speed_cmd(
     model: str = typer.Option(None, "--model", help="A model of `cmdare workloads`, e.g. t2t_resnet15."),
     workers: str = typer.Option(None, "--workers", help="GPU workers: a mix such as v100:4 or k80:2,p100:1, or a "
                                 "count of T4s (the default GPU, named on stderr), e.g. 4."),
-    ps: int = typer.Option(1, "--ps", min=1, help="Number of parameter servers."),
+    ps: int = typer.Option(None, "--ps", min=1, help="Number of parameter servers (default 1)."),
     placement: str = typer.Option(
-        "round-robin", "--placement", help="Tensor placement on the PS: round-robin, greedy, mxnet, byteps, psld."
+        None, "--placement", help="Tensor placement on the PS: round-robin (default), greedy, mxnet, byteps, psld."
     ),
+    topology: str = typer.Option("ps", "--topology", help="ps (asynchronous, through parameter servers) or "
+                                 "allreduce (every worker holds the model; gradients averaged each step)."),
+    link_gbps: float = typer.Option(None, "--link-gbps", help="Network per server in Gbit/s (default 10, the "
+                                    "network CM-DARE's PS runs are taken to have had)."),
     input_shape: str = _INPUT_SHAPE,
     batch_size: int = _BATCH_SIZE,
     precision: str = _PRECISION,
@@ -172,7 +176,14 @@ def cluster_speed_cmd(
     level: float = _INTERVAL,
     force: bool = _FORCE,
 ) -> None:
-    """Global steps per second of asynchronous PS training."""
+    """Global steps per second of asynchronous PS training (--topology allreduce: of all-reduce training)."""
+    from cmdare.option_values import check_topology
+
+    check_topology(topology)
+    if topology == "allreduce":
+        return _allreduce_speed(model, workers, ps, placement, link_gbps, input_shape, batch_size, precision,
+                                input_path or output_path, level)
+    ps, placement = ps or 1, placement or "round-robin"
     if input_path is not None or output_path is not None:
         _no_batch_with_table(batch_size)
         return _table("cluster-speed", input_path, output_path, force=force)
@@ -180,8 +191,14 @@ def cluster_speed_cmd(
     from cmdare.predict import predict_cluster_steps_per_s
 
     asked = parse_workers(_need(workers, "--workers"))
-    speed = predict_cluster_steps_per_s(_model(model, input_shape), asked.counts(DEFAULT_WORKER_GPU), ps,
-                                        placement=placement, batch_size=batch_size, precision=precision)
+    if link_gbps is None:
+        speed = predict_cluster_steps_per_s(_model(model, input_shape), asked.counts(DEFAULT_WORKER_GPU), ps,
+                                            placement=placement, batch_size=batch_size, precision=precision)
+    else:
+        from cmdare.predict.allreduce_speed import compare_topologies
+
+        speed = compare_topologies(_model(model, input_shape), asked.counts(DEFAULT_WORKER_GPU), ps, link_gbps,
+                                   batch_size=batch_size, precision=precision, placement=placement).ps_batches_per_s
     if asked.mix is None:
         typer.echo(f"note: {default_gpu_note(asked.total, DEFAULT_WORKER_GPU)}", err=True)
     _gpu_notes(list(asked.counts(DEFAULT_WORKER_GPU)))
@@ -191,6 +208,40 @@ def cluster_speed_cmd(
     from cmdare.predict.intervals import format_interval, interval
 
     typer.echo(format_interval(speed, *interval(speed, "cluster", level), "steps/s", level))
+
+
+def _allreduce_speed(model: str | None, workers: str | None, ps: int | None, placement: str | None,
+                     link_gbps: float | None, input_shape: str | None, batch_size: int | None, precision: str,
+                     table: Path | None, level: float | None) -> None:
+    """``predict cluster-speed --topology allreduce``: group steps/s and batches/s, beside a PS on stderr."""
+    from cmdare.cloud.gpu_counts import DEFAULT_WORKER_GPU, default_gpu_note, parse_workers
+    from cmdare.errors import UserInputError
+    from cmdare.predict.allreduce_speed import DEFAULT_LINK_GBPS, compare_topologies, crossover_link_gbps
+
+    given = [name for name, value in (("--ps", ps), ("--placement", placement), ("--input/--output", table),
+                                      ("--interval", level)) if value is not None]
+    if given:
+        raise UserInputError(f"{', '.join(given)} {'means' if len(given) == 1 else 'mean'} nothing with --topology "
+                             "allreduce: it has no parameter server, and the intervals and tables are calibrated on "
+                             "PS runs")
+    asked = parse_workers(_need(workers, "--workers"))
+    counts = asked.counts(DEFAULT_WORKER_GPU)
+    features = _model(model, input_shape)
+    link = DEFAULT_LINK_GBPS if link_gbps is None else link_gbps
+    speeds = compare_topologies(features, counts, 1, link, batch_size=batch_size, precision=precision)
+    if asked.mix is None:
+        typer.echo(f"note: {default_gpu_note(asked.total, DEFAULT_WORKER_GPU)}", err=True)
+    _gpu_notes(list(counts))
+    if len(counts) > 1:
+        typer.echo("note: the slowest GPU type gates every all-reduce step", err=True)
+    below, flip = crossover_link_gbps(features, counts, 1, batch_size=batch_size, precision=precision)
+    names = {"ps": "a PS", "allreduce": "all-reduce"}
+    where = (f"{names[below]} is faster at every link speed from 0.1 to 400 Gbit/s" if flip is None else
+             f"{names[below]} is faster below about {flip:.1f} Gbit/s, "
+             f"{names['ps' if below == 'allreduce' else 'allreduce']} above")
+    typer.echo(f"note: {speeds.why()}; {where}", err=True)
+    typer.echo(f"{speeds.allreduce_steps_per_s:.3f} steps/s of {speeds.members} batches "
+               f"({speeds.allreduce_batches_per_s:.1f} batches/s)")
 
 
 @predict_app.command("checkpoint")
