@@ -55,7 +55,8 @@ PINNED: dict[str, list[str]] = {
         "moved_bytes", "plan_drain", "plan_rebalance", "predict_after", "shard_costs",
     ],
     "cmdare.control": [
-        "CHIEF_POLICIES", "ChiefChange", "ChiefPolicy", "Decision", "DutySchedule", "EmulatedClock", "Evacuate",
+        "AllReduceTopology", "CHIEF_POLICIES", "ChiefChange", "ChiefPolicy", "Decision", "DutySchedule",
+        "EmulatedClock", "Evacuate",
         "LR_POLICIES", "LifetimeRevocations", "LongestServing", "LrChange", "LrPolicy", "Membership",
         "MembershipEvent", "MembershipKernel", "NoReplace", "NoRevocations", "NoWorkersLeft", "Offer",
         "PendingReplacement", "PeriodicRevocations", "PsServerInfo", "PsServerKernel", "PsTopology", "Quiesce",

@@ -70,6 +70,7 @@ class FakeDriver:
     on_duty: dict[int, Callable[[FakeDriver], None]] = field(default_factory=dict)  # duty step -> hook
     stored: list[int] = field(default_factory=list)
     probes: list[float] = field(default_factory=list)  # the wall times of the probes asked for
+    regroups: list[Any] = field(default_factory=list)  # the Regroup commands carried out (an all-reduce run)
     ended: C.EndRun | None = None
     num_shards: int = 1
     steps_lost: int = 0
@@ -366,6 +367,19 @@ class FakeDriver:
 
     def _do_Restore(self, c: C.Restore) -> None:
         assert c.checkpoint is None or c.checkpoint in self.stored, "a restore names a checkpoint the run stored"
+        back = c.checkpoint if c.checkpoint is not None else self.start_step
+        self.steps_lost += self.step - back
+        self.step = back
+        self._action("restore", step=back)
+
+    def _do_Regroup(self, c: C.Regroup) -> None:
+        """An all-reduce group re-formed: from a member's state (training goes on at the step), or from the
+        checkpoint the controller names when no member holds the state."""
+        self.regroups.append(c)
+        if c.root is not None:
+            self._action("regroup")
+            return
+        assert c.checkpoint is None or c.checkpoint in self.stored, "a regroup names a checkpoint the run stored"
         back = c.checkpoint if c.checkpoint is not None else self.start_step
         self.steps_lost += self.step - back
         self.step = back

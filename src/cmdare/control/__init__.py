@@ -14,6 +14,7 @@ Registries (one vocabulary for ``cmdare train`` and ``cmdare plan``): :data:`REP
 (``lifetime``, ``periodic``, ``trace``, ``none``).
 """
 
+from cmdare.control.allreduce_topology import AllReduceTopology
 from cmdare.control.chief import CHIEF_POLICIES, ChiefPolicy, LongestServing
 from cmdare.control.controller import RunController
 from cmdare.control.duties import DutySchedule
@@ -57,6 +58,7 @@ __all__ = [
     "LR_POLICIES",
     "REPLACEMENT_POLICIES",
     "REVOCATION_SOURCES",
+    "AllReduceTopology",
     "ChiefChange",
     "ChiefPolicy",
     "Decision",

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cmdare.cloud.servers import ServerSpec
+from cmdare.control.allreduce_topology import AllReduceTopology
 from cmdare.control.balancers import DecisionSource
 from cmdare.control.dispatch import handler_table
 from cmdare.control.divergence import DivergenceWatch
@@ -94,8 +95,9 @@ class RunController(SavedRun, RunEnding, RunEventHandlers):
         self.spares = WarmSpares(config.warm_spares, self.out)
         self.workers = WorkerControl(config, kernel, self.out, self.spares)
         self.duties = DutySchedule(config.checkpoint_every, config.eval_every, config.steps)
-        self.topology: Topology = PsTopology(config, ps_kernel or PsServerKernel(), self.out, balancer, placement,
-                                             self.duties)
+        self.topology: Topology = (
+            AllReduceTopology(config, self.out, self.duties) if config.topology == "allreduce" else
+            PsTopology(config, ps_kernel or PsServerKernel(), self.out, balancer, placement, self.duties))
         self.machine = RunStateMachine()
         self.phase: Phase = Starting()
         self.step: float = 0

@@ -16,7 +16,7 @@ class DutyKind(StrEnum):
 
 
 class ShardAction(StrEnum):
-    """An action on quiesced shards (``ActionDone.action``)."""
+    """An action on quiesced state (``ActionDone.action``): the shards', or an all-reduce group's (``regroup``)."""
 
     EVACUATE = "evacuate"
     PARK = "park"
@@ -24,6 +24,7 @@ class ShardAction(StrEnum):
     FILL = "fill"
     RESTORE = "restore"
     PLACEMENT = "placement"
+    REGROUP = "regroup"
 
 
 class Destination(StrEnum):

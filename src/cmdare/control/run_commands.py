@@ -34,6 +34,7 @@ __all__ = [
     "ParkPs",
     "PsNoticed",
     "Probe",
+    "Regroup",
     "ReleaseWorker",
     "Restore",
     "Revoke",
@@ -265,6 +266,21 @@ class KillPs(Command):
 
     key: int
     reason: str
+
+
+@dataclass(frozen=True)
+class Regroup(Command):
+    """On quiesced all-reduce members: form the group of ``epoch`` from ``members`` (worker ids, rank order); every
+    member takes member ``root``'s training state (parameters, optimizer state, step, data position), or, with
+    ``root`` None, the checkpoint of step ``checkpoint`` (None: the state the run started from), when no member
+    holds the run's state (a fresh run's first group holds it: each built the same model, ``root`` its first).
+    Answered by ``ActionDone('regroup', step=...)`` (the step the group trains on from); ``ok=False`` when a member
+    was lost meanwhile, after which the controller decides again."""
+
+    epoch: int
+    members: tuple[int, ...]
+    root: int | None
+    checkpoint: int | None = None
 
 
 @dataclass(frozen=True)

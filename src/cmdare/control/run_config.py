@@ -59,6 +59,9 @@ class RunConfig:
             stored nothing since can still be resumed from it.
         warm_spares: standby servers whose worker process is started before it is needed
             (:mod:`cmdare.control.spares`; 0: none).
+        topology: how the workers train together: ``ps`` (parameter-server shards,
+            :class:`~cmdare.control.ps_topology.PsTopology`) or ``allreduce`` (an elastic group,
+            :class:`~cmdare.control.allreduce_topology.AllReduceTopology`).
     """
 
     steps: int
@@ -88,8 +91,12 @@ class RunConfig:
     resumed_from: int | None = None
     stop_timeout_s: float = 120.0
     warm_spares: int = 0
+    topology: str = "ps"
 
     def __post_init__(self) -> None:
+        from cmdare.option_values import check_topology
+
+        check_topology(self.topology)
         if self.steps < 1 or self.workers < 1:
             raise UserInputError(f"a run needs steps >= 1 and workers >= 1, got {self.steps} and {self.workers}")
         if self.max_failed_uploads < 1:

@@ -33,6 +33,10 @@ from cmdare.plan.spec import PS_SERVER, RunResult
 __all__ = ["HORIZON_FACTOR", "LIFETIMES_PER_SLOT", "SimRun"]
 #: A run that has not finished after this many times its revocation-free duration is stopped.
 HORIZON_FACTOR = 50.0
+#: Seconds an all-reduce group takes to re-form and heal its members from a peer. Measured on one machine
+#: (``bench/allreduce.py``): 0.1 s from a member's death to the next step; taken 10x longer here for a real
+#: network's model transfer and formation across nodes.
+REGROUP_S = 1.0
 
 
 class SimRun:
@@ -372,6 +376,17 @@ class SimRun:
 
     def _do_Restore(self, c: C.Restore) -> None:
         """Every shard rolls back to the checkpoint the controller names (None: the start, step 0)."""
+        kept = c.checkpoint or 0
+        self.steps_lost += max(0.0, self.progress - kept)
+        self.progress = float(kept)
+        self._action(ShardAction.RESTORE, 0.0, step=kept)
+
+    def _do_Regroup(self, c: C.Regroup) -> None:
+        """An all-reduce group re-formed at its new size: :data:`REGROUP_S` from a member's state, or back to the
+        checkpoint the controller names when no member holds the state (as a restore)."""
+        if c.root is not None:
+            self._action(ShardAction.REGROUP, REGROUP_S)
+            return
         kept = c.checkpoint or 0
         self.steps_lost += max(0.0, self.progress - kept)
         self.progress = float(kept)

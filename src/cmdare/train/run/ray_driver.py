@@ -370,6 +370,9 @@ class RayDriver(PsCommands):
             started = [E.ShardLost(wall=time.time(), keys=dead), *started]
         return [*loads, *started]
 
+    def _do_Regroup(self, cmd: C.Regroup) -> None:
+        raise TypeError("the Ray driver trains through a parameter server: an all-reduce group is not formed here")
+
     def _do_Note(self, cmd: C.Note) -> None:
         self.emitter.event(cmd.kind, details=cmd.details)
 
