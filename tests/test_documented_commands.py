@@ -24,6 +24,8 @@ BIN = Path(sys.executable).parent
 DOCUMENTED = [
     ("docs/allreduce.md",
      "cmdare predict cluster-speed --model t2t_resnet15 --workers k80:2,v100:2 --topology allreduce"),
+    ("docs/allreduce.md", "cmdare plan simulate --model t2t_resnet15 --steps 20000 --workers v100:4 --transient "
+                          "--topology allreduce --revocations every=60"),
     ("README.md", "cmdare plan --model t2t_resnet32 --steps 64000 --deadline 2h"),
     ("README.md", "cmdare plan simulate --model t2t_resnet32 --steps 64000 --workers v100:8 --ps 1 --transient --json"),
     ("README.md", "cmdare workloads"),

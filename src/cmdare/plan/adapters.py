@@ -172,6 +172,19 @@ class _PredictSpeed:
             self._cache[key] = v
         return v
 
+    def allreduce_steps_per_s(self, gpus: Mapping[str, int]) -> float:
+        """Group steps/s of all-reduce training with ``gpus`` members (:mod:`cmdare.predict.allreduce_speed`, at its
+        default link)."""
+        key = ("allreduce", tuple(sorted(gpus.items())))
+        v = self._cache.get(key)
+        if v is None:
+            from cmdare.predict.allreduce_speed import allreduce_steps_per_s
+            from cmdare.predict.workloads import workload_features
+
+            v = self._cache[key] = allreduce_steps_per_s(workload_features(self.workload), dict(gpus),
+                                                         batch_size=self.batch_size, precision=self.precision)
+        return v
+
     def worker_steps_per_s(self, gpu: str) -> float:
         from cmdare.predict import predict_step_time_s
 

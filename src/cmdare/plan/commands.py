@@ -230,7 +230,11 @@ def simulate_cmd(
     workers: Annotated[str, typer.Option(
         "--workers", help="Workers: a mix such as v100:8 or v100:1,p100:1,k80:2, or a count of T4s (the default GPU, "
         "named in the output), e.g. 8.")],
-    ps: Annotated[int, typer.Option("--ps", help="Parameter servers (0: single-server training).")] = 1,
+    ps: Annotated[int | None, typer.Option("--ps", help="Parameter servers (default 1; 0: single-server "
+                                           "training).")] = None,
+    topology: Annotated[str, typer.Option(
+        "--topology", help="ps (through parameter servers) or allreduce (every worker holds the model; the group "
+        "re-forms on a loss and heals a newcomer from a peer; no --ps).")] = "ps",
     input_shape: _InputShape = None,
     batch_size: _BatchSize = DEFAULT_BATCH_SIZE,
     precision: _Precision = "fp32",
@@ -292,13 +296,19 @@ def simulate_cmd(
         check_precision_on(gpu, precision)
     region = region or models.prices.default_region(list(counts))
     groups = tuple(WorkerGroup(gpu, n, transient, region) for gpu, n in counts.items())
-    cluster = ClusterSpec(groups, ps=ps, region=region, ps_transient=ps_transient, replacement=replacement,
-                          replacement_timeout_s=replacement_timeout, warm_spares=warm_spares)
+    cluster = ClusterSpec(groups, ps=(1 if topology == "ps" else 0) if ps is None else ps, region=region,
+                          ps_transient=ps_transient, replacement=replacement, replacement_timeout_s=replacement_timeout,
+                          warm_spares=warm_spares, topology=topology)
     check_names(models.prices, list(counts), [region])
     retired = retired_gpus(models.prices, list(counts))
     check_offered(models.prices, list(counts), region, transient)
     notes = [] if asked.mix is not None else [default_gpu_note(asked.total, DEFAULT_WORKER_GPU, cloud)]
     notes += [retired_note(retired, cloud)] if retired else []
+    if topology == "allreduce":
+        notes.append(f"all-reduce: a step trains one batch per member ({cluster.n_workers} batches with every member "
+                     "up; a smaller group covers a step's samples in more of its own steps); a lost member costs a "
+                     "re-formation and a heal from a peer; no accuracy is predicted (the accuracy model is fitted on "
+                     "asynchronous PS runs); cmdare train --topology allreduce is not built yet")
     result, _ = simulate_configuration(job, cluster, models, lambda: revocation_source(revocations, lifetime, seed)[1:],
                                        runs, seed)
     out = {"model": model, "steps": steps, **result, "transient": transient, "cloud": cloud,

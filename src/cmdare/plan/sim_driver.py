@@ -79,7 +79,8 @@ class SimRun:
         config = run_config_for("simulated", steps=job.total_steps, workers=cluster.n_workers, sync=job.sync,
                                 checkpoint_every=job.checkpoint_every_steps, hit_workers=plan.hits("worker"),
                                 hit_ps=hit_ps, ps_notice_s=notice, replace_ps=cluster.replacement != "none",
-                                replacement_timeout_s=cluster.replacement_timeout_s, warm_spares=cluster.warm_spares)
+                                replacement_timeout_s=cluster.replacement_timeout_s, warm_spares=cluster.warm_spares,
+                                topology=cluster.topology)
         self.controller = RunController(config, kernel, ps_kernel)
         self.workers: dict[int, ServerSpec] = {}  # live worker servers, billed
         self._awaiting_capacity: set[int] = set()  # replacements asked for while the market has no capacity

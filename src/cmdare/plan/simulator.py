@@ -200,9 +200,15 @@ class Simulator:
                 rate = 0.0
             else:
                 members = {g: n for g, n in zip(self.gpus, counts, strict=True) if n}
-                v = self.models.speed.cluster_steps_per_s(members, ps)
-                total_w = sum(n * w for n, w in zip(counts, self._worker_speed, strict=True))
-                share = self._worker_speed[chief_gpu] / total_w
+                if self.cluster.topology == "allreduce":
+                    # a step is one of the planned group's global batch: a smaller group covers it in more of its
+                    # own steps; every member waits for the chief's checkpoint
+                    v = self.models.speed.allreduce_steps_per_s(members) * sum(counts) / self.cluster.n_workers
+                    share = 1.0
+                else:
+                    v = self.models.speed.cluster_steps_per_s(members, ps)
+                    total_w = sum(n * w for n, w in zip(counts, self._worker_speed, strict=True))
+                    share = self._worker_speed[chief_gpu] / total_w
                 rate = effective_steps_per_s(
                     v, share, self.models.checkpoint_s, self.job.checkpoint_every_steps
                 )
@@ -277,7 +283,7 @@ class Simulator:
         results = self.run_many(runs, seed)
         summary = SimSummary.from_runs(results)
         summary.extra["deterministic_time_s"] = self.base_time_s
-        if self.models.accuracy is not None:
+        if self.models.accuracy is not None and self.cluster.topology == "ps":  # fitted on asynchronous PS runs
             acc = self._accuracy(np.array([r.revocations for r in results], dtype=float))
             summary.extra["accuracy_mean"] = float(acc.mean())
             summary.extra["accuracy_p5"] = float(np.percentile(acc, 5))

@@ -19,6 +19,7 @@ from cmdare.cloud.gpu_counts import DEFAULT_WORKER_GPU
 from cmdare.cloud.gpu_counts import parse_workers as read_workers
 from cmdare.control import LR_POLICIES, REPLACEMENT_POLICIES
 from cmdare.errors import UserInputError
+from cmdare.option_values import check_topology
 
 __all__ = [
     "MAX_JOB_DAYS",
@@ -226,6 +227,8 @@ class ClusterSpec:
     #: Standby servers started and billed beside the workers; a replacement takes one instead of starting cold
     #: (``cmdare train --warm-spares``).
     warm_spares: int = 0
+    #: How the workers train together: ``ps`` (through the ``ps`` shards) or ``allreduce`` (no PS: ``ps`` is 0).
+    topology: str = "ps"
 
     def __post_init__(self) -> None:
         if self.replacement_timeout_s is not None and not self.replacement_timeout_s > 0:
@@ -238,7 +241,10 @@ class ClusterSpec:
             raise UserInputError(f"a cluster has at most {MAX_WORKERS} workers, got {self.n_workers}")
         if not 0 <= self.warm_spares <= MAX_WORKERS:
             raise UserInputError(f"--warm-spares must be between 0 and {MAX_WORKERS}, got {self.warm_spares}")
-        if self.ps == 0 and self.n_workers != 1:
+        if check_topology(self.topology) == "allreduce":
+            if self.ps or self.ps_transient:
+                raise UserInputError("--topology allreduce has no parameter server: leave out --ps and --ps-transient")
+        elif self.ps == 0 and self.n_workers != 1:
             raise UserInputError(f"ps=0 (single-server training) needs 1 worker, got {self.n_workers}")
         object.__setattr__(self, "replacement", REPLACEMENT_POLICIES.canonical(self.replacement))
 
@@ -266,7 +272,8 @@ class ClusterSpec:
         for g in self.workers:
             kind = "spot" if g.transient else "on-demand"
             parts.append(f"{g.count}x{g.gpu.upper()} {kind}")
-        ps = "no PS" if self.ps == 0 else f"{self.ps} PS" + (" spot" if self.ps_transient else "")
+        ps = "all-reduce" if self.topology == "allreduce" else "no PS" if self.ps == 0 else \
+            f"{self.ps} PS" + (" spot" if self.ps_transient else "")
         spares = f" + {self.warm_spares} warm spare{'s' if self.warm_spares > 1 else ''}" if self.warm_spares else ""
         return f"{' + '.join(parts)} + {ps}{spares} @{self.region}"
 

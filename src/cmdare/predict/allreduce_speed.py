@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from cmdare.errors import UserInputError
 from cmdare.predict.workloads import WorkloadFeatures
 
-__all__ = ["DEFAULT_LINK_GBPS", "TopologySpeeds", "allreduce_step_s", "compare_topologies", "crossover_link_gbps",
-           "ring_allreduce_s"]
+__all__ = ["DEFAULT_LINK_GBPS", "TopologySpeeds", "allreduce_step_s", "allreduce_steps_per_s", "compare_topologies",
+           "crossover_link_gbps", "member_compute_s", "ring_allreduce_s"]
 
 DEFAULT_LINK_GBPS = 10.0  # per server; also the network CM-DARE's PS measurements are taken to have had
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket, as cmdare's members use (cmdare.collective.buckets)
@@ -95,6 +95,26 @@ def _compute_share(workload: WorkloadFeatures, gpu: str, batch_size: int | None,
     return min(1.0, alone / with_ps) if with_ps > 0 else 1.0
 
 
+def member_compute_s(workload: WorkloadFeatures, counts: Mapping[str, int], latency_ms: float = 0.3,
+                     batch_size: int | None = None, precision: str = "fp32") -> list[float]:
+    """Each member's computation per step (seconds), ``counts[gpu]`` members of each GPU type."""
+    from cmdare.predict import predict_step_time_s
+
+    compute: list[float] = []
+    for gpu, n in counts.items():
+        t = predict_step_time_s(workload, gpu, latency_ms, batch_size=batch_size, precision=precision)
+        compute += [t * _compute_share(workload, gpu, batch_size, precision)] * int(n)
+    return compute
+
+
+def allreduce_steps_per_s(workload: WorkloadFeatures, counts: Mapping[str, int],
+                          link_gbps: float = DEFAULT_LINK_GBPS, latency_ms: float = 0.3,
+                          batch_size: int | None = None, precision: str = "fp32") -> float:
+    """Group steps/s of all-reduce training with ``counts`` members (each step trains one batch per member)."""
+    compute = member_compute_s(workload, counts, latency_ms, batch_size, precision)
+    return 1.0 / allreduce_step_s(compute, workload.num_params, link_gbps, latency_ms)
+
+
 def compare_topologies(workload: WorkloadFeatures, counts: Mapping[str, int], ps: int = 1,
                        link_gbps: float = DEFAULT_LINK_GBPS, latency_ms: float = 0.3, batch_size: int | None = None,
                        precision: str = "fp32", placement: str = "round-robin") -> TopologySpeeds:
@@ -104,15 +124,12 @@ def compare_topologies(workload: WorkloadFeatures, counts: Mapping[str, int], ps
     Raises:
         UserInputError: a link speed that is not positive.
     """
-    from cmdare.predict import predict_step_time_s, speed_with_scales
+    from cmdare.predict import speed_with_scales
 
     if not link_gbps > 0:
         raise UserInputError(f"--link-gbps must be positive, got {link_gbps}")
     w = workload
-    compute = []
-    for gpu, n in counts.items():
-        t = predict_step_time_s(w, gpu, latency_ms, batch_size=batch_size, precision=precision)
-        compute += [t * _compute_share(w, gpu, batch_size, precision)] * int(n)
+    compute = member_compute_s(w, counts, latency_ms, batch_size, precision)
     members = len(compute)
     step = allreduce_step_s(compute, w.num_params, link_gbps, latency_ms)
     ps_speed = speed_with_scales(w, counts, ps, placement, latency_ms, demand_scale=DEFAULT_LINK_GBPS / link_gbps,
