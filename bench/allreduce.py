@@ -9,10 +9,19 @@
 * ``heal_s``: a replacement's process is up and its model built (its ``ping``); from then to its first step
   completed in the group of 3 (formation, the whole state copied from a peer, one step).
 
-Everything is measured in this run on this machine. The goodput keys need whole runs under emulated
-revocations through ``cmdare train --topology allreduce``, which is not built yet: they print null.
+* ``goodput_{allreduce,restart}_{60s,15s}``: useful batches/s of 3 members with one member killed every 60 s
+  (a 120 s run) and every 15 s (a 60 s run), over the same loop without revocations. ``allreduce``: the survivors
+  re-form and heal at once, a replacement is started at the kill and joins (healed from a peer) when its process
+  is up. ``restart``, as Ray Train v2 and SkyPilot recover: the whole group is stopped, a new group started, and
+  every member loads the newest checkpoint (the steps since are lost). Both store a checkpoint every
+  ``--checkpoint-every`` steps from member 0.
+
+Everything is measured in this run on this machine. ``goodput_ps_*`` needs a PS run under the same wall-clock
+revocations, which the trainer's emulation (revocations in emulated cloud time, replacements with sampled
+start-ups) does not give: it prints null.
 
 Usage: .venv/bin/python bench/allreduce.py [--model resnet8] [--batch 32] [--steps 40] [--rounds 3] [--trials 10]
+                                          [--goodput 60,15] [--checkpoint-every 100]
 """
 
 from __future__ import annotations
@@ -20,9 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import statistics
+import tempfile
 import time
 
 from cmdare.train.run.ray_session import start_local_ray  # before Ray is imported: Ray on 127.0.0.1
@@ -67,6 +78,64 @@ def _ddp_member(rank: int, port: int, args: argparse.Namespace, out: object) -> 
     dist.destroy_process_group()
 
 
+CHUNK = 5  # steps per call between the goodput loop's checks (a kill due, a newcomer up, a checkpoint)
+
+
+def _goodput_run(ray, start, form, n: int, duration_s: float, interval_s: float | None, mode: str,
+                 checkpoint: str, checkpoint_every: int) -> float:
+    """Useful batches/s of ``n`` members over ``duration_s`` with a member killed every ``interval_s``."""
+    members = start(n)
+    ray.get([m.ping.remote() for m in members])
+    form(members)
+    step = batches = 0
+    stored = (0, 0)  # (step, batches) of the newest checkpoint
+    newcomers: list = []  # (actor, its ping) of replacements starting
+    rng = random.Random(0)
+    t0 = time.perf_counter()
+    next_kill = t0 + interval_s if interval_s else float("inf")
+    while time.perf_counter() < t0 + duration_s:
+        if time.perf_counter() >= next_kill:
+            next_kill += interval_s or 0.0
+            victim = members.pop(rng.randrange(len(members)))
+            os.kill(ray.get(victim.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
+            if mode == "restart":  # stop the group, start a new one, reload the newest checkpoint
+                for m in members:
+                    ray.kill(m)
+                members = start(n)
+                ray.get([m.ping.remote() for m in members])
+                if stored[0]:
+                    ray.get([m.load.remote(checkpoint) for m in members])
+                step, batches = stored
+                form(members)
+            else:  # the survivors' next collective fails: re-form, heal from the furthest, ask for a replacement
+                lost = ray.get([m.run_steps.remote(1) for m in members])
+                root = max(range(len(members)), key=lambda i: lost[i].step)
+                form(members)
+                ray.get([m.heal.remote(root) for m in members])
+                step = lost[root].step
+                actor = start(1)[0]
+                newcomers.append((actor, actor.ping.remote()))
+            continue
+        ready = [(a, ref) for a, ref in newcomers if ray.wait([ref], timeout=0)[0]]
+        if ready:
+            for item in ready:
+                newcomers.remove(item)
+                members.append(item[0])
+            form(members)  # member 0 is of the old group: every newcomer takes its state
+            ray.get([m.heal.remote(0) for m in members])
+        chunks = ray.get([m.run_steps.remote(CHUNK) for m in members])
+        done = min(c.steps for c in chunks)
+        step += done
+        batches += done * len(members)
+        if step // checkpoint_every > stored[0] // checkpoint_every:
+            ray.get(members[0].save.remote(checkpoint))
+            stored = (step, batches)
+    elapsed = time.perf_counter() - t0
+    for m in members + [a for a, _ in newcomers]:
+        ray.kill(m)
+    return batches / elapsed
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -80,6 +149,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--goodput", default="60,15", help="seconds between kills, comma-separated ('': skip)")
+    ap.add_argument("--checkpoint-every", type=int, default=100)
     args = ap.parse_args()
     load_start = os.getloadavg()[0]
     ray = start_local_ray(num_cpus=8)
@@ -157,6 +228,22 @@ def main() -> None:
         heal.append(time.time() - ready_at)
     for m in members:
         ray.kill(m)
+
+    # -- goodput: kills every 60 s and 15 s, survivors re-forming vs the group restarted ----------------
+    goodput: dict[str, float | None] = {f"goodput_{t}_{p}s": None for t in ("allreduce", "ps", "restart")
+                                        for p in (60, 15)}
+    intervals = [int(x) for x in args.goodput.split(",") if x.strip()]
+    if intervals:
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = os.path.join(tmp, "state.pt")
+            free = _goodput_run(ray, start, form, 3, 30.0, None, "allreduce", checkpoint, args.checkpoint_every)
+            goodput["batches_per_s_free"] = round(free, 2)
+            for interval in intervals:
+                for mode in ("allreduce", "restart"):
+                    duration = max(2.0 * interval, 60.0)  # 60 s: one kill in 120 s; 15 s: three in 60 s
+                    rate = _goodput_run(ray, start, form, 3, duration, interval, mode, checkpoint,
+                                        args.checkpoint_every)
+                    goodput[f"goodput_{mode}_{interval}s"] = round(rate / free, 3)
     rendezvous.close()
     ray.shutdown()
 
@@ -170,7 +257,7 @@ def main() -> None:
         "recovery_s_spread": [round(min(recovery), 3), round(max(recovery), 3)],
         "heal_s": round(statistics.median(heal), 3),
         "heal_s_spread": [round(min(heal), 3), round(max(heal), 3)],
-        **{f"goodput_{t}_{p}": None for t in ("allreduce", "ps", "restart") for p in ("60s", "15s")},
+        **goodput, "checkpoint_every": args.checkpoint_every,
         "model": args.model, "batch": args.batch, "trials": args.trials,
         "loadavg_1m": [round(load_start, 1), round(os.getloadavg()[0], 1)],
     }

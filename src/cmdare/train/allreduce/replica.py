@@ -143,6 +143,23 @@ class Replica:
         return MemberChunk(steps, time.perf_counter() - t_start, loss_sum / steps if steps else float("nan"),
                            self.step, lost)
 
+    # -- checkpoints -------------------------------------------------------------------------------
+    def save(self, path: str) -> int:
+        """Write the whole training state to ``path`` (written beside it, then renamed); returns its step."""
+        import os
+
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(self._state_bytes())
+        os.replace(tmp, path)
+        return self.step
+
+    def load(self, path: str) -> int:
+        """Take the training state ``path`` holds (from :meth:`save`); returns its step."""
+        with open(path, "rb") as f:
+            self._load_state(f.read())
+        return self.step
+
     # -- reading the state -----------------------------------------------------------------------
     def params(self) -> np.ndarray:
         """The parameters, flattened in ``model.parameters()`` order."""
