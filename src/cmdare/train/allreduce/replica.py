@@ -46,12 +46,13 @@ class Replica:
         optimizer: ``sgd``, ``adamw`` or a ``torch.optim`` class by import path.
         member_seed: the seed of this member's own random streams (dropout masks).
         deadline_s: the most a collective may take before its peers count as lost.
-        bind_host: the address this member's collective connections listen on.
+        bind_host: the address this member's collective connections listen on (default: its Ray node's address,
+            127.0.0.1 outside Ray).
     """
 
     def __init__(self, spec: TrainSpec, rendezvous: tuple[str, int], optimizer: str = "sgd",
                  member_seed: int = 0, threads: int | None = None, deadline_s: float = 5.0,
-                 bind_host: str = "127.0.0.1", lr_scale: float = 1.0):
+                 bind_host: str | None = None, lr_scale: float = 1.0):
         if threads:
             torch.set_num_threads(threads)
         self.spec, self.lr_scale = spec, lr_scale
@@ -60,7 +61,7 @@ class Replica:
         self.task = spec.task()
         self.model = self.task.build().to(self.device)
         self.optimizer = build_optimizer(optimizer, self.model.parameters(), spec.optimizer)
-        self.group = ElasticGroup(rendezvous, bind_host, deadline_s)
+        self.group = ElasticGroup(rendezvous, bind_host or _node_address(), deadline_s)
         self.buckets = GradientBuckets(list(self.model.parameters()), self.group)
         self.batches = GroupBatches(self.task.train, spec.batch_size, spec.seed)
         seed_worker(spec.seed, member_seed)
@@ -176,3 +177,15 @@ class Replica:
     def leave(self) -> None:
         """Leave the group (its peers' collectives fail at once, not at the deadline)."""
         self.group.abandon()
+
+
+def _node_address() -> str:
+    """This process's Ray node address (what its peers on other nodes reach it at); 127.0.0.1 outside Ray."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.util.get_node_ip_address())
+    except Exception:  # noqa: BLE001 - outside Ray
+        pass
+    return "127.0.0.1"
