@@ -4,6 +4,7 @@ restored from the newest checkpoint only when no member of the old group is left
 
 from __future__ import annotations
 
+from test_divergence import nan_at
 from test_run_controller import finished, make
 
 from cmdare.control import run_commands as C
@@ -58,3 +59,15 @@ def test_no_member_left_and_no_replacement_ends_the_run_naming_the_newest_checkp
     end = d.run()
     assert end.status == "failed" and "no worker left" in end.message
     assert "the latest checkpoint is step" in end.message and "\n" not in end.message
+
+
+def test_a_diverged_group_goes_back_to_the_newest_checkpoint_with_a_lower_learning_rate():
+    d = make(steps=300, workers=2, topology="allreduce", checkpoint_every=50, max_rollbacks=2)
+    seen = nan_at(d, 120)
+    end = d.run()
+    finished(d)
+    assert end.status == "finished" and seen == [120]
+    (back,) = [c for c in d.regroups if c.root is None]
+    assert (back.members, back.checkpoint, back.reason) == ((0, 1), 100, "diverged")
+    assert d.steps_lost == 20 and not d.of(C.Restore)
+    assert [c.scale for c in d.of(C.SetLrScale)][-1] == 0.5

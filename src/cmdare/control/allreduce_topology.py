@@ -122,7 +122,8 @@ class AllReduceTopology:
             checkpoint = self.duties.latest_checkpoint() if self.duties is not None else None
             back = f"the checkpoint of step {checkpoint}" if checkpoint is not None else \
                 "the state the run started from"
-            return Regroup(epoch, members, None, checkpoint, why=f"{why}: every member loads {back}")
+            reason = "diverged" if self.restore_reason == "diverged" else "lost"
+            return Regroup(epoch, members, None, checkpoint, reason, why=f"{why}: every member loads {back}")
         if not old:  # the first group of the run: every member built the same state
             return Regroup(epoch, members, members[0], why=f"the first group: {len(members)} members")
         root = max(old, key=lambda m: (self.steps.get(m, 0.0), -members.index(m)))

@@ -84,7 +84,8 @@ class RunController(SavedRun, RunEnding, RunEventHandlers):
 
     The controller is the *fleet* (servers, lifetimes, notices, replacements, liveness, duties, the chief, the
     learning rate, the run's end); how the members train together is its :attr:`topology`
-    (:class:`~cmdare.control.topology.Topology`; today :class:`~cmdare.control.ps_topology.PsTopology`).
+    (:class:`~cmdare.control.topology.Topology`: :class:`~cmdare.control.ps_topology.PsTopology` by default,
+    :class:`~cmdare.control.allreduce_topology.AllReduceTopology` with ``config.topology="allreduce"``).
     """
 
     def __init__(self, config: RunConfig, kernel: MembershipKernel, ps_kernel: PsServerKernel | None = None,

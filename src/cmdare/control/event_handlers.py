@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from cmdare.control.kinds import DutyKind, ShardAction
-from cmdare.control.run_commands import CloseSpares, Restore
+from cmdare.control.run_commands import CloseSpares, Regroup, Restore
 from cmdare.control.run_events import (
     ActionDone,
     AllStopped,
@@ -276,7 +276,7 @@ class RunEventHandlers:
             return
         self.topology.action_done(command, ev)
         if ev.ok and ev.action == ShardAction.RESTORE and ev.step is not None:
-            if isinstance(command, Restore) and command.reason == "diverged":
+            if isinstance(command, Restore | Regroup) and command.reason == "diverged":
                 self.workers.damp_lr(self.config.rollback_lr_scale, self.now)
                 self.divergence.rolled_back()
             self.step = ev.step

@@ -281,6 +281,7 @@ class Regroup(Command):
     members: tuple[int, ...]
     root: int | None
     checkpoint: int | None = None
+    reason: str | None = None  # with ``root`` None: why the state comes from the checkpoint (``diverged``, ...)
 
 
 @dataclass(frozen=True)

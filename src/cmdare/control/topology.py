@@ -2,7 +2,8 @@
 
 The run controller (:mod:`cmdare.control.controller`) is the *fleet*: servers, lifetimes, notices,
 replacements, liveness, duties, the chief, the learning rate and the run's end. How the members train together
-(through parameter-server shards today, :class:`~cmdare.control.ps_topology.PsTopology`) is a
+(through parameter-server shards, :class:`~cmdare.control.ps_topology.PsTopology`, or as an elastic all-reduce
+group, :class:`~cmdare.control.allreduce_topology.AllReduceTopology`) is a
 :class:`Topology` the fleet consults: the step rate of a membership, whether training must hold for an action on
 quiesced state, what a join or a loss means for training, and whether duty state can be taken now. A topology's
 own events (for a PS: its servers' notices, start-ups and deaths, placement requests) are dispatched to its
