@@ -8,19 +8,23 @@ import torch
 import torch.nn.functional as F
 
 
-def set_mean_gradient(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
+def set_mean_gradient(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                      weights: list[float] | None = None) -> None:
     """Put into ``model``'s ``.grad`` the mean over ``batches`` of the cross-entropy gradient of each batch
-    computed alone (batch norm normalising each batch by itself), summed in the batches' order."""
+    computed alone (batch norm normalising each batch by itself), summed in the batches' order; with ``weights``,
+    their weighted sum instead (each batch's share of a global batch)."""
     params = list(model.parameters())
     total, count = None, 0
-    for x, y in batches:
+    for i, (x, y) in enumerate(batches):
         for p in params:
             p.grad = None
         F.cross_entropy(model(x), y).backward()
         g = torch.cat([p.grad.reshape(-1) for p in params])
+        if weights is not None:
+            g.mul_(weights[i])
         total = g if total is None else total.add_(g)
         count += 1
-    if count > 1:
+    if count > 1 and weights is None:
         total.div_(count)
     offset = 0
     for p in params:

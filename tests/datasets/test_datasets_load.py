@@ -14,8 +14,9 @@ from cmdare.errors import UnknownNameError, UserInputError
 
 
 def test_public_api_is_pinned() -> None:
-    assert set(dsm.__all__) == {"BatchStream", "Dataset", "DatasetSpec", "MapSamples", "epoch_permutation",
-                                "fit_images", "list_datasets", "load_dataset", "register_dataset"}  # fmt: skip
+    assert set(dsm.__all__) == {"BatchStream", "Dataset", "DatasetSpec", "GroupBatches", "MapSamples",
+                                "epoch_permutation", "fit_images", "list_datasets", "load_dataset",
+                                "register_dataset"}  # fmt: skip
     assert {"digits", "synthetic", "cifar10"} <= set(list_datasets())
 
 

@@ -36,8 +36,10 @@ def _spec(**kw) -> TrainSpec:
                         "seed": SEED, "optimizer": OPT, **kw})
 
 
-def _reference(sizes: list[int], optimizer: str = "sgd", cfg: OptimizerConfig = OPT) -> np.ndarray:
-    """One process: ``sizes[t]`` members' gradients averaged at step ``t``, then one optimizer step."""
+def _reference(sizes: list[int], optimizer: str = "sgd", cfg: OptimizerConfig = OPT,
+               global_batch: int | None = None) -> np.ndarray:
+    """One process: ``sizes[t]`` members' gradients averaged at step ``t`` (with a ``global_batch``: each weighed
+    by its share of it), then one optimizer step."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -46,15 +48,16 @@ def _reference(sizes: list[int], optimizer: str = "sgd", cfg: OptimizerConfig = 
         model = build_model("resnet8", num_classes=data.num_classes, in_channels=data.input_shape[0])
         params = list(model.parameters())
         opt = build_optimizer(optimizer, params, cfg)
-        batches = GroupBatches((data.train_x, data.train_y), BATCH, SEED)
+        batches = GroupBatches((data.train_x, data.train_y), BATCH, SEED, global_batch=global_batch)
         model.train()
         for t, size in enumerate(sizes):
-            where, pieces = batches.where, []
+            where, pieces, weights = batches.where, [], []
             for rank in range(size):  # each member's own piece of the group's step
                 batches.seek(*where)
                 batches.regroup(rank, size)
+                weights.append(batches.piece()[1] / global_batch if global_batch else 0.0)
                 pieces.append(next(batches))
-            set_mean_gradient(model, pieces)
+            set_mean_gradient(model, pieces, weights if global_batch else None)
             for group in opt.param_groups:
                 group["lr"] = cfg.lr_at(t)
             opt.step()
@@ -182,3 +185,37 @@ def test_group_batches_take_every_sample_of_an_epoch_once_across_sizes():
             next(batches)
     assert len(seen) == len(set(seen))
     assert len(seen) >= 100 - 4 * 4  # the tail dropped is less than one step of the largest group
+
+
+def test_a_group_that_keeps_its_global_batch_equals_one_process_on_it_across_a_loss(local_ray):
+    """``global_batch=48``: 3 members train 16 samples each, then 2 train 24 each; each gradient weighs its share,
+    so every step is the global batch's mean gradient whatever the size."""
+    ray = local_ray
+    rendezvous = Rendezvous()
+    members = _members(ray, 3, rendezvous, global_batch=3 * BATCH)
+    try:
+        _form(ray, members, 0)
+        ray.get([m.run_steps.remote(3) for m in members], timeout=120)
+        gone = members.pop()
+        ray.kill(gone)
+        _form(ray, members, 1)
+        results = ray.get([m.run_steps.remote(3) for m in members], timeout=120)
+        assert [r.step for r in results] == [6, 6]
+        np.testing.assert_allclose(ray.get(members[0].params.remote()),
+                                   _reference([3] * 3 + [2] * 3, global_batch=3 * BATCH), rtol=0, atol=TOLERANCE)
+        assert ray.get(members[0].position.remote())[2] == 6 * 3 * BATCH  # 48 samples a step, whatever the size
+    finally:
+        for m in members:
+            ray.kill(m)
+        rendezvous.close()
+
+
+def test_a_global_batch_is_cut_into_pieces_that_differ_by_at_most_one_sample():
+    data = (torch.arange(200).float().reshape(200, 1), torch.arange(200))
+    batches = GroupBatches(data, 4, seed=1, global_batch=50)
+    pieces = []
+    for rank in range(3):
+        batches.regroup(rank, 3)
+        pieces.append(batches.piece())
+    assert pieces == [(0, 17), (17, 17), (34, 16)]
+    assert batches.step_samples == 50

@@ -5,6 +5,10 @@ gradients). When the last gradient of a bucket is accumulated, the bucket is fla
 starts, so the collective of the last layers runs while backward computes the first. :meth:`finish` waits,
 divides by the group's size and writes the averages back into ``.grad``. A parameter that got no gradient this
 step counts as zeros. In a group of one nothing is copied: the gradients stay as backward left them.
+
+With a ``weight`` each member's gradient is multiplied by it and the group's sum is the result: members whose
+batches differ in size weigh them by their share of the global batch, so the sum is the global batch's mean
+gradient.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class GradientBuckets:
         self._launched: list[bool] = []
         self._error: PeerLost | None = None
         self._armed = False
+        self.weight: float | None = None  # this member's share of the global batch (None: the mean over members)
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
 
     def _make_hook(self, index: int):
@@ -82,6 +87,8 @@ class GradientBuckets:
             else:
                 flat[offset:offset + n].copy_(p.grad.reshape(-1))
             offset += n
+        if self.weight is not None:
+            flat.mul_(self.weight)
         self._launched[b] = True
         self._works[b] = self.group.allreduce(flat)
 
@@ -107,7 +114,7 @@ class GradientBuckets:
             raise
         size = self.group.size
         for b, members in enumerate(self.buckets):
-            flat = self.flat[b].div_(size)
+            flat = self.flat[b] if self.weight is not None else self.flat[b].div_(size)
             offset = 0
             for i in members:
                 p = self.params[i]

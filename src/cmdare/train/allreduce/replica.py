@@ -48,11 +48,15 @@ class Replica:
         deadline_s: the most a collective may take before its peers count as lost.
         bind_host: the address this member's collective connections listen on (default: its Ray node's address,
             127.0.0.1 outside Ray).
+        lr_scale: the learning rate's factor (the fleet's ``--lr-policy`` on a size change; :meth:`form` sets it).
+        global_batch: keep the global batch at this many samples whatever the group's size (each member's batch
+            is its share); None: each member trains ``spec.batch_size`` samples a step, so the global batch
+            follows the size.
     """
 
     def __init__(self, spec: TrainSpec, rendezvous: tuple[str, int], optimizer: str = "sgd",
                  member_seed: int = 0, threads: int | None = None, deadline_s: float = 5.0,
-                 bind_host: str | None = None, lr_scale: float = 1.0):
+                 bind_host: str | None = None, lr_scale: float = 1.0, global_batch: int | None = None):
         if threads:
             torch.set_num_threads(threads)
         self.spec, self.lr_scale = spec, lr_scale
@@ -63,7 +67,7 @@ class Replica:
         self.optimizer = build_optimizer(optimizer, self.model.parameters(), spec.optimizer)
         self.group = ElasticGroup(rendezvous, bind_host or _node_address(), deadline_s)
         self.buckets = GradientBuckets(list(self.model.parameters()), self.group)
-        self.batches = GroupBatches(self.task.train, spec.batch_size, spec.seed)
+        self.batches = GroupBatches(self.task.train, spec.batch_size, spec.seed, global_batch=global_batch)
         seed_worker(spec.seed, member_seed)
         self.step = 0
         self.ready_at = time.time()  # the process is up and the model built
@@ -79,6 +83,8 @@ class Replica:
         except PeerLost:
             return False
         self.batches.regroup(rank, size)
+        if self.batches.global_batch is not None:  # its share of the global batch's mean gradient
+            self.buckets.weight = self.batches.piece()[1] / self.batches.global_batch
         return True
 
     def heal(self, root: int) -> bool:
