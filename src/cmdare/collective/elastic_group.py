@@ -1,7 +1,8 @@
 """One member's view of an elastic group: formed at an epoch, collectives within a deadline, a lost peer raised.
 
 A group of ``size`` members is formed at ``epoch`` through the driver's :class:`~cmdare.collective.Rendezvous`
-(keys under ``epoch/<n>/``). Every collective ends within ``deadline_s``: a peer that died closes its
+(keys under ``epoch/<n>/``), waiting up to ``form_timeout_s`` for every member. Every collective ends within
+``deadline_s``: a peer that died closes its
 connections and the collective fails at once; a peer that froze (``kill -STOP``, a half-open connection) is
 waited for until the deadline. Either way the member gets :class:`PeerLost`, abandons the group and waits to be
 told the next epoch, its rank and the new size (:meth:`ElasticGroup.form`). A group of one runs no collective.
@@ -34,13 +35,17 @@ class ElasticGroup:
     Args:
         address: the rendezvous store's ``(host, port)``.
         bind_host: the address this member's collective connections listen on (its node's address).
-        deadline_s: the most a collective or a formation may take before its peers count as lost.
+        deadline_s: the most a collective may take before its peers count as lost.
+        form_timeout_s: the most a formation may wait for every member to join (members told at slightly
+            different times: a loaded machine, a newcomer's first call).
     """
 
-    def __init__(self, address: tuple[str, int], bind_host: str = "127.0.0.1", deadline_s: float = 5.0):
+    def __init__(self, address: tuple[str, int], bind_host: str = "127.0.0.1", deadline_s: float = 5.0,
+                 form_timeout_s: float = 30.0):
         import torch.distributed as dist
 
         self.address, self.bind_host, self.deadline_s = (str(address[0]), int(address[1])), bind_host, deadline_s
+        self.form_timeout_s = form_timeout_s
         self._store = dist.TCPStore(self.address[0], self.address[1], is_master=False,
                                     timeout=timedelta(seconds=max(deadline_s, 30.0)))
         self._pg: Any = None
@@ -61,12 +66,13 @@ class ElasticGroup:
         if size == 1:
             return
         options = dist.ProcessGroupGloo._Options()
-        options._timeout = timedelta(seconds=self.deadline_s)
+        options._timeout = timedelta(seconds=max(self.deadline_s, self.form_timeout_s))
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=self.bind_host)]
         try:
             self._pg = dist.ProcessGroupGloo(dist.PrefixStore(f"epoch/{epoch}/", self._store), rank, size, options)
         except RuntimeError as err:
             raise PeerLost(epoch, _first_line(err)) from None
+        self._pg.set_timeout(timedelta(seconds=self.deadline_s))  # formed: every collective within the deadline
 
     def abandon(self) -> None:
         """Leave the current group: its connections close, so a peer still waiting in it fails at once.
