@@ -39,10 +39,10 @@ PINNED: dict[str, list[str]] = {
         "pareto_front", "parse_workers", "recommend", "simulate",
     ],
     "cmdare.predict": [
-        "WorkloadFeatures", "checkpoint_model", "cluster_speed_model", "fit_from_store", "gpu_tflops",
-        "list_published_workloads", "predict_checkpoint_s", "predict_cluster_steps_per_s", "predict_step_time_s",
-        "published_workload", "recovery_time_published_s", "recovery_time_s", "startup_model", "step_flops",
-        "step_time_model",
+        "PS_MODEL_LINK_GBPS", "WorkloadFeatures", "checkpoint_model", "cluster_speed_model", "fit_from_store",
+        "gpu_tflops", "list_published_workloads", "predict_checkpoint_s", "predict_cluster_steps_per_s",
+        "predict_step_time_s", "published_workload", "recovery_time_published_s", "recovery_time_s", "startup_model",
+        "step_flops", "step_time_model",
     ],
     "cmdare.collective": ["ElasticGroup", "GradientBuckets", "PeerLost", "Rendezvous"],
     "cmdare.ps": [

@@ -46,6 +46,7 @@ def _home(tmp_path_factory, monkeypatch):
 
 def test_public_api_is_pinned():
     assert set(P.__all__) == {
+        "PS_MODEL_LINK_GBPS",
         "WorkloadFeatures",
         "checkpoint_model",
         "cluster_speed_model",

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from cmdare.predict.allreduce_speed import compare_topologies, crossover_link_gbps
+from cmdare.predict.allreduce_speed import (
+    MIXED_GPUS_NOTE,
+    TOPOLOGY_NAMES,
+    compare_topologies,
+    crossover_link_gbps,
+    crossover_words,
+)
 
 __all__ = ["topology_choice"]
-
-_NAMES = {"ps": "a PS", "allreduce": "all-reduce"}
 
 
 def topology_choice(features: Any, gpu_counts: dict[str, int], ps: int, link_gbps: float,
@@ -23,11 +27,9 @@ def topology_choice(features: Any, gpu_counts: dict[str, int], ps: int, link_gbp
     ps = max(1, ps)
     speeds = compare_topologies(features, gpu_counts, ps, link_gbps, batch_size=batch_size, precision=precision)
     below, flip = crossover_link_gbps(features, gpu_counts, ps, batch_size=batch_size, precision=precision)
-    other = "ps" if below == "allreduce" else "allreduce"
-    where = (f"{_NAMES[below]} is faster at every link speed from 0.1 to 400 Gbit/s" if flip is None else
-             f"{_NAMES[below]} is faster below about {flip:.1f} Gbit/s, {_NAMES[other]} above")
-    mixed = "; the slowest GPU type gates every all-reduce step" if len(gpu_counts) > 1 else ""
-    text = (f"topology: {_NAMES[speeds.recommended]} recommended: {speeds.why()}{mixed}; {where}"
+    where = crossover_words(below, flip)
+    mixed = f"; {MIXED_GPUS_NOTE}" if len(gpu_counts) > 1 else ""
+    text = (f"topology: {TOPOLOGY_NAMES[speeds.recommended]} recommended: {speeds.why()}{mixed}; {where}"
             + ("" if speeds.recommended == "ps" else
                " (cmdare train --topology allreduce is not built yet: the times and costs above are a PS run's)"))
     return text, {"recommended": speeds.recommended, "link_gbps": link_gbps,

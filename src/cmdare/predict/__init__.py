@@ -33,6 +33,7 @@ from cmdare.predict.recovery import recovery_time_published_s, recovery_time_s
 from cmdare.predict.workloads import WorkloadFeatures, list_published_workloads, published_workload
 
 __all__ = [
+    "PS_MODEL_LINK_GBPS",
     "WorkloadFeatures",
     "checkpoint_model",
     "cluster_speed_model",
@@ -295,6 +296,11 @@ def predict_step_time_s(
     return t
 
 
+#: The network per server (Gbit/s) CM-DARE's PS runs are taken to have had: the PS model's service times are
+#: fitted there (the paper does not state it; GCE's VMs of its size had about this much).
+PS_MODEL_LINK_GBPS = 10.0
+
+
 def predict_cluster_steps_per_s(
     workload: str | WorkloadFeatures,
     gpus: Sequence[str] | Mapping[str, int] | str,
@@ -304,25 +310,31 @@ def predict_cluster_steps_per_s(
     refined: bool = True,
     batch_size: int | None = None,
     precision: str = "fp32",
+    link_gbps: float | None = None,
 ) -> float:
     """Global steps/s of asynchronous PS training with the given workers (e.g. ``{"k80": 4, "p100": 2}``,
     ``["k80", "k80"]`` or ``"k80:2,p100:1"``) and ``ps`` parameter servers, tensors placed on them by
     ``placement`` (``round-robin``, ``greedy``, ``mxnet``, ``byteps``, or ``psld`` = balanced load), each worker
     at ``batch_size`` (None: train's default) and ``precision`` (see :func:`predict_step_time_s`; the PS traffic
-    stays float32); ``refined``: apply the corrections fitted on the user's own runs (:mod:`cmdare.predict.refine`)."""
+    stays float32); ``refined``: apply the corrections fitted on the user's own runs (:mod:`cmdare.predict.refine`);
+    ``link_gbps``: the network per server, the PS's service demand scaled by :data:`PS_MODEL_LINK_GBPS` over it
+    (None: the network the model was fitted on)."""
     from cmdare.errors import UserInputError
 
     if int(ps) < 1:
         raise UserInputError(f"need at least one parameter server, got {ps}")
+    if link_gbps is not None and not link_gbps > 0:
+        raise UserInputError(f"--link-gbps must be positive, got {link_gbps}")
+    link = 1.0 if link_gbps is None else PS_MODEL_LINK_GBPS / link_gbps
     w = _workload(workload)
     counts = parse_gpu_counts(gpus)
     if not refined:
-        return speed_with_scales(w, counts, int(ps), placement, latency_ms, batch_size=batch_size,
+        return speed_with_scales(w, counts, int(ps), placement, latency_ms, demand_scale=link, batch_size=batch_size,
                                  precision=precision)
     from cmdare.predict.refine import demand_scale, step_scale
 
     return speed_with_scales(w, counts, int(ps), placement, latency_ms, {g: step_scale(g) for g in counts},
-                             demand_scale(counts), batch_size=batch_size, precision=precision)
+                             demand_scale(counts) * link, batch_size=batch_size, precision=precision)
 
 
 def speed_with_scales(

@@ -22,15 +22,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cmdare.errors import UserInputError
+from cmdare.predict import PS_MODEL_LINK_GBPS
 from cmdare.predict.workloads import WorkloadFeatures
 
-__all__ = ["DEFAULT_LINK_GBPS", "TopologySpeeds", "allreduce_step_s", "allreduce_steps_per_s", "compare_topologies",
-           "crossover_link_gbps", "member_compute_s", "ring_allreduce_s"]
+__all__ = ["DEFAULT_LINK_GBPS", "MIXED_GPUS_NOTE", "TOPOLOGY_NAMES", "TopologySpeeds", "allreduce_step_s",
+           "allreduce_steps_per_s", "compare_topologies", "crossover_link_gbps", "crossover_words",
+           "member_compute_s", "ring_allreduce_s"]
 
-DEFAULT_LINK_GBPS = 10.0  # per server; also the network CM-DARE's PS measurements are taken to have had
+DEFAULT_LINK_GBPS = PS_MODEL_LINK_GBPS  # per server: the network CM-DARE's PS measurements are taken to have had
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket, as cmdare's members use (cmdare.collective.buckets)
 FORWARD_SHARE = 1.0 / 3.0  # forward of forward + backward: the ring cannot start before backward does
+TOPOLOGY_NAMES = {"ps": "a PS", "allreduce": "all-reduce"}  # in sentences
+MIXED_GPUS_NOTE = "the slowest GPU type gates every all-reduce step"  # said wherever a mix is priced
 
 
 def ring_allreduce_s(num_params: float, members: int, link_gbps: float, latency_ms: float,
@@ -73,7 +76,7 @@ class TopologySpeeds:
     def why(self) -> str:
         """One sentence: which is faster, by how much, and what gates each."""
         a, p = self.allreduce_batches_per_s, self.ps_batches_per_s
-        fast, slow = (("all-reduce", "a PS"), ("a PS", "all-reduce"))[self.recommended == "ps"]
+        fast, slow = TOPOLOGY_NAMES[self.recommended], TOPOLOGY_NAMES[_other(self.recommended)]
         ratio = max(a, p) / min(a, p) if min(a, p) > 0 else float("inf")
         return (f"{fast} trains {ratio:.2f}x the batches/s of {slow} ({a:.1f} vs {p:.1f} batches/s with {self.ps} PS); "
                 f"all-reduce: the slowest member computes {self.compute_s * 1e3:.0f} ms a step, a ring all-reduce "
@@ -124,16 +127,14 @@ def compare_topologies(workload: WorkloadFeatures, counts: Mapping[str, int], ps
     Raises:
         UserInputError: a link speed that is not positive.
     """
-    from cmdare.predict import speed_with_scales
+    from cmdare.predict import predict_cluster_steps_per_s
 
-    if not link_gbps > 0:
-        raise UserInputError(f"--link-gbps must be positive, got {link_gbps}")
     w = workload
+    ps_speed = predict_cluster_steps_per_s(w, dict(counts), ps, latency_ms, placement, batch_size=batch_size,
+                                           precision=precision, link_gbps=link_gbps)  # the link checked here
     compute = member_compute_s(w, counts, latency_ms, batch_size, precision)
     members = len(compute)
     step = allreduce_step_s(compute, w.num_params, link_gbps, latency_ms)
-    ps_speed = speed_with_scales(w, counts, ps, placement, latency_ms, demand_scale=DEFAULT_LINK_GBPS / link_gbps,
-                                 batch_size=batch_size, precision=precision)
     return TopologySpeeds(members, ps_speed, members / step, 1.0 / step, max(compute),
                           ring_allreduce_s(w.num_params, members, link_gbps, latency_ms), link_gbps, ps)
 
@@ -154,3 +155,14 @@ def crossover_link_gbps(workload: WorkloadFeatures, counts: Mapping[str, int], p
         if winner(gbps) != first:
             return first, gbps
     return first, None
+
+
+def crossover_words(below: str, flip: float | None) -> str:
+    """:func:`crossover_link_gbps`'s answer in words."""
+    if flip is None:
+        return f"{TOPOLOGY_NAMES[below]} is faster at every link speed from 0.1 to 400 Gbit/s"
+    return f"{TOPOLOGY_NAMES[below]} is faster below about {flip:.1f} Gbit/s, {TOPOLOGY_NAMES[_other(below)]} above"
+
+
+def _other(topology: str) -> str:
+    return "ps" if topology == "allreduce" else "allreduce"

@@ -191,14 +191,9 @@ def cluster_speed_cmd(
     from cmdare.predict import predict_cluster_steps_per_s
 
     asked = parse_workers(_need(workers, "--workers"))
-    if link_gbps is None:
-        speed = predict_cluster_steps_per_s(_model(model, input_shape), asked.counts(DEFAULT_WORKER_GPU), ps,
-                                            placement=placement, batch_size=batch_size, precision=precision)
-    else:
-        from cmdare.predict.allreduce_speed import compare_topologies
-
-        speed = compare_topologies(_model(model, input_shape), asked.counts(DEFAULT_WORKER_GPU), ps, link_gbps,
-                                   batch_size=batch_size, precision=precision, placement=placement).ps_batches_per_s
+    speed = predict_cluster_steps_per_s(_model(model, input_shape), asked.counts(DEFAULT_WORKER_GPU), ps,
+                                        placement=placement, batch_size=batch_size, precision=precision,
+                                        link_gbps=link_gbps)
     if asked.mix is None:
         typer.echo(f"note: {default_gpu_note(asked.total, DEFAULT_WORKER_GPU)}", err=True)
     _gpu_notes(list(asked.counts(DEFAULT_WORKER_GPU)))
@@ -216,7 +211,13 @@ def _allreduce_speed(model: str | None, workers: str | None, ps: int | None, pla
     """``predict cluster-speed --topology allreduce``: group steps/s and batches/s, beside a PS on stderr."""
     from cmdare.cloud.gpu_counts import DEFAULT_WORKER_GPU, default_gpu_note, parse_workers
     from cmdare.errors import UserInputError
-    from cmdare.predict.allreduce_speed import DEFAULT_LINK_GBPS, compare_topologies, crossover_link_gbps
+    from cmdare.predict.allreduce_speed import (
+        DEFAULT_LINK_GBPS,
+        MIXED_GPUS_NOTE,
+        compare_topologies,
+        crossover_link_gbps,
+        crossover_words,
+    )
 
     given = [name for name, value in (("--ps", ps), ("--placement", placement), ("--input/--output", table),
                                       ("--interval", level)) if value is not None]
@@ -233,12 +234,8 @@ def _allreduce_speed(model: str | None, workers: str | None, ps: int | None, pla
         typer.echo(f"note: {default_gpu_note(asked.total, DEFAULT_WORKER_GPU)}", err=True)
     _gpu_notes(list(counts))
     if len(counts) > 1:
-        typer.echo("note: the slowest GPU type gates every all-reduce step", err=True)
-    below, flip = crossover_link_gbps(features, counts, 1, batch_size=batch_size, precision=precision)
-    names = {"ps": "a PS", "allreduce": "all-reduce"}
-    where = (f"{names[below]} is faster at every link speed from 0.1 to 400 Gbit/s" if flip is None else
-             f"{names[below]} is faster below about {flip:.1f} Gbit/s, "
-             f"{names['ps' if below == 'allreduce' else 'allreduce']} above")
+        typer.echo(f"note: {MIXED_GPUS_NOTE}", err=True)
+    where = crossover_words(*crossover_link_gbps(features, counts, 1, batch_size=batch_size, precision=precision))
     typer.echo(f"note: {speeds.why()}; {where}", err=True)
     typer.echo(f"{speeds.allreduce_steps_per_s:.3f} steps/s of {speeds.members} batches "
                f"({speeds.allreduce_batches_per_s:.1f} batches/s)")
