@@ -366,8 +366,12 @@ class FakeDriver:
         pass
 
     def _do_Restore(self, c: C.Restore) -> None:
-        assert c.checkpoint is None or c.checkpoint in self.stored, "a restore names a checkpoint the run stored"
-        back = c.checkpoint if c.checkpoint is not None else self.start_step
+        self._back_to(c.checkpoint)
+
+    def _back_to(self, checkpoint: int | None) -> None:
+        """Training state goes back to ``checkpoint`` (None: where the run started): the steps since are lost."""
+        assert checkpoint is None or checkpoint in self.stored, "a restore names a checkpoint the run stored"
+        back = checkpoint if checkpoint is not None else self.start_step
         self.steps_lost += self.step - back
         self.step = back
         self._action("restore", step=back)
@@ -378,12 +382,8 @@ class FakeDriver:
         self.regroups.append(c)
         if c.root is not None:
             self._action("regroup")
-            return
-        assert c.checkpoint is None or c.checkpoint in self.stored, "a regroup names a checkpoint the run stored"
-        back = c.checkpoint if c.checkpoint is not None else self.start_step
-        self.steps_lost += self.step - back
-        self.step = back
-        self._action("restore", step=back)
+        else:
+            self._back_to(c.checkpoint)
 
     def _do_ChangePlacement(self, c: C.ChangePlacement) -> None:
         self.num_shards += len(c.new_keys)

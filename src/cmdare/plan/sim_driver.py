@@ -377,7 +377,11 @@ class SimRun:
 
     def _do_Restore(self, c: C.Restore) -> None:
         """Every shard rolls back to the checkpoint the controller names (None: the start, step 0)."""
-        kept = c.checkpoint or 0
+        self._back_to(c.checkpoint)
+
+    def _back_to(self, checkpoint: int | None) -> None:
+        """Training state goes back to ``checkpoint`` (None: the start, step 0): the steps since are lost."""
+        kept = checkpoint or 0
         self.steps_lost += max(0.0, self.progress - kept)
         self.progress = float(kept)
         self._action(ShardAction.RESTORE, 0.0, step=kept)
@@ -387,11 +391,8 @@ class SimRun:
         checkpoint the controller names when no member holds the state (as a restore)."""
         if c.root is not None:
             self._action(ShardAction.REGROUP, REGROUP_S)
-            return
-        kept = c.checkpoint or 0
-        self.steps_lost += max(0.0, self.progress - kept)
-        self.progress = float(kept)
-        self._action(ShardAction.RESTORE, 0.0, step=kept)
+        else:
+            self._back_to(c.checkpoint)
 
     def _do_ChangePlacement(self, c: C.ChangePlacement) -> None:
         self._action(ShardAction.PLACEMENT, 0.0)
