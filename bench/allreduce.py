@@ -78,6 +78,11 @@ def _ddp_member(rank: int, port: int, args: argparse.Namespace, out: object) -> 
     dist.destroy_process_group()
 
 
+def _pid(ray, actor) -> int:
+    """The process ID of ``actor`` (a member this bench started, killed by its PID)."""
+    return int(ray.get(actor.__ray_call__.remote(lambda self: os.getpid())))
+
+
 CHUNK = 5  # steps per call between the goodput loop's checks (a kill due, a newcomer up, a checkpoint)
 
 
@@ -97,7 +102,7 @@ def _goodput_run(ray, start, form, n: int, duration_s: float, interval_s: float 
         if time.perf_counter() >= next_kill:
             next_kill += interval_s or 0.0
             victim = members.pop(rng.randrange(len(members)))
-            os.kill(ray.get(victim.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
+            os.kill(_pid(ray, victim), signal.SIGKILL)
             if mode == "restart":  # stop the group, start a new one, reload the newest checkpoint
                 for m in members:
                     ray.kill(m)
@@ -204,7 +209,7 @@ def main() -> None:
     recovery, heal = [], []
     for _ in range(args.trials):
         victim = members.pop()
-        pid = ray.get(victim.__ray_call__.remote(lambda self: os.getpid()))
+        pid = _pid(ray, victim)
         running = [m.run_steps.remote(10**6) for m in members]
         victim.run_steps.remote(10**6)
         time.sleep(0.5)
@@ -217,8 +222,6 @@ def main() -> None:
         assert all(ray.get([m.heal.remote(root) for m in members]))
         ray.get([m.run_steps.remote(1) for m in members])
         recovery.append(time.perf_counter() - t_kill)
-        if os.environ.get("BENCH_DEBUG"):
-            print(round(recovery[-1], 3), [(c.steps, c.lost) for c in lost], flush=True)
         newcomer = start(1)[0]
         ready_at = ray.get(newcomer.ping.remote())
         members.append(newcomer)

@@ -8,9 +8,11 @@ member's own batch (as DDP without SyncBatchNorm), so each member's gradient is 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -81,9 +83,26 @@ def test_one_member_equals_torch_optim_bit_for_bit(optimizer):
         rendezvous.close()
 
 
-def _members(ray, n: int, rendezvous: Rendezvous, **kw):
+@contextlib.contextmanager
+def _group(ray) -> Iterator[Callable[..., list]]:
+    """``start(n, **replica_options)`` starts ``n`` members meeting at one rendezvous; every member it started is
+    ended, and the rendezvous closed, at the end."""
+    rendezvous = Rendezvous()
     actor = ray.remote(num_cpus=1)(Replica)
-    return [actor.remote(_spec(), rendezvous.address, threads=1, member_seed=r, **kw) for r in range(n)]
+    started: list = []
+
+    def start(n: int, **kw) -> list:
+        new = [actor.remote(_spec(), rendezvous.address, threads=1, member_seed=len(started) + r, **kw)
+               for r in range(n)]
+        started.extend(new)
+        return new
+
+    try:
+        yield start
+    finally:
+        for m in started:
+            ray.kill(m)
+        rendezvous.close()
 
 
 def _form(ray, members, epoch: int) -> None:
@@ -93,9 +112,8 @@ def _form(ray, members, epoch: int) -> None:
 @pytest.mark.parametrize("n", [2, 4])
 def test_members_equal_single_process_sgd_on_their_averaged_batches(local_ray, n):
     ray = local_ray
-    rendezvous = Rendezvous()
-    members = _members(ray, n, rendezvous)
-    try:
+    with _group(ray) as start:
+        members = start(n)
         _form(ray, members, 0)
         results = ray.get([m.run_steps.remote(8) for m in members], timeout=120)
         assert [r.steps for r in results] == [8] * n and not any(r.lost for r in results)
@@ -104,10 +122,6 @@ def test_members_equal_single_process_sgd_on_their_averaged_batches(local_ray, n
             np.testing.assert_array_equal(p, params[0])
         np.testing.assert_allclose(params[0], _reference([n] * 8), rtol=0, atol=TOLERANCE)
         assert len({ray.get(m.position.remote()) for m in members}) == 1
-    finally:
-        for m in members:
-            ray.kill(m)
-        rendezvous.close()
 
 
 @pytest.mark.parametrize("how", ["killed", "frozen"])
@@ -116,13 +130,14 @@ def test_a_lost_member_costs_the_step_in_flight_and_nothing_else(local_ray, how)
     the deadline, they re-form at 2 with a new epoch and train on from their own state: the result equals a run
     sized 3 for 4 steps and 2 from there."""
     ray = local_ray
-    rendezvous = Rendezvous()
-    members = _members(ray, 3, rendezvous, deadline_s=2.0)
-    try:
+    with _group(ray) as start, contextlib.ExitStack() as stack:
+        members = start(3, deadline_s=2.0)
         _form(ray, members, 0)
         assert [r.steps for r in ray.get([m.run_steps.remote(4) for m in members], timeout=120)] == [4] * 3
         victim = members.pop()
         pid = ray.get(victim.__ray_call__.remote(lambda self: os.getpid()))
+        if how == "frozen":  # a stopped process ends only by SIGKILL (this test's own member, by its PID)
+            stack.callback(os.kill, pid, signal.SIGKILL)
         os.kill(pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         t0 = time.monotonic()
         results = ray.get([m.run_steps.remote(4) for m in members], timeout=60)
@@ -135,24 +150,17 @@ def test_a_lost_member_costs_the_step_in_flight_and_nothing_else(local_ray, how)
         assert [r.step for r in results] == [8, 8]
         np.testing.assert_allclose(ray.get(members[0].params.remote()), _reference([3] * 4 + [2] * 4),
                                    rtol=0, atol=TOLERANCE)
-    finally:
-        if how == "frozen":
-            os.kill(pid, signal.SIGKILL)
-        for m in [*members, victim]:
-            ray.kill(m)
-        rendezvous.close()
 
 
 def test_a_newcomer_heals_from_a_peer_and_the_data_goes_on_without_a_gap(local_ray):
     """2 members train 3 steps; a newcomer joins at epoch 1, takes member 0's state (parameters, optimizer state,
     step, data position) and the 3 train on: equal to a run sized 2 then 3, every sample of the epoch taken once."""
     ray = local_ray
-    rendezvous = Rendezvous()
-    members = _members(ray, 2, rendezvous, optimizer="adamw")
-    try:
+    with _group(ray) as start:
+        members = start(2, optimizer="adamw")
         _form(ray, members, 0)
         ray.get([m.run_steps.remote(3) for m in members], timeout=120)
-        members += _members(ray, 1, rendezvous, optimizer="adamw")
+        members += start(1, optimizer="adamw")
         _form(ray, members, 1)
         assert all(ray.get([m.heal.remote(0) for m in members]))
         assert len({ray.get(m.position.remote()) for m in members}) == 1
@@ -161,10 +169,6 @@ def test_a_newcomer_heals_from_a_peer_and_the_data_goes_on_without_a_gap(local_r
         params = ray.get([m.params.remote() for m in members])
         np.testing.assert_array_equal(params[2], params[0])
         np.testing.assert_allclose(params[0], _reference([2] * 3 + [3] * 3, "adamw"), rtol=0, atol=TOLERANCE)
-    finally:
-        for m in members:
-            ray.kill(m)
-        rendezvous.close()
 
 
 def test_group_batches_take_every_sample_of_an_epoch_once_across_sizes():
@@ -191,9 +195,8 @@ def test_a_group_that_keeps_its_global_batch_equals_one_process_on_it_across_a_l
     """``global_batch=48``: 3 members train 16 samples each, then 2 train 24 each; each gradient weighs its share,
     so every step is the global batch's mean gradient whatever the size."""
     ray = local_ray
-    rendezvous = Rendezvous()
-    members = _members(ray, 3, rendezvous, global_batch=3 * BATCH)
-    try:
+    with _group(ray) as start:
+        members = start(3, global_batch=3 * BATCH)
         _form(ray, members, 0)
         ray.get([m.run_steps.remote(3) for m in members], timeout=120)
         gone = members.pop()
@@ -204,10 +207,6 @@ def test_a_group_that_keeps_its_global_batch_equals_one_process_on_it_across_a_l
         np.testing.assert_allclose(ray.get(members[0].params.remote()),
                                    _reference([3] * 3 + [2] * 3, global_batch=3 * BATCH), rtol=0, atol=TOLERANCE)
         assert ray.get(members[0].position.remote())[2] == 6 * 3 * BATCH  # 48 samples a step, whatever the size
-    finally:
-        for m in members:
-            ray.kill(m)
-        rendezvous.close()
 
 
 def test_a_global_batch_is_cut_into_pieces_that_differ_by_at_most_one_sample():
