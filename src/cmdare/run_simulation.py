@@ -31,6 +31,7 @@ _NOT_SIMULATED: dict[str, tuple[str, str]] = {
     "ps_bandwidth": ("--ps-bandwidth", "the PS link is not emulated"),
     "on_diverge": ("--on-diverge", "no divergence or rollback is predicted"),
     "optimizer": ("--lr/--momentum/--weight-decay", "the accuracy model knows one setting"),
+    "optimizer_name": ("--optimizer", "the accuracy model knows SGD only"),
 }
 # ... in a local run only (its emulated step times are the step-time model's float32 figures; a joined run's
 # simulation predicts the cluster's GPUs at the run's precision)
@@ -84,6 +85,7 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
     workers, _ = server_specs(spec)
     region = workers[0].region
     precision = spec.precision if joined else "fp32"  # see _NOT_SIMULATED_LOCAL
+    shards = spec.ps if spec.topology == "ps" else 0  # an all-reduce run has no parameter server
     models = with_evacuation(load_plan_models(spec.model_name, lifetime, None, spec.cloud,
                                               input_shape=_input_shape(spec), batch_size=spec.batch_size,
                                               precision=precision),
@@ -99,13 +101,13 @@ def simulation_inputs(spec: TrainSpec, joined: bool) -> tuple[Any, Any, Any, Any
         fixed = None if spec.startup == "model" else float(spec.startup)
         models = emulated_models(models, step_s, sync=spec.sync, speedup=plan.speedup, startup_s=fixed)
         if fixed is None:  # start-ups drawn as the trainer draws them: its phases, its stream
-            first_wave = [(None, spec.ps_transient)] * spec.ps + [(g, spec.transient) for g in spec.slot_gpus()]
+            first_wave = [(None, spec.ps_transient)] * shards + [(g, spec.transient) for g in spec.slot_gpus()]
             models = dataclasses.replace(models, startup=TrainerStartups(plan.speedup, spec.seed, first_wave))
     counts = Counter(spec.slot_gpus())
-    cluster = ClusterSpec(tuple(WorkerGroup(g, n, spec.transient, region) for g, n in counts.items()), ps=spec.ps,
+    cluster = ClusterSpec(tuple(WorkerGroup(g, n, spec.transient, region) for g, n in counts.items()), ps=shards,
                           region=region, ps_transient=spec.ps_transient, replacement=spec.replace,
                           replacement_timeout_s=spec.replacement_timeout_s if joined else None,
-                          warm_spares=spec.warm_spares)
+                          warm_spares=spec.warm_spares, topology=spec.topology)
     job = JobSpec(spec.model_name, spec.steps, spec.checkpoint_every or spec.steps + 1, lr_policy=spec.lr_policy,
                   sync=spec.sync, batch_size=spec.batch_size, precision=precision)
 

@@ -8,6 +8,7 @@ from test_divergence import nan_at
 from test_run_controller import finished, make
 
 from cmdare.control import run_commands as C
+from cmdare.control import run_events as E
 from cmdare.control.allreduce_topology import AllReduceTopology
 
 
@@ -71,3 +72,31 @@ def test_a_diverged_group_goes_back_to_the_newest_checkpoint_with_a_lower_learni
     assert (back.members, back.checkpoint, back.reason) == ((0, 1), 100, "diverged")
     assert d.steps_lost == 20 and not d.of(C.Restore)
     assert [c.scale for c in d.of(C.SetLrScale)][-1] == 0.5
+
+
+def test_every_member_lost_at_the_last_step_trains_the_lost_steps_again_before_the_final_duties():
+    """The group's state lives in its members: lost with the last of them at the target step, it comes back from
+    the newest checkpoint and the lost steps are trained again; the final checkpoint and evaluation run on a member
+    healed into the group, never on a newcomer's fresh model (before: the run finished on the newcomer's)."""
+    d = make(steps=200, workers=2, topology="allreduce", revocations="trace=200@0+200@1", checkpoint_every=25)
+    d.run()
+    finished(d)
+    assert [(c.members, c.root, c.checkpoint) for c in d.regroups[1:]] == [((2,), None, 175), ((2, 3), 2, None)]
+    assert d.steps_lost == 25
+    final = [(c.kind, c.worker_id) for c in d.of(C.StartDuty) if c.final]
+    assert {kind for kind, _ in final} == {"checkpoint", "eval"} and {w for _, w in final} == {2}
+
+
+def test_a_collective_that_fails_with_every_member_answering_forms_the_same_group_again():
+    d = make(steps=200, workers=2, topology="allreduce", checkpoint_every=50)
+
+    def broken(d) -> None:
+        d.feed(E.GroupBroken(wall=d.wall, worker_id=1, detail="Connection reset by peer"))
+
+    d.on_step[80] = broken
+    d.run()
+    finished(d)
+    assert [(c.epoch, c.members) for c in d.regroups] == [(1, (0, 1)), (2, (0, 1))]
+    assert d.regroups[1].root in (0, 1) and d.regroups[1].checkpoint is None  # healed from the furthest on
+    assert "its collective failed: Connection reset by peer" in d.regroups[1].why
+    assert d.steps_lost == 0

@@ -14,6 +14,7 @@ from cmdare.control.controller import RunController
 from cmdare.control.dispatch import handler_table, kinds, missing_handlers
 from cmdare.control.ps_topology import PsTopology
 from cmdare.plan.sim_driver import SimRun
+from cmdare.train.allreduce.allreduce_driver import AllReduceDriver
 from cmdare.train.run.ray_driver import RayDriver
 
 
@@ -22,11 +23,11 @@ def test_the_controller_takes_every_kind_of_event():
     assert len(kinds(E.Event)) >= 20
     assert missing_handlers((RunController, PsTopology), "_on_", E.Event) == []
     topology_only = missing_handlers(RunController, "_on_", E.Event)
-    assert set(topology_only) == {"_on_PsNotice", "_on_PsUp", "_on_PsStartFailed", "_on_ShardLost",
+    assert set(topology_only) == {"_on_PsNotice", "_on_PsUp", "_on_PsStartFailed", "_on_ShardLost", "_on_GroupBroken",
                                   "_on_PlacementRequested", "_on_ShardLoads"}
 
 
-@pytest.mark.parametrize("driver", [RayDriver, SimRun, FakeDriver], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("driver", [RayDriver, AllReduceDriver, SimRun, FakeDriver], ids=lambda d: d.__name__)
 def test_every_driver_carries_out_every_kind_of_command(driver):
     assert len(kinds(C.Command)) >= 25
     assert missing_handlers(driver, "_do_", C.Command) == []

@@ -131,9 +131,9 @@ def test_bad_storage_fails_before_training_in_one_line(s3, tmp_path, storage, me
 @pytest.mark.cluster  # make test-cluster: a real run
 def test_status_json_carries_the_real_step_while_the_run_trains(local_ray, tmp_path, monkeypatch):
     """Issue 29: status.json showed global_step 0 throughout a run."""
-    from cmdare.train.run import ray_driver
+    from cmdare.train.runtime import run_files
 
-    monkeypatch.setattr(ray_driver, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(run_files, "HEARTBEAT_S", 0.2)
     run = Storage(tmp_path / "run-hb")
     seen: list[tuple[str, int]] = []
 

@@ -87,9 +87,11 @@ class ElasticGroup:
         of one).
 
         Raises:
-            PeerLost: the group is broken already.
+            PeerLost: the group is broken already (a member never trains alone on in a group it left).
         """
         if self._pg is None:
+            if self.size > 1:
+                raise PeerLost(self.epoch, "the group was left after a loss: it must be formed again")
             return None
         try:
             return self._pg.allreduce([tensor])
@@ -116,6 +118,8 @@ class ElasticGroup:
             PeerLost: a member was lost meanwhile.
         """
         if self._pg is None:
+            if self.size > 1:
+                raise PeerLost(self.epoch, "the group was left after a loss: it must be formed again")
             return
         try:
             work = self._pg.broadcast(tensor, root)

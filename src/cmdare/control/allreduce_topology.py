@@ -24,10 +24,12 @@ if TYPE_CHECKING:
     from cmdare.control.duties import DutySchedule
     from cmdare.control.run_commands import Command
     from cmdare.control.run_config import RunConfig
-    from cmdare.control.run_events import ActionDone, ChunkDone, Event
+    from cmdare.control.run_events import ActionDone, ChunkDone, Event, GroupBroken
     from cmdare.control.worker_control import WorkerControl
 
 __all__ = ["AllReduceTopology"]
+
+_STATE_GONE = "no member of the last group is left: its state is gone"
 
 
 class AllReduceTopology:
@@ -44,6 +46,7 @@ class AllReduceTopology:
         self.round_size = config.workers
         self.restore_reason: str | None = None  # the members' state must come from the checkpoint (why)
         self.fresh = True  # no group has trained yet: the first wave's state is the run's start
+        self.broken: str | None = None  # the group's collective failed with every member answering (why)
         self.now = 0.0
 
     # -- no servers of its own ---------------------------------------------------------------------
@@ -89,7 +92,9 @@ class AllReduceTopology:
 
     # -- training ----------------------------------------------------------------------------------
     def blocked(self, now: float) -> bool:
-        return False
+        """No duty while the group's state must come from storage: a member holding it is gone (a newcomer's fresh
+        model is no checkpoint)."""
+        return self.restore_reason is not None
 
     @property
     def restoring(self) -> bool:
@@ -104,11 +109,11 @@ class AllReduceTopology:
         """The members that are up differ from the group's (or its state must come from storage): hold, and once
         every member stopped, re-form. Before the first group, only once the whole first wave is up."""
         members = self._members(workers)
-        if not members:
-            return None
+        if not members:  # none up: hold (not finish) while the group's state is to come back from storage
+            return Quiesce("regroup") if self.restoring and self.group else None
         if not self.group and any(not r.up and r.replaces is None for r in workers.active.values()):
             return None  # the first wave is still coming up
-        if members == self.group and self.restore_reason is None:
+        if members == self.group and self.restore_reason is None and self.broken is None:
             return None
         if not quiesced:
             return Quiesce("regroup")
@@ -118,7 +123,7 @@ class AllReduceTopology:
         old = [m for m in members if m in self.group]
         epoch = self.epoch + 1
         if self.restore_reason is not None or (not old and not self.fresh):
-            why = self.restore_reason or "no member of the last group is left: its state is gone"
+            why = self.restore_reason or _STATE_GONE
             checkpoint = self.duties.latest_checkpoint() if self.duties is not None else None
             back = f"the checkpoint of step {checkpoint}" if checkpoint is not None else \
                 "the state the run started from"
@@ -130,7 +135,8 @@ class AllReduceTopology:
         joined = [m for m in members if m not in self.group]
         left = [m for m in self.group if m not in members]
         change = ", ".join(part for part in (f"{len(left)} left" if left else "",
-                                             f"{len(joined)} joined" if joined else "") if part)
+                                             f"{len(joined)} joined" if joined else "") if part) or \
+            f"its collective failed: {self.broken}"
         return Regroup(epoch, members, root, why=f"the group changed ({change}): {len(members)} members, state from "
                                                  f"worker {root}")
 
@@ -141,6 +147,7 @@ class AllReduceTopology:
             return
         self.group, self.epoch = command.members, command.epoch
         self.restore_reason = None
+        self.broken = None
         self.fresh = False
         step = float(ev.step) if ev.step is not None else max(self.steps.values(), default=0.0)
         self.steps = {m: step for m in command.members}
@@ -152,6 +159,8 @@ class AllReduceTopology:
         """A member lost: the round it was in cannot complete; the survivors stop at once (their collective fails
         on its own on a real cluster; a driver that waits for a round is told its new size)."""
         members = self._members(workers)
+        if self.group and self.restore_reason is None and not any(m in workers.active for m in self.group):
+            self.restore_reason = _STATE_GONE
         n = sum(1 for m in self.group if m in members)  # before the first group there is no round to shrink
         if 0 < n < self.round_size:
             self.round_size = n
@@ -174,6 +183,11 @@ class AllReduceTopology:
 
     def state_lost(self) -> None:
         self.restore_reason = "the group's state was lost"
+
+    def _on_GroupBroken(self, ev: GroupBroken) -> None:
+        """The group's collective failed with every member answering: form it again (the same members)."""
+        if ev.worker_id in self.group:
+            self.broken = ev.detail or "a collective failed"
 
     # -- events of parameter servers: an all-reduce run has none ------------------------------------
     def _no_servers(self, ev: Event) -> None:

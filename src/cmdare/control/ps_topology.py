@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from cmdare.control.run_events import (
         ActionDone,
         ChunkDone,
+        GroupBroken,
         PlacementRequested,
         PsNotice,
         PsStartFailed,
@@ -224,6 +225,9 @@ class PsTopology:
         self.shards.lost(())
 
     # -- the topology's events -------------------------------------------------------------------------
+    def _on_GroupBroken(self, ev: GroupBroken) -> None:
+        """A parameter-server run forms no all-reduce group: nothing to do."""
+
     def _on_PsNotice(self, ev: PsNotice) -> None:
         self.shards.notice(ev.key, ev.deadline, self.now)
 

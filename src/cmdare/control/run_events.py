@@ -30,6 +30,7 @@ __all__ = [
     "CodeFailed",
     "DutyDone",
     "Event",
+    "GroupBroken",
     "PlacementRequested",
     "ProbeDone",
     "PsNotice",
@@ -129,6 +130,15 @@ class ChunkFailed(Event):
     worker_id: int
     shard_lost: bool = False
     error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupBroken(Event):
+    """An all-reduce group's collective failed for member ``worker_id`` (``detail``) while every member still
+    answers: the group must be formed again (a member that died or froze is reported as a :class:`ChunkFailed`)."""
+
+    worker_id: int
+    detail: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

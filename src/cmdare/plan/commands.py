@@ -308,7 +308,7 @@ def simulate_cmd(
         notes.append(f"all-reduce: a step trains one batch per member ({cluster.n_workers} batches with every member "
                      "up; a smaller group covers a step's samples in more of its own steps); a lost member costs a "
                      "re-formation and a heal from a peer; no accuracy is predicted (the accuracy model is fitted on "
-                     "asynchronous PS runs); cmdare train --topology allreduce is not built yet")
+                     "asynchronous PS runs); cmdare train --topology allreduce trains it")
     result, _ = simulate_configuration(job, cluster, models, lambda: revocation_source(revocations, lifetime, seed)[1:],
                                        runs, seed)
     out = {"model": model, "steps": steps, **result, "transient": transient, "cloud": cloud,

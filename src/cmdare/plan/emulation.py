@@ -39,6 +39,11 @@ class EmulatedSpeed:
             return 0.0
         return min(speeds.values()) if self.sync else sum(v * gpus[g] for g, v in speeds.items())
 
+    def allreduce_steps_per_s(self, gpus: Mapping[str, int]) -> float:
+        """Group steps per cloud second of an emulated all-reduce run: the slowest member's (a local run emulates
+        no network link: its members' steps are the GPU types' emulated step times)."""
+        return min((self.worker_steps_per_s(g) for g, n in gpus.items() if n > 0), default=0.0)
+
 
 class CompressedLifetimes:
     """Lifetimes (and capacity waits) of ``inner`` divided by ``speedup``."""

@@ -31,7 +31,8 @@ def topology_choice(features: Any, gpu_counts: dict[str, int], ps: int, link_gbp
     mixed = f"; {MIXED_GPUS_NOTE}" if len(gpu_counts) > 1 else ""
     text = (f"topology: {TOPOLOGY_NAMES[speeds.recommended]} recommended: {speeds.why()}{mixed}; {where}"
             + ("" if speeds.recommended == "ps" else
-               " (cmdare train --topology allreduce is not built yet: the times and costs above are a PS run's)"))
+               " (train it with cmdare train --topology allreduce; the times and costs above are a PS run's: the "
+               "plan's search prices every candidate as a PS run)"))
     return text, {"recommended": speeds.recommended, "link_gbps": link_gbps,
                   "ps_batches_per_s": round(speeds.ps_batches_per_s, 3),
                   "allreduce_batches_per_s": round(speeds.allreduce_batches_per_s, 3),

@@ -131,6 +131,13 @@ class TrainSpec:
     # Asynchronous workers add momentum of their own (about 1 - 1/workers): "compensate" applies the optimizer's
     # momentum reduced by it on the shards (cmdare.ps.optimizer_config.async_momentum); "keep" applies it as given.
     async_momentum: str = "compensate"
+    # How the workers combine their gradients: "ps" (parameter servers, CM-DARE's) or "allreduce" (every worker
+    # holds the whole model and optimizer; an elastic group re-formed on every change of members:
+    # cmdare.train.allreduce, docs/allreduce.md).
+    topology: str = "ps"
+    # The optimizer: "sgd" (momentum, weight decay, Nesterov), "adamw", or a torch.optim class by import path
+    # (module:Class). The shards apply SGD only: another optimizer trains with topology "allreduce".
+    optimizer_name: str = "sgd"
 
     def __post_init__(self) -> None:
         from cmdare.datasets import list_datasets
@@ -191,6 +198,7 @@ class TrainSpec:
             raise UnknownNameError("--async-momentum", str(self.async_momentum), ASYNC_MOMENTUM)
         if not 0 < self.rollback_lr_scale <= 1:
             raise UserInputError(f"--rollback-lr-scale must be in (0, 1], got {self.rollback_lr_scale}")
+        self._check_topology()
         if str(self.startup) != "model":
             from cmdare.option_values import check_number
 
@@ -265,13 +273,43 @@ class TrainSpec:
         raise UserInputError(f"--on-diverge must be stop, rollback or rollback:N (N from 1 to {MAX_ROLLBACKS}), "
                              f"got {self.on_diverge!r}")
 
+    def _check_topology(self) -> None:
+        """The topology and optimizer exist, and no option of the other topology is set."""
+        from cmdare.option_values import check_topology
+        from cmdare.workloads.import_path import is_import_path
+
+        check_topology(self.topology)
+        if self.optimizer_name not in ("sgd", "adamw") and not is_import_path(self.optimizer_name):
+            raise UserInputError(f"--optimizer must be sgd, adamw or a torch.optim class's import path "
+                                 f"(module:Class), got {self.optimizer_name!r}")
+        if self.topology == "ps":
+            if self.optimizer_name != "sgd":
+                raise UserInputError(f"--optimizer {self.optimizer_name}: the parameter shards apply SGD with "
+                                     "momentum only; train with --topology allreduce to use it")
+            return
+        meaningless = [name for name, given in (
+            ("--ps", self.ps != 1), ("--ps-transient", self.ps_transient), ("--elastic-ps", self.elastic_ps),
+            ("--placement", self.placement != "round-robin"), ("--straggler", self.straggler is not None),
+            ("--auto-mitigate", self.auto_mitigate), ("--ps-bandwidth", self.ps_bandwidth is not None)) if given]
+        if meaningless:
+            raise UserInputError(f"--topology allreduce has no parameter servers: {', '.join(meaningless)} means "
+                                 "nothing there; leave it out")
+        if self.sync:
+            raise UserInputError("--sync: an all-reduce run is synchronous already; leave it out")
+        if self.warm_spares:
+            raise UserInputError("--warm-spares is not built for --topology allreduce yet: a replacement starts "
+                                 "cold and heals from a member (docs/allreduce.md)")
+        if self.precision != "fp32":
+            raise UserInputError(f"--precision {self.precision} is not built for --topology allreduce yet: its "
+                                 "members train in fp32")
+
     def shard_optimizer(self) -> OptimizerConfig:
         """The optimizer the shards apply: the given one, with its momentum reduced for asynchronous workers
         (``async_momentum="compensate"``: see :func:`~cmdare.ps.optimizer_config.async_momentum`; the planned
         number of workers counts)."""
         from cmdare.ps.optimizer_config import async_momentum
 
-        if self.sync or self.async_momentum != "compensate" or self.workers <= 1:
+        if self.sync or self.topology != "ps" or self.async_momentum != "compensate" or self.workers <= 1:
             return self.optimizer
         momentum = async_momentum(self.optimizer.momentum, self.workers)
         return replace(self.optimizer, momentum=momentum, nesterov=self.optimizer.nesterov and momentum > 0)

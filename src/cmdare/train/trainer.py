@@ -30,6 +30,7 @@ import numpy as np
 from cmdare import __version__
 from cmdare.cloud.local import LocalProcessProvider, ServerProvider, StartupDelay
 from cmdare.cloud.ray_cluster import RayClusterProvider
+from cmdare.collective import Rendezvous
 from cmdare.control import NoRevocations, RunController, RunState, build_revocation_source
 from cmdare.control.balancers import DecisionSource
 from cmdare.control.mitigation import placement_sources
@@ -37,6 +38,9 @@ from cmdare.errors import ClusterError, RunInterruptedError, StorageError, Trans
 from cmdare.events import RunInfo, RunSummary, TrainCallback
 from cmdare.ps.blocks import ParamInfo
 from cmdare.storage import Storage
+from cmdare.train.allreduce.allreduce_driver import AllReduceDriver
+from cmdare.train.allreduce.group_duties import GroupDuties
+from cmdare.train.allreduce.member_executor import MemberExecutor
 from cmdare.train.duties.checkpoint import Checkpoint, CheckpointStore
 from cmdare.train.duties.checkpoint_uploads import CheckpointUploads
 from cmdare.train.duties.chief_duties import ChiefDuties
@@ -44,6 +48,7 @@ from cmdare.train.ps.placement_changes import PlacementChanges
 from cmdare.train.ps.ps_evacuation import PsServerExecutor, ps_executor
 from cmdare.train.ps.shard_group import ShardGroup
 from cmdare.train.run.controller_setup import build_controller
+from cmdare.train.run.driver_loop import DriverLoop
 from cmdare.train.run.gpu_speeds import emulated_step_stretch
 from cmdare.train.run.ray_driver import UPLOAD_DRAIN_S, RayDriver
 from cmdare.train.run.ray_session import JoinedCluster, check_joined, ensure_ray
@@ -125,7 +130,10 @@ class Trainer:
         self.duties: ChiefDuties | None = None
         self.placement_changes: PlacementChanges | None = None
         self.ps_servers: PsServerExecutor | None = None
-        self.driver: RayDriver | None = None
+        self.driver: DriverLoop | None = None
+        self.rendezvous: Rendezvous | None = None  # where an all-reduce run's members meet
+        self._optimizer_state: dict[str, np.ndarray] = {}  # a resumed all-reduce checkpoint's
+        self._data_position: tuple[int, int] | None = None
         self._stop_why: str | None = None  # a stop was asked for (request_stop)
 
     @property
@@ -171,12 +179,16 @@ class Trainer:
         start = initial_state(self.spec, self.run_id, self.storage, self.resume_from, self.resuming, self.resume_step)
         self.infos, params, momentum, buffers, step = start[:5]
         self._saved_controller = start.controller
+        self._optimizer_state, self._data_position = start.optimizer, start.data_position
         write_run_spec(self.storage, self.run_id, self.spec.to_dict())
         source = build_revocation_source(self.plan)
         self._source = source if self.spec.transient or self.spec.ps_transient else NoRevocations()
         return params, momentum, buffers, step
 
     def _setup(self, params: np.ndarray, momentum: np.ndarray, buffers: dict[str, np.ndarray], step: int) -> None:
+        if self.spec.topology == "allreduce":
+            self._setup_group(params, momentum, buffers, step)
+            return
         spec = self.spec
         self.shard_group = ShardGroup(spec, self.provider, self.ps_spec, self.infos, self.emitter, self.detached)
         self.shard_group.start(params, momentum, step)
@@ -205,6 +217,30 @@ class Trainer:
                                 Checkpoint(step, params, momentum, buffers or {}), real=not self.emulated_time)
         self.driver.stop_why = self._stop_why  # asked for while the run was setting up
 
+    def _setup_group(self, params: np.ndarray, momentum: np.ndarray, buffers: dict[str, np.ndarray],
+                     step: int) -> None:
+        """An all-reduce run: the members' rendezvous, their executor and duties, the controller, the driver."""
+        spec = self.spec
+        host = "127.0.0.1" if not self.address else _own_node_address()
+        self.rendezvous = Rendezvous(host)
+        self.members = MemberExecutor(spec, self.provider, self.emitter, self.detached, self.metrics.window_speed,
+                                      lambda: self.global_step, self.rendezvous.address,
+                                      cloud_now=lambda: self.controller.now if self.controller else time.time())
+        self.members.num_gpus = gpus_per_worker(spec, joined=not self.provider.emulated)
+        meta = {"run_id": self.run_id, "spec": spec.to_dict()}
+        uploads = CheckpointUploads(CheckpointStore(self.storage, spec.keep_checkpoints), self.background_uploads)
+        self.duties = GroupDuties(uploads, meta, self.infos, self.emitter)
+        self._first_step = step
+        self.controller = build_controller(spec, self.plan, self._source, self.run_id, real=not self.emulated_time,
+                                           checkpoints=self.storage.uri, resumed_from=step if self.resuming else None)
+        self.controller.restore_state(self._saved_controller)
+        position = {"data_position": list(self._data_position)} if self._data_position else {}
+        initial = Checkpoint(step, params, momentum, buffers or {}, position, self._optimizer_state)
+        self.driver = AllReduceDriver(self.controller, spec, self.storage, self.members, self.duties, self.emitter,
+                                      self.metrics, self.detached, initial, real=not self.emulated_time,
+                                      rendezvous=self.rendezvous)
+        self.driver.stop_why = self._stop_why
+
     @property
     def emulated_time(self) -> bool:
         """Whether cloud time is emulated (advancing with training): local providers; a real cluster's is not."""
@@ -228,7 +264,8 @@ class Trainer:
         """Train to ``spec.steps``; always reports ``on_run_end``, also on failure."""
         spec = self.spec
         params, momentum, buffers, step = self._prepare()
-        need_cpus = (spec.workers + spec.warm_spares) * spec.cpus_per_worker + spec.ps * spec.cpus_per_shard
+        shards = spec.ps * spec.cpus_per_shard if spec.topology == "ps" else 0.0
+        need_cpus = (spec.workers + spec.warm_spares) * spec.cpus_per_worker + shards
         self._started_ray = ensure_ray(self.address, num_cpus=max(os.cpu_count() or 1, int(np.ceil(need_cpus)) + 2))
         joined = self._joined_cluster()
         t_start = time.time()
@@ -241,6 +278,10 @@ class Trainer:
         if applied != spec.optimizer.momentum:
             self.emitter.event("async_momentum", details={"momentum": spec.optimizer.momentum, "applied": applied,
                                                           "workers": spec.workers})
+        if spec.topology == "allreduce" and len(set(spec.slot_gpus())) > 1:
+            self.emitter.event("mixed_gpus", details={"warning": (
+                f"--workers {spec.worker_gpus} with --topology allreduce: every step waits for the slowest GPU "
+                "(the group trains in lockstep); a parameter server lets each worker train at its own speed")})
         if joined is not None:
             self.emitter.event("cluster_joined", details={"cluster": joined.describe(), "cmdare": joined.is_cmdare})
         if self.storage_warning:
@@ -316,6 +357,8 @@ class Trainer:
         self.emitter.emit("on_run_end", self._summary_value)
         left_running = self.driver.take_running() if self.driver is not None else []
         release_run((self.members, self.shard_group), self.detached, left_running, self.provider, self._started_ray)
+        if self.rendezvous is not None:
+            self.rendezvous.close()
 
     def _cluster_lost(self, why: str) -> None:
         """The watchdog found the run's Ray node gone, the driver stuck in a Ray call: end the run from here (the
@@ -347,6 +390,13 @@ class Trainer:
         if duties is not None and duties.last_metrics:
             summary.details["test_metrics"] = dict(duties.last_metrics)
         return summary
+
+
+def _own_node_address() -> str:
+    """This driver's Ray node address (where an all-reduce run's members reach its rendezvous)."""
+    import ray
+
+    return str(ray.util.get_node_ip_address())
 
 
 def _own_node_id() -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,9 +20,10 @@ import torch
 from cmdare.collective import ElasticGroup, GradientBuckets, PeerLost
 from cmdare.datasets import GroupBatches
 from cmdare.tasks.seeding import seed_worker
+from cmdare.train.allreduce.optimizer_state import load_optimizer_arrays, optimizer_arrays
 from cmdare.train.allreduce.optimizers import build_optimizer
 from cmdare.train.spec import TrainSpec
-from cmdare.train.workers.worker import pick_device
+from cmdare.train.workers.worker import pick_device, ray_node_id
 
 __all__ = ["MemberChunk", "Replica"]
 
@@ -167,6 +169,44 @@ class Replica:
             self._load_state(f.read())
         return self.step
 
+    def checkpoint(self) -> dict[str, Any]:
+        """The training state as a checkpoint holds it (:class:`~cmdare.train.duties.checkpoint.Checkpoint`'s
+        fields): step, flat parameters, SGD momentum, buffers, the optimizer's other state, and the data position
+        (for its metadata)."""
+        params = list(self.model.parameters())
+        momentum, others = optimizer_arrays(self.optimizer, params)
+        return {"step": self.step, "params": self.params(), "momentum": momentum,
+                "buffers": {k: v.detach().cpu().numpy().copy() for k, v in self.model.named_buffers()},
+                "optimizer": others, "where": list(self.batches.where)}
+
+    def restore(self, state: dict[str, Any]) -> int:
+        """Take a checkpoint's state (:meth:`checkpoint`'s keys; of either topology: a parameter server's holds no
+        optimizer state but SGD's momentum and no data position, so the group starts the epoch over); returns its
+        step."""
+        buffers, where = state.get("buffers") or {}, state.get("where")
+        flat = torch.from_numpy(np.array(state["params"], dtype=np.float32))
+        at = 0
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.copy_(flat[at:at + p.numel()].view_as(p))
+                at += p.numel()
+            for name, b in self.model.named_buffers():
+                if name in buffers:
+                    b.copy_(torch.from_numpy(np.array(buffers[name])).to(b))
+        load_optimizer_arrays(self.optimizer, list(self.model.parameters()), state["momentum"],
+                              state.get("optimizer") or {})
+        self.step = int(state["step"])
+        self.batches.seek(*(tuple(where) if where is not None else (0, 0)))
+        return self.step
+
+    def evaluate(self) -> tuple[Any, int]:
+        """The test loss and metrics of the held model (the group's: every member holds the same), and its step."""
+        self.model.eval()
+        try:
+            return self.task.evaluate(self.model, self.device, None), self.step
+        finally:
+            self.model.train()
+
     # -- reading the state -----------------------------------------------------------------------
     def params(self) -> np.ndarray:
         """The parameters, flattened in ``model.parameters()`` order."""
@@ -179,6 +219,10 @@ class Replica:
     def ping(self) -> float:
         """When the member was ready (its process up, the model built), as ``time.time()``."""
         return self.ready_at
+
+    def ready(self) -> tuple[str | None, float]:
+        """Its Ray node (hex; None outside Ray) and when it was ready: what a run's executor records."""
+        return ray_node_id(), self.ready_at
 
     def leave(self) -> None:
         """Leave the group (its peers' collectives fail at once, not at the deadline)."""

@@ -151,8 +151,17 @@ def train_command(
                                   "emulated cloud time; options the simulator cannot honour are named."),
     runs: int = typer.Option(100, "--runs", help="With --simulate: Monte Carlo runs."),
     as_json: bool = typer.Option(False, "--json", help="With --simulate: print only JSON on stdout."),
+    topology: str = typer.Option("ps", "--topology",
+                                 help="ps: parameter servers (CM-DARE's asynchronous training); allreduce: every "
+                                 "worker holds the whole model and the workers average their gradients each step "
+                                 "in an elastic group that a lost server shrinks and a replacement heals "
+                                 "(docs/allreduce.md)."),
+    optimizer: str = typer.Option("sgd", "--optimizer",
+                                  help="sgd (--momentum, --weight-decay), adamw (--lr, --weight-decay) or a "
+                                  "torch.optim class by import path (module:Class); other than sgd needs "
+                                  "--topology allreduce (the shards apply SGD)."),
 ) -> None:
-    """Train a CNN with parameter-server training on Ray and record measurements."""
+    """Train a CNN on Ray, through parameter servers or an elastic all-reduce group, and record measurements."""
     from cmdare.ps.optimizer_config import OptimizerConfig
     from cmdare.train.cli.progress import ProgressCallback
     from cmdare.train.spec import TrainSpec
@@ -171,6 +180,13 @@ def train_command(
         raise UserInputError("--runs and --json go with --simulate")
     if simulate and resume:
         raise UserInputError("--simulate simulates a new run; leave out --resume (or simulate the run's options)")
+    if topology.strip().lower() == "allreduce":
+        given = [f"--{name.replace('_', '-')}" for name in ("ps", "placement", "elastic_ps", "ps_transient",
+                                                              "balance_every", "async_momentum", "overlap")
+                 if name in explicit]
+        if given:
+            raise UserInputError(f"--topology allreduce has no parameter servers: {', '.join(given)} means nothing "
+                                 "there; leave it out")
     num_workers, worker_gpus = TrainSpec.parse_workers(workers)
     gpus: float | str = gpus_per_worker.strip().lower()
     if gpus != "auto":
@@ -195,7 +211,7 @@ def train_command(
                      auto_mitigate=auto_mitigate, ps_bandwidth=ps_bandwidth, overlap=overlap,
                      on_diverge=on_diverge, rollback_lr_scale=rollback_lr_scale, bn_samples=bn_samples,
                      async_momentum=async_momentum.strip().lower(),
-                     storage=storage)
+                     storage=storage, topology=topology.strip().lower(), optimizer_name=optimizer.strip())
     if resume:
         from cmdare.storage import run_storage
         from cmdare.train.cli.resume import resumed_spec
@@ -322,7 +338,7 @@ class RunNotices(TrainCallback):
                 f"asynchronous workers: momentum {d['momentum']:g} applied as {d['applied']:.3g} ({d['workers']} "
                 f"workers add about {1 - 1 / d['workers']:.2g} of their own; --async-momentum keep applies it as "
                 "given)", highlight=False, markup=False)
-        elif report.kind == "storage_warning":
+        elif report.kind in ("storage_warning", "mixed_gpus"):
             _warn(str(report.details["warning"]))
         elif report.kind == "checkpoint_failed":
             self.failed_uploads += 1

@@ -45,13 +45,16 @@ __all__ = ["Checkpoint", "CheckpointStore", "SavedCheckpoint", "decode_checkpoin
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """Everything needed to resume: global step, parameters and momentum (model order), buffers."""
+    """Everything needed to resume: global step, parameters and momentum (model order), buffers, and the state of
+    an optimizer other than SGD with momentum (an all-reduce run's AdamW: each state tensor flat in model order,
+    each per-parameter scalar one value per parameter; :mod:`cmdare.train.allreduce.optimizer_state`)."""
 
     step: int
     params: np.ndarray
     momentum: np.ndarray
     buffers: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    optimizer: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ def encode_checkpoint(ckpt: Checkpoint) -> bytes:
     """The checkpoint's bytes (an ``.npz`` archive)."""
     arrays = {"params": ckpt.params, "momentum": ckpt.momentum}
     arrays.update({f"buffer::{k}": v for k, v in ckpt.buffers.items()})
+    arrays.update({f"optimizer::{k}": v for k, v in ckpt.optimizer.items()})
     meta = dict(ckpt.meta, step=ckpt.step, saved_at=time.time())
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     buf = io.BytesIO()
@@ -85,7 +89,8 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
     with np.load(io.BytesIO(data)) as z:
         meta = json.loads(bytes(z["meta"]).decode())
         buffers = {k.split("::", 1)[1]: z[k] for k in z.files if k.startswith("buffer::")}
-        ckpt = Checkpoint(int(meta["step"]), z["params"], z["momentum"], buffers, meta)
+        optimizer = {k.split("::", 1)[1]: z[k] for k in z.files if k.startswith("optimizer::")}
+        ckpt = Checkpoint(int(meta["step"]), z["params"], z["momentum"], buffers, meta, optimizer)
     if ckpt.params.ndim != 1 or ckpt.momentum.shape != ckpt.params.shape:
         raise ValueError(f"{ckpt.params.size} parameters but {ckpt.momentum.size} momentum values")
     if not is_finite(ckpt):
@@ -95,7 +100,8 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
 
 def is_finite(ckpt: Checkpoint) -> bool:
     """Whether the checkpoint's parameters, momentum and floating-point buffers are all finite."""
-    arrays = [ckpt.params, ckpt.momentum, *(np.asarray(b) for b in (ckpt.buffers or {}).values())]
+    arrays = [ckpt.params, ckpt.momentum, *(np.asarray(b) for b in (ckpt.buffers or {}).values()),
+              *(np.asarray(a) for a in (ckpt.optimizer or {}).values())]
     return all(np.isfinite(a).all() for a in arrays if a.dtype.kind in "fc")
 
 

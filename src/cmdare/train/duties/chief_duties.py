@@ -51,7 +51,7 @@ class ChiefDuties:
     """Starts the chief's duties, records their results, stores the checkpoints."""
 
     def __init__(self, uploads: CheckpointUploads, meta: dict[str, Any], infos: list[ParamInfo], emitter: RunEmitter,
-                 shards: ShardGroup):
+                 shards: ShardGroup | None):
         self.uploads, self.meta, self.infos, self.emitter, self.shards = uploads, meta, infos, emitter, shards
         self.last_accuracy: float | None = None
         self.last_loss: float | None = None
@@ -98,12 +98,16 @@ class ChiefDuties:
     def finish(self, ref: Any, wall: float) -> list[E.Event]:
         """A duty call returned: record it (a checkpoint is queued for storage); its chief's failure is the
         controller's to handle."""
-        import ray
-
         cmd, started = self.refs.pop(ref)
         snap = self.snapshots.get(cmd.step)
         if snap is not None:
             snap.running = max(0, snap.running - 1)
+        return self._finished(cmd, started, ref, wall)
+
+    def _finished(self, cmd: C.StartDuty, started: float, ref: Any, wall: float) -> list[E.Event]:
+        """The duty's result recorded: an evaluation reported, a checkpoint queued for storage."""
+        import ray
+
         try:
             res = ray.get(ref)
         except ray.exceptions.RayError as err:
@@ -116,8 +120,6 @@ class ChiefDuties:
                                            f"{type(getattr(err, 'cause', err)).__name__}: {last[-1] if last else ''}")]
             return [E.DutyDone(wall=wall, kind=cmd.kind, worker_id=cmd.worker_id, step=cmd.step, ok=False,
                                error=type(err).__name__)]
-        if snap is None:  # cannot happen: the snapshot is kept while a duty runs on it
-            return [E.DutyDone(wall=wall, kind=cmd.kind, worker_id=cmd.worker_id, step=cmd.step, ok=False)]
         run_id = self.emitter.run_id
         if cmd.kind == DutyKind.EVAL:
             result, step = res
@@ -127,12 +129,23 @@ class ChiefDuties:
                                                     result.loss, dict(result.metrics)))
         else:
             meta = dict(self.meta, chief=cmd.worker_id, controller=json.loads(cmd.state) if cmd.state else {})
-            ckpt = Checkpoint(snap.step, snap.params, snap.momentum, res, meta)
-            upload = Upload(snap.step, cmd.worker_id, len(self.infos), snap.stall_s, time.time() - started, started)
+            made = self._checkpoint(cmd, res, meta)
+            if made is None:  # cannot happen: the snapshot is kept while a duty runs on it
+                return [E.DutyDone(wall=wall, kind=cmd.kind, worker_id=cmd.worker_id, step=cmd.step, ok=False)]
+            ckpt, stall_s = made
+            upload = Upload(ckpt.step, cmd.worker_id, len(self.infos), stall_s, time.time() - started, started)
             self.uploads.submit(ckpt, upload)
         loss = self.last_loss if cmd.kind == DutyKind.EVAL else None
         return [E.DutyDone(wall=wall, kind=cmd.kind, worker_id=cmd.worker_id, step=cmd.step, loss=loss),
                 *self.collect(wall)]
+
+    def _checkpoint(self, cmd: C.StartDuty, buffers: Any, meta: dict[str, Any]) -> tuple[Checkpoint, float] | None:
+        """The checkpoint of the duty's step: the shards' snapshot with the chief's ``buffers`` for it, and how long
+        taking the snapshot stalled training (None: no snapshot of that step)."""
+        snap = self.snapshots.get(cmd.step)
+        if snap is None:
+            return None
+        return Checkpoint(snap.step, snap.params, snap.momentum, buffers, meta), snap.stall_s
 
     def collect(self, wall: float, wait: bool = False, timeout_s: float | None = None) -> list[E.Event]:
         """Checkpoints stored (or failed) since the last call, reported; ``wait``: first wait for the uploads in

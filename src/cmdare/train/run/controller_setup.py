@@ -108,7 +108,7 @@ def run_config(spec: TrainSpec, plan: RevocationPlan, run_id: str, real: bool, c
         ps_notice_s=plan.notice_lead_s(spec.cloud), replace_ps=spec.replace != "none",
         replacement_timeout_s=spec.replacement_timeout_s, start_timeout_s=START_TIMEOUT_S,
         probe_after_s=max(PROBE_AFTER_S, 40 * spec.chunk_s), stuck_after_s=STUCK_AFTER_S,
-        max_rollbacks=spec.max_rollbacks(), rollback_lr_scale=spec.rollback_lr_scale,
+        max_rollbacks=spec.max_rollbacks(), rollback_lr_scale=spec.rollback_lr_scale, topology=spec.topology,
         step_s=_step_times(spec, plan), run_id=run_id, warm_spares=spec.warm_spares,
         checkpoints=checkpoints, resumed_from=resumed_from)
 

@@ -24,7 +24,8 @@ __all__ = ["InitialState", "gpus_per_worker", "initial_state", "joined_storage_w
 class InitialState(NamedTuple):
     """What a run starts from: the parameter layout, the parameters, momentum, batch-norm buffers and step, and
     the run controller's state saved with the checkpoint resumed from (empty: a fresh run, or a checkpoint
-    stored before controllers saved theirs)."""
+    stored before controllers saved theirs), and what an all-reduce checkpoint adds: the optimizer's other state
+    and the group's data position (empty, None: a fresh run, or a parameter server's checkpoint)."""
 
     infos: list[ParamInfo]
     params: np.ndarray
@@ -32,6 +33,8 @@ class InitialState(NamedTuple):
     buffers: dict[str, np.ndarray]
     step: int
     controller: dict[str, Any]
+    optimizer: dict[str, np.ndarray] = {}  # noqa: RUF012 - a NamedTuple's default, never mutated
+    data_position: tuple[int, int] | None = None
 
 
 def training_storage(spec: TrainSpec, run_id: str, checkpoint_dir: str | os.PathLike[str] | Storage | None) -> Storage:
@@ -92,6 +95,8 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
     buffers: dict[str, np.ndarray] = {}
     step = 0
     saved: dict[str, Any] = {}
+    optimizer: dict[str, np.ndarray] = {}
+    position: tuple[int, int] | None = None
     if resuming:
         if resume_from is not None:
             where, ckpt = str(resume_from), load_checkpoint(resume_from)
@@ -106,9 +111,12 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
                                   f"{spec.model_name} has {params.size}")
         params, momentum, buffers, step = ckpt.params, ckpt.momentum, ckpt.buffers, ckpt.step
         saved = dict((ckpt.meta or {}).get("controller") or {})
+        optimizer = dict(ckpt.optimizer)
+        where = (ckpt.meta or {}).get("data_position")
+        position = (int(where[0]), int(where[1])) if where else None
         if step >= spec.steps:
             raise UserInputError(f"run {run_id} is already at step {step} >= --steps {spec.steps}")
-    return InitialState(infos, params, momentum, buffers, step, saved)
+    return InitialState(infos, params, momentum, buffers, step, saved, optimizer, position)
 
 
 def preflight(spec: TrainSpec) -> tuple[RevocationPlan, list[ServerSpec], ServerSpec]:

@@ -31,7 +31,7 @@ from cmdare.control import run_events as E
 from cmdare.train.runtime.detached import DetachedCalls
 from cmdare.train.runtime.emitter import RunEmitter
 from cmdare.train.spec import TrainSpec
-from cmdare.train.workers.worker import Worker, _ray_node_id
+from cmdare.train.workers.worker import Worker, ray_node_id
 
 __all__ = ["Standby", "StandbyWorker", "WarmPool", "actor_class", "measured_start", "startup_timings",
            "worker_threads"]
@@ -68,7 +68,7 @@ class StandbyWorker(Worker):
         self.model.zero_grad(set_to_none=True)
         self.step, self.watchers, self.pull_first = -1, [], False
         self.channels, self.same_node, self.pieces = {}, set(), None  # as before a first layout (leave() closes them)
-        self.node_id, self.started_at = _ray_node_id(), time.time()
+        self.node_id, self.started_at = ray_node_id(), time.time()
 
     def standby_ready(self) -> tuple[str | None, float, dict[str, float]]:
         """:meth:`ready`, and when its ``__init__`` began (after placement and the imports: the phases of its start)."""

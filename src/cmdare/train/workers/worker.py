@@ -100,7 +100,7 @@ class Worker:
         # step; asynchronously the workers share the steps, about step / num_slots batches each.
         self.stream = self.task.stream(slot, num_slots, spec.batch_size, spec.seed,
                                        start_batch=start_step if spec.sync else start_step // num_slots)
-        self.node_id = _ray_node_id()  # None outside Ray (a plain object in tests)
+        self.node_id = ray_node_id()  # None outside Ray (a plain object in tests)
         self.channels: dict[int, ChannelClient | TcpChannelClient] = {}  # shard index -> its channel
         self.same_node: set[int] = set()  # the shards of self.channels on this worker's node
         self.pieces: GradientPieces | None = None  # gradient pieces announced during backward
@@ -392,7 +392,7 @@ class Worker:
         self._close_channels()
 
 
-def _ray_node_id() -> str | None:
+def ray_node_id() -> str | None:
     """The Ray node this process runs on (hex), or None outside Ray."""
     try:
         import ray

@@ -41,9 +41,11 @@ __all__ = ["WorkerExecutor"]
 
 
 class WorkerExecutor:
-    """The run's worker actors and servers, as the controller's commands say."""
+    """The run's worker actors and servers, as the controller's commands say (``shards``: the parameter
+    server's; an all-reduce run's executor, :class:`~cmdare.train.allreduce.member_executor.MemberExecutor`, has
+    none and overrides what touches them)."""
 
-    def __init__(self, spec: TrainSpec, provider: ServerProvider, shards: ShardGroup, emitter: RunEmitter,
+    def __init__(self, spec: TrainSpec, provider: ServerProvider, shards: ShardGroup | None, emitter: RunEmitter,
                  detached: DetachedCalls, speed: Callable[[], float], global_step: Callable[[], int],
                  buffers: dict[str, Any] | None = None, cloud_now: Callable[[], float] = time.time):
         self.spec, self.provider, self.shards = spec, provider, shards
@@ -70,6 +72,14 @@ class WorkerExecutor:
         return (worker_id, slot, self.spec.workers, self.spec, self.shards.shards, self.shards.placement,
                 worker_threads(self.spec), self._step(), server.notice, stretch)
 
+    def _new_actor(self, worker_id: int, server: Server, slot: int) -> Any:
+        """A new worker actor for data slot ``slot`` on ``server``."""
+        args = self._worker_args(worker_id, server, slot)
+        return actor_class(Worker).options(**self._actor_options(server)).remote(*args)
+
+    def _layout_version(self) -> int:
+        return self.shards.version
+
     def start_spare(self, cmd: C.StartSpare, wall: float) -> list[E.Event]:
         """Warm spare ``cmd.key``: a standby server and process (:mod:`cmdare.train.workers.warm_pool`)."""
         if self.pool is None:
@@ -92,12 +102,11 @@ class WorkerExecutor:
             if first:
                 server.ready_at = server.requested_at
             self.provider.prepare(server, background=not first)  # a replacement's node: the run goes on meanwhile
-            args = self._worker_args(cmd.worker_id, server, cmd.slot)
-            actor = actor_class(Worker).options(**self._actor_options(server)).remote(*args)
+            actor = self._new_actor(cmd.worker_id, server, cmd.slot)
             server.actor = actor
             w = WorkerHandle(cmd.worker_id, cmd.slot, actor, server, replaces=lost, up=actor.ready.remote(),
                              avoids=self.lost_nodes.avoided(), spare="server" if spare is not None else None)
-        w.layout_version = self.shards.version
+        w.layout_version = self._layout_version()
         self.workers[w.worker_id] = w
         self.ready_refs[w.up] = w.worker_id
         if first:
@@ -136,12 +145,17 @@ class WorkerExecutor:
             self.emitter.server_event("replacement_started", w.server, worker_id=wid,
                                       extra={"node_id": node_id, "startup_s": startup_s,
                                              "node_registered_at": registered})
+        self._came_up(w)
+        return [E.WorkerUp(wall=wall, worker_id=wid)]
+
+    def _came_up(self, w: WorkerHandle) -> None:
+        """A worker's process is up: the shards' layout if it changed while it started, the batch-norm
+        statistics it starts from."""
         if w.layout_version != self.shards.version:  # the shards changed while it started
             self.detached.add(w.actor.set_layout.remote(self.shards.placement, self.shards.shards))
         buffers = self._buffers_for(w)
         if buffers is not None:
             self.detached.add(w.actor.load_buffers.remote(buffers))
-        return [E.WorkerUp(wall=wall, worker_id=wid)]
 
     def _buffers_for(self, w: WorkerHandle) -> Any:
         """Batch-norm statistics a newcomer starts from: a resumed run's, else the warm pool's copy (seconds
@@ -188,8 +202,7 @@ class WorkerExecutor:
         self.detached.add(w.up)
         with contextlib.suppress(Exception):
             ray.kill(w.actor)
-        args = self._worker_args(w.worker_id, w.server, w.slot)
-        w.actor = w.server.actor = actor_class(Worker).options(**self._actor_options(w.server)).remote(*args)
+        w.actor = w.server.actor = self._new_actor(w.worker_id, w.server, w.slot)
         previous, w.avoids, w.up = w.avoids, self.lost_nodes.avoided(), w.actor.ready.remote()
         self.ready_refs[w.up] = w.worker_id
         self.emitter.server_event("replacement_retried", w.server, worker_id=w.worker_id,
@@ -284,12 +297,16 @@ class WorkerExecutor:
                 import ray
 
                 ray.kill(w.actor)
-        self.shards.forget_worker(w.worker_id)
+        self._forget(w)
         self.losses[w.worker_id] = {"revoked_at": w.revoked_at or now, "worker_id": w.worker_id,
                                     "server_id": w.server.server_id, "speed_before": self._speed(),
                                     "step_at_loss": self._step()}
         if self.chief is w:
             self.chief = None
+
+    def _forget(self, w: WorkerHandle) -> None:
+        """The shards forget a lost worker's pieces of a gradient."""
+        self.shards.forget_worker(w.worker_id)
 
     def leave(self, cmd: C.ReleaseWorker) -> None:
         """A noticed worker leaves cleanly: stop its watchers and channels, end its server, kill its process."""
@@ -351,9 +368,13 @@ class WorkerExecutor:
                                details={"from": cmd.previous, "to": cmd.worker_id})
 
     def set_lr(self, cmd: C.SetLrScale) -> None:
-        self.shards.set_lr_scale(cmd.scale)
+        self._apply_lr(cmd.scale)
         self.emitter.event("lr_change", details={"policy": self.spec.lr_policy, "scale": cmd.scale,
                                                  "from": cmd.previous, "active_workers": cmd.active})
+
+    def _apply_lr(self, scale: float) -> None:
+        """Every shard applies the learning rate times ``scale`` from now on."""
+        self.shards.set_lr_scale(scale)
 
     # -- the end ------------------------------------------------------------------------------------------
     def release(self) -> None:

@@ -1,0 +1,131 @@
+"""``cmdare train --topology allreduce`` (issue 44): a whole run on Ray, decided by the controller's all-reduce
+topology and carried out by the all-reduce driver; its checkpoints in cmdare's format (any optimizer's state, the
+data position), resumed bit for bit; the options that mean nothing there refused in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cli_inprocess import run_cmdare
+from cmdare.collective import Rendezvous
+from cmdare.events import TrainCallback
+from cmdare.ps.optimizer_config import OptimizerConfig
+from cmdare.train.allreduce.optimizer_state import load_optimizer_arrays, optimizer_arrays
+from cmdare.train.allreduce.optimizers import build_optimizer
+from cmdare.train.allreduce.replica import Replica
+from cmdare.train.duties.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+from cmdare.train.spec import TrainSpec
+from cmdare.train.trainer import Trainer
+
+
+def _spec(**kw) -> TrainSpec:
+    base = dict(model="resnet8", dataset="digits", workers=2, steps=200, batch_size=16, topology="allreduce",
+                optimizer=OptimizerConfig(lr=0.05), checkpoint_every=50, eval_every=100, seed=3, transient=True,
+                revocations="none", replace="same", startup="0", chunk_steps=5)
+    base.update(kw)
+    return TrainSpec(**base)
+
+
+class _Log(TrainCallback):
+    def __init__(self):
+        self.events, self.end = [], None
+
+    def on_event(self, r):
+        self.events.append(r)
+
+    def on_run_end(self, s):
+        self.end = s
+
+    def of(self, kind):
+        return [e.details for e in self.events if e.kind == kind]
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_an_optimizers_state_goes_through_a_checkpoint_unchanged(name):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+    params = list(model.parameters())
+    opt = build_optimizer(name, params, OptimizerConfig(lr=0.1, momentum=0.9))
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 5)).pow(2).mean().backward()
+        opt.step()
+    momentum, others = optimizer_arrays(opt, params)
+    flat = torch.cat([p.detach().reshape(-1) for p in params]).numpy()
+    ckpt = decode_checkpoint(encode_checkpoint(Checkpoint(3, flat, momentum, {}, {}, others)))
+    fresh = build_optimizer(name, params, OptimizerConfig(lr=0.1, momentum=0.9))
+    load_optimizer_arrays(fresh, params, ckpt.momentum, ckpt.optimizer)
+    for p in params:
+        assert set(fresh.state[p]) == set(opt.state[p])
+        for key, value in opt.state[p].items():
+            assert torch.equal(torch.as_tensor(fresh.state[p][key]), torch.as_tensor(value)), (name, key)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_a_member_resumed_from_its_checkpoint_trains_on_bit_identically(name):
+    """A resume changes no value: the state a checkpoint holds (parameters, buffers, the optimizer's state, the
+    step, the data position), stored and loaded, trains on exactly as the member that wrote it (exact equality)."""
+    spec = _spec(optimizer_name=name)
+    rendezvous = Rendezvous()
+    try:
+        first = Replica(spec, rendezvous.address, name)
+        first.form(1, 0, 1)
+        first.run_steps(7)
+        state = first.checkpoint()
+        ckpt = decode_checkpoint(encode_checkpoint(Checkpoint(
+            state["step"], state["params"], state["momentum"], state["buffers"],
+            {"data_position": state["where"]}, state["optimizer"])))
+        second = Replica(spec, rendezvous.address, name)
+        second.form(1, 0, 1)
+        second.run_steps(3)  # a state of its own (parameters, optimizer state, step, data position) before the load
+        second.restore({"step": ckpt.step, "params": ckpt.params, "momentum": ckpt.momentum,
+                        "buffers": ckpt.buffers, "optimizer": ckpt.optimizer, "where": ckpt.meta["data_position"]})
+        assert second.position() == first.position()
+        a, b = first.run_steps(5), second.run_steps(5)
+        assert a.loss == b.loss and a.step == b.step == 12
+        assert np.array_equal(first.params(), second.params())
+    finally:
+        rendezvous.close()
+
+
+def test_an_allreduce_run_regroups_on_its_members_state_and_resumes_from_its_checkpoint(local_ray, tmp_path):
+    """Emulated revocations (every 1 s of emulated cloud time, a step 0.01 s: by step, not by the wall clock): a
+    lost member costs a regroup from the survivor's state, never a checkpoint while one lives; the run finishes,
+    and its checkpoint resumes it with the group's AdamW state."""
+    log = _Log()
+    spec = _spec(revocations="every=1,step=0.01", optimizer_name="adamw", optimizer=OptimizerConfig(lr=0.002))
+    summary = Trainer(spec, [log], checkpoint_dir=tmp_path, run_id="ar-run").run()
+    assert summary.status == "finished" and summary.global_step == 200
+    assert summary.revocations >= 1 and summary.replacements >= 1
+    regroups = log.of("regroup")
+    assert regroups[0]["why"].startswith("the first group") and len(regroups[0]["members"]) == 2
+    losses = [r for r in regroups if r["why"].startswith("the group changed") and "left" in r["why"]]
+    assert losses, regroups
+    for r in losses:  # a survivor held the state: nothing loaded from storage
+        assert not r["from_checkpoint"] and r["root"] in r["members"], r
+    for r in regroups:  # storage only when no member of the group was left (the next loss before a newcomer was up)
+        assert not r["from_checkpoint"] or "no member of the last group is left" in r["why"], r
+    assert summary.final_accuracy is not None and summary.final_accuracy > 0.5
+    log2 = _Log()
+    resumed = Trainer(_spec(steps=260, optimizer_name="adamw", optimizer=OptimizerConfig(lr=0.002)), [log2],
+                      checkpoint_dir=tmp_path, run_id="ar-run", resume=True).run()
+    assert resumed.status == "finished" and resumed.global_step == 260
+    first = log2.of("regroup")[0]
+    assert first["from_checkpoint"] and first["step"] == 200, first
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--topology", "allreduce", "--placement", "psld"], "--topology allreduce has no parameter servers: --placement"),
+    (["--topology", "allreduce", "--ps", "2"], "--topology allreduce has no parameter servers: --ps"),
+    (["--topology", "allreduce", "--ps-transient"], "--ps-transient means nothing there"),
+    (["--topology", "allreduce", "--sync"], "an all-reduce run is synchronous already"),
+    (["--optimizer", "adamw"], "the parameter shards apply SGD with momentum only"),
+    (["--topology", "ring"], "--topology"),
+    (["--topology", "allreduce", "--optimizer", "lion"], "--optimizer must be sgd, adamw"),
+])
+def test_options_that_mean_nothing_in_the_topology_are_refused_in_one_line(tmp_path, args, says):
+    code, out, err = run_cmdare(tmp_path, "train", "--steps", "10", "--no-record", *args)
+    assert code != 0 and says in err, (out, err)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
