@@ -9,6 +9,11 @@
 * ``heal_s``: a replacement's process is up and its model built (its ``ping``); from then to its first step
   completed in the group of 3 (formation, the whole state copied from a peer, one step).
 
+* ``overhead_vs_ddp_train``: the same, through the whole ``cmdare train --topology allreduce`` (the
+  :class:`~cmdare.train.trainer.Trainer`: 2 workers, no revocations, ``--train-steps`` steps, the controller, the
+  driver's lockstep chunks, the store's reports) over the same DDP rate; beside it ``batches_per_s_train_ps``,
+  the asynchronous PS run of the same workers (each step one batch; an all-reduce step is one per member).
+
 * ``goodput_{allreduce,restart}_{60s,15s}``: useful batches/s of 3 members with one member killed every 60 s
   (a 120 s run) and every 15 s (a 60 s run), over the same loop without revocations. ``allreduce``: the survivors
   re-form and heal at once, a replacement is started at the kill and joins (healed from a peer) when its process
@@ -21,7 +26,7 @@ revocations, which the trainer's emulation (revocations in emulated cloud time, 
 start-ups) does not give: it prints null.
 
 Usage: .venv/bin/python bench/allreduce.py [--model resnet8] [--batch 32] [--steps 40] [--rounds 3] [--trials 10]
-                                          [--goodput 60,15] [--checkpoint-every 100]
+                                          [--goodput 60,15] [--checkpoint-every 100] [--train-steps 600]
 """
 
 from __future__ import annotations
@@ -141,6 +146,24 @@ def _goodput_run(ray, start, form, n: int, duration_s: float, interval_s: float 
     return batches / elapsed
 
 
+def _train_rates(args: argparse.Namespace) -> dict[str, float]:
+    """Steps/s of whole ``cmdare train`` runs of 2 workers without revocations (the Trainer on the Ray already
+    started): ``allreduce`` (group steps) and ``ps`` (asynchronous pushes)."""
+    from cmdare.ps.optimizer_config import OptimizerConfig
+    from cmdare.train import TrainSpec
+    from cmdare.train.trainer import Trainer
+
+    rates = {}
+    for topology in ("allreduce", "ps"):
+        spec = TrainSpec(model=args.model, dataset="digits", workers=2, steps=args.train_steps, batch_size=args.batch,
+                         seed=0, topology=topology, transient=False, checkpoint_every=0, eval_every=0,
+                         optimizer=OptimizerConfig(lr=0.05, momentum=0.9, weight_decay=0.0))
+        with tempfile.TemporaryDirectory() as tmp:
+            summary = Trainer(spec, checkpoint_dir=tmp).run()
+        rates[topology] = summary.steps_per_s
+    return rates
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -156,6 +179,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--goodput", default="60,15", help="seconds between kills, comma-separated ('': skip)")
     ap.add_argument("--checkpoint-every", type=int, default=100)
+    ap.add_argument("--train-steps", type=int, default=600, help="steps of each cmdare train run (0: skip)")
     args = ap.parse_args()
     load_start = os.getloadavg()[0]
     ray = start_local_ray(num_cpus=8)
@@ -201,6 +225,7 @@ def main() -> None:
             p.join(timeout=60)
     for m in pair:
         ray.kill(m)
+    trained = _train_rates(args) if args.train_steps else {}
 
     # -- recovery after a kill, and a replacement's heal -----------------------------------------------
     members = start(3)
@@ -256,6 +281,9 @@ def main() -> None:
         "steps_per_s_ddp": round(statistics.median(ddp_rates), 2),
         "spread_cmdare": [round(min(cmdare_rates), 2), round(max(cmdare_rates), 2)],
         "spread_ddp": [round(min(ddp_rates), 2), round(max(ddp_rates), 2)],
+        "overhead_vs_ddp_train": round(trained["allreduce"] / statistics.median(ddp_rates), 3) if trained else None,
+        "batches_per_s_train_allreduce": round(2 * trained["allreduce"], 2) if trained else None,
+        "batches_per_s_train_ps": round(trained["ps"], 2) if trained else None,
         "recovery_s": round(statistics.median(recovery), 3),
         "recovery_s_spread": [round(min(recovery), 3), round(max(recovery), 3)],
         "heal_s": round(statistics.median(heal), 3),

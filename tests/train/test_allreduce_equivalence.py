@@ -39,7 +39,7 @@ def _spec(**kw) -> TrainSpec:
 
 
 def _reference(sizes: list[int], optimizer: str = "sgd", cfg: OptimizerConfig = OPT,
-               global_batch: int | None = None) -> np.ndarray:
+               global_batch: int | None = None, clip: float | None = None) -> np.ndarray:
     """One process: ``sizes[t]`` members' gradients averaged at step ``t`` (with a ``global_batch``: each weighed
     by its share of it), then one optimizer step."""
     threads = torch.get_num_threads()
@@ -60,6 +60,8 @@ def _reference(sizes: list[int], optimizer: str = "sgd", cfg: OptimizerConfig = 
                 weights.append(batches.piece()[1] / global_batch if global_batch else 0.0)
                 pieces.append(next(batches))
             set_mean_gradient(model, pieces, weights if global_batch else None)
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(params, clip)
             for group in opt.param_groups:
                 group["lr"] = cfg.lr_at(t)
             opt.step()
@@ -78,6 +80,22 @@ def test_one_member_equals_torch_optim_bit_for_bit(optimizer):
         result = member.run_steps(8)
         assert result.steps == 8 and result.lost is None and result.step == 8
         np.testing.assert_array_equal(member.params(), _reference([1] * 8, optimizer))
+    finally:
+        torch.set_num_threads(os.cpu_count() or 1)
+        rendezvous.close()
+
+
+def test_one_member_with_clipping_warmup_and_cosine_equals_torch_optim_bit_for_bit():
+    """``--clip-grad-norm`` (torch.nn.utils.clip_grad_norm_ on the group's gradient) and a warm-up then cosine
+    schedule of the global step: exactly torch's."""
+    cfg = OptimizerConfig(lr=0.08, momentum=0.9, weight_decay=5e-4, schedule="cosine", warmup_steps=3, total_steps=8)
+    rendezvous = Rendezvous()
+    try:
+        member = Replica(_spec(optimizer=cfg, clip_grad_norm=0.5), rendezvous.address, threads=1)
+        assert member.form(0, 0, 1)
+        assert member.run_steps(8).step == 8
+        np.testing.assert_array_equal(member.params(), _reference([1] * 8, cfg=cfg, clip=0.5))
+        assert not np.array_equal(member.params(), _reference([1] * 8, cfg=cfg))  # the clipping acted
     finally:
         torch.set_num_threads(os.cpu_count() or 1)
         rendezvous.close()

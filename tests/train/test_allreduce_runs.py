@@ -116,6 +116,17 @@ def test_an_allreduce_run_regroups_on_its_members_state_and_resumes_from_its_che
     assert first["from_checkpoint"] and first["step"] == 200, first
 
 
+def test_a_warm_spare_member_replaces_a_lost_one_and_is_healed_into_the_group(local_ray, tmp_path):
+    log = _Log()
+    spec = _spec(revocations="trace=60@1,step=1", warm_spares=1, steps=150, eval_every=0, startup="30")
+    summary = Trainer(spec, [log], checkpoint_dir=tmp_path).run()
+    assert summary.status == "finished" and summary.global_step == 150 and summary.replacements == 1
+    (requested,) = log.of("replacement_requested")
+    assert requested["warm"] is True, requested  # the standby member, not a cold start of 30 emulated seconds
+    joined = [r for r in log.of("regroup") if "joined" in r["why"]]
+    assert joined and not joined[0]["from_checkpoint"] and len(joined[0]["members"]) == 2, log.of("regroup")
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["--topology", "allreduce", "--placement", "psld"], "--topology allreduce has no parameter servers: --placement"),
     (["--topology", "allreduce", "--ps", "2"], "--topology allreduce has no parameter servers: --ps"),
@@ -124,8 +135,29 @@ def test_an_allreduce_run_regroups_on_its_members_state_and_resumes_from_its_che
     (["--optimizer", "adamw"], "the parameter shards apply SGD with momentum only"),
     (["--topology", "ring"], "--topology"),
     (["--topology", "allreduce", "--optimizer", "lion"], "--optimizer must be sgd, adamw"),
+    (["--lr-schedule", "linear"], "--lr-schedule must be constant or cosine"),
+    (["--clip-grad-norm", "0"], "--clip-grad-norm must be a positive number"),
 ])
 def test_options_that_mean_nothing_in_the_topology_are_refused_in_one_line(tmp_path, args, says):
     code, out, err = run_cmdare(tmp_path, "train", "--steps", "10", "--no-record", *args)
     assert code != 0 and says in err, (out, err)
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_resumed_run_keeps_its_topology_optimizer_and_schedule_and_takes_what_is_given(tmp_path):
+    from cmdare.storage import Storage
+    from cmdare.train.cli.resume import resumed_spec
+    from cmdare.train.runtime.run_files import write_run_spec
+
+    run = Storage(tmp_path / "run")
+    cosine = OptimizerConfig(lr=0.01, schedule="cosine", warmup_steps=5, total_steps=200)
+    write_run_spec(run, "r", _spec(optimizer_name="adamw", optimizer=cosine, clip_grad_norm=1.0).to_dict())
+    given = TrainSpec(steps=400, optimizer=OptimizerConfig(lr=0.5))  # the command line's defaults but --steps
+    spec = resumed_spec(run, given, {"steps"}, joined=False)
+    assert (spec.topology, spec.optimizer_name, spec.clip_grad_norm) == ("allreduce", "adamw", 1.0)
+    assert (spec.optimizer.lr, spec.optimizer.schedule, spec.optimizer.warmup_steps) == (0.01, "cosine", 5)
+    assert spec.optimizer.total_steps == 400  # the cosine decays over the run's new length
+    lr = TrainSpec(optimizer=OptimizerConfig(lr=0.02))
+    assert resumed_spec(run, lr, {"lr"}, joined=False).optimizer.total_steps == 200
+    sgd = resumed_spec(run, TrainSpec(topology="allreduce", optimizer_name="sgd"), {"optimizer"}, joined=False)
+    assert sgd.optimizer_name == "sgd" and sgd.optimizer.lr == 0.01

@@ -61,18 +61,20 @@ def _torch_schedule(sgd: torch.optim.Optimizer, cfg: OptimizerConfig) -> torch.o
     return torch.optim.lr_scheduler.LambdaLR(sgd, lambda t: 1.0)
 
 
-def _reference(steps: int, workers: int = 1, cfg: OptimizerConfig = OPT, seed: int = SEED) -> np.ndarray:
+def _reference(steps: int, workers: int = 1, cfg: OptimizerConfig = OPT, seed: int = SEED,
+               clip: float | None = None) -> np.ndarray:
     """Plain single-process PyTorch SGD; one thread, like a worker with one CPU (thread counts change
     the reduction order in convolutions, and 20 steps amplify that rounding to ~1e-3)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _reference_loop(steps, workers, cfg, seed)
+        return _reference_loop(steps, workers, cfg, seed, clip)
     finally:
         torch.set_num_threads(threads)
 
 
-def _reference_loop(steps: int, workers: int, cfg: OptimizerConfig, seed: int) -> np.ndarray:
+def _reference_loop(steps: int, workers: int, cfg: OptimizerConfig, seed: int,
+                    clip: float | None = None) -> np.ndarray:
     data = load_dataset("digits", seed=seed)
     torch.manual_seed(seed)
     model = build_model("resnet8", num_classes=data.num_classes, in_channels=data.input_shape[0])
@@ -84,6 +86,8 @@ def _reference_loop(steps: int, workers: int, cfg: OptimizerConfig, seed: int) -
     model.train()
     for _ in range(steps):  # each worker's gradient on its own shard's batch for this step, averaged
         set_mean_gradient(model, [next(stream) for stream in streams])
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, clip)
         sgd.step()
         schedule.step()
     return torch.cat([p.detach().reshape(-1) for p in params]).numpy()
@@ -91,6 +95,17 @@ def _reference_loop(steps: int, workers: int, cfg: OptimizerConfig, seed: int) -
 
 def _final_params(tmp_path) -> np.ndarray:
     return load_checkpoint(latest_checkpoint(tmp_path)).params
+
+
+def test_one_worker_clipping_its_gradient_equals_torch_sgd_with_clip_grad_norm(local_ray, tmp_path):
+    """``--clip-grad-norm`` on a PS: the worker clips its own gradient before it pushes (so it pushes after
+    backward); with one worker that is torch.nn.utils.clip_grad_norm_ before each SGD step, bit for bit."""
+    steps = 12
+    summary = Trainer(_spec(2, steps, clip_grad_norm=0.5, optimizer=WARMUP_COSINE), checkpoint_dir=tmp_path).run()
+    assert summary.status == "finished" and summary.global_step == steps
+    got = _final_params(tmp_path)
+    np.testing.assert_array_equal(got, _reference(steps, 1, WARMUP_COSINE, clip=0.5))
+    assert not np.array_equal(got, _reference(steps, 1, WARMUP_COSINE))  # the clipping acted
 
 
 @pytest.mark.parametrize("workers, ps, cfg", [

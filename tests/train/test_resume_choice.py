@@ -36,7 +36,7 @@ def test_a_corrupt_newest_checkpoint_names_the_previous_one_and_from_step_takes_
     with pytest.raises(CheckpointError, match="checksum mismatch; the previous checkpoint is step 10: resume "
                                               "from it with --from-step 10"):
         initial_state(SPEC, "run-1", storage, None, resuming=True)
-    _, resumed, _, _, step, _ = initial_state(SPEC, "run-1", storage, None, resuming=True, resume_step=10)
+    _, resumed, _, _, step, *_ = initial_state(SPEC, "run-1", storage, None, resuming=True, resume_step=10)
     assert step == 10 and np.array_equal(resumed, params + 10)
 
 

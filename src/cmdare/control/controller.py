@@ -2,7 +2,8 @@
 
 No Ray, SimPy, threads, sleeps or clocks in here: time comes in with each event (or, in emulation, from the
 training progress events report), so a test steps a run in milliseconds and the Ray trainer
-(:mod:`cmdare.train.run.ray_driver`) and the simulator (:mod:`cmdare.plan.sim_driver`) drive the very same object.
+(:mod:`cmdare.train.run.ray_driver`, :mod:`cmdare.train.allreduce.allreduce_driver`) and the simulator
+(:mod:`cmdare.plan.sim_driver`) drive the very same object.
 
 How a pass goes (:meth:`RunController.handle`): the event updates the records; then cloud events due by now
 are decided (revocations, PS notices and deadlines, replacements that are ready or too late), the run ends

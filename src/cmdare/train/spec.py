@@ -138,6 +138,10 @@ class TrainSpec:
     # The optimizer: "sgd" (momentum, weight decay, Nesterov), "adamw", or a torch.optim class by import path
     # (module:Class). The shards apply SGD only: another optimizer trains with topology "allreduce".
     optimizer_name: str = "sgd"
+    # Clip the gradient to this L2 norm before each update (None: no clipping). All-reduce: the group's averaged
+    # gradient (torch.nn.utils.clip_grad_norm_); a PS: each worker's own gradient before its push (an asynchronous
+    # push is an update of its own), which sends it after backward.
+    clip_grad_norm: float | None = None
 
     def __post_init__(self) -> None:
         from cmdare.datasets import list_datasets
@@ -199,6 +203,13 @@ class TrainSpec:
         if not 0 < self.rollback_lr_scale <= 1:
             raise UserInputError(f"--rollback-lr-scale must be in (0, 1], got {self.rollback_lr_scale}")
         self._check_topology()
+        if self.clip_grad_norm is not None:
+            if isinstance(self.clip_grad_norm, bool) or not self.clip_grad_norm > 0 or \
+                    not math.isfinite(self.clip_grad_norm):
+                raise UserInputError(f"--clip-grad-norm must be a positive number, got {self.clip_grad_norm!r}")
+            if self.precision == "amp-fp16":
+                raise UserInputError("--clip-grad-norm with --precision amp-fp16 is not built: the loss scale is "
+                                     "undone on the pushed gradient, after the norm would be taken")
         if str(self.startup) != "model":
             from cmdare.option_values import check_number
 
@@ -296,9 +307,6 @@ class TrainSpec:
                                  "nothing there; leave it out")
         if self.sync:
             raise UserInputError("--sync: an all-reduce run is synchronous already; leave it out")
-        if self.warm_spares:
-            raise UserInputError("--warm-spares is not built for --topology allreduce yet: a replacement starts "
-                                 "cold and heals from a member (docs/allreduce.md)")
         if self.precision != "fp32":
             raise UserInputError(f"--precision {self.precision} is not built for --topology allreduce yet: its "
                                  "members train in fp32")

@@ -48,6 +48,19 @@ class MemberExecutor(WorkerExecutor):
             self.spec, self.rendezvous, self.spec.optimizer_name, worker_id, worker_threads(self.spec),
             self.deadline_s)
 
+    def _new_standby(self, server: Server) -> Any:
+        """A warm spare: a member built (torch imported, data read, model built, the rendezvous reached) and idle;
+        a replacement adopts it and the group heals it."""
+        return self._new_actor(0, server, 0)  # its own streams are seeded when it is adopted
+
+    def _worker_args(self, worker_id: int, server: Server, slot: int) -> tuple[Any, ...]:
+        """What a warm spare's ``adopt`` takes: the member it becomes."""
+        return (worker_id,)
+
+    def _statistics_source(self) -> Any:
+        """None: a member's statistics come with the group's heal, not from a copy."""
+        return None
+
     def _layout_version(self) -> int:
         return 0
 

@@ -59,6 +59,7 @@ class Replica:
     def __init__(self, spec: TrainSpec, rendezvous: tuple[str, int], optimizer: str = "sgd",
                  member_seed: int = 0, threads: int | None = None, deadline_s: float = 5.0,
                  bind_host: str | None = None, lr_scale: float = 1.0, global_batch: int | None = None):
+        self.init_at = time.time()  # torch and cmdare imported (a warm spare's phases of start)
         if threads:
             torch.set_num_threads(threads)
         self.spec, self.lr_scale = spec, lr_scale
@@ -142,6 +143,8 @@ class Replica:
                     b.copy_(saved)
                 lost = err.detail
                 break
+            if self.spec.clip_grad_norm is not None:  # the group's averaged gradient: every member clips alike
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
             lr = self.spec.optimizer.lr_at(self.step, self.lr_scale)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
@@ -219,6 +222,18 @@ class Replica:
     def ping(self) -> float:
         """When the member was ready (its process up, the model built), as ``time.time()``."""
         return self.ready_at
+
+    def standby_ready(self) -> tuple[str | None, float, dict[str, float]]:
+        """A warm spare's :meth:`ready`, and when its ``__init__`` began."""
+        return ray_node_id(), self.ready_at, {"init_at": self.init_at}
+
+    def adopt(self, worker_id: int) -> dict[str, Any]:
+        """A warm spare becomes member ``worker_id`` (its own random streams); its state comes with the group's
+        heal. Returns when it was up and the times (as a PS run's standby worker does)."""
+        t0 = time.perf_counter()
+        seed_worker(self.spec.seed, worker_id)
+        return {"node_id": ray_node_id(), "up_at": self.ready_at, "adopt_init_s": time.perf_counter() - t0,
+                "first_pull_s": 0.0}
 
     def ready(self) -> tuple[str | None, float]:
         """Its Ray node (hex; None outside Ray) and when it was ready: what a run's executor records."""

@@ -20,7 +20,10 @@ from cmdare.train.spec import TrainSpec
 
 __all__ = ["resumed_spec", "stored_spec"]
 
-_OPTIMIZER_OPTIONS = {"lr", "momentum", "weight_decay"}  # command-line options kept in spec.optimizer
+# command-line options kept in spec.optimizer -> the fields they set there
+_OPTIMIZER_OPTIONS = {"lr": ("lr",), "momentum": ("momentum",), "weight_decay": ("weight_decay",),
+                      "lr_schedule": ("schedule", "total_steps"), "warmup_steps": ("warmup_steps",)}
+_RENAMED = {"optimizer": "optimizer_name"}  # command-line option -> its TrainSpec field
 
 
 def stored_spec(run: Storage) -> dict[str, Any] | None:
@@ -54,13 +57,19 @@ def resumed_spec(run: Storage, given: TrainSpec, explicit: Iterable[str], joined
     explicit = set(explicit)
     for name in explicit:
         if name in _OPTIMIZER_OPTIONS:
-            data["optimizer"] = dict(data.get("optimizer") or {}, **{name: new["optimizer"][name]})
+            data["optimizer"] = dict(data.get("optimizer") or {},
+                                     **{field: new["optimizer"][field] for field in _OPTIMIZER_OPTIONS[name]})
+        elif name in _RENAMED:
+            data[_RENAMED[name]] = new[_RENAMED[name]]
         elif name == "transient":
             data["transient"], data["revocations"] = new["transient"], new["revocations"]
         elif name == "workers":  # a count or a GPU mix: both fields
             data["workers"], data["worker_gpus"] = new["workers"], new["worker_gpus"]
         elif name in new:
             data[name] = new[name]
+    opt = dict(data.get("optimizer") or {})
+    if "steps" in explicit and opt.get("schedule") == "cosine" and opt.get("total_steps") == base.get("steps"):
+        data["optimizer"] = dict(opt, total_steps=data["steps"])  # the cosine decays over the run's new length
     if given.storage is not None:
         data["storage"] = given.storage
     if joined and "revocations" not in explicit and data.get("transient"):

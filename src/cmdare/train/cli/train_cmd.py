@@ -64,6 +64,15 @@ def train_command(
     lr: float = typer.Option(0.05, help="Learning rate."),
     momentum: float = typer.Option(0.9, help="SGD momentum."),
     weight_decay: float = typer.Option(1e-4, help="Weight decay."),
+    lr_schedule: str = typer.Option("constant", "--lr-schedule",
+                                    help="constant, or cosine: the learning rate decays to 0 over --steps (a cosine "
+                                    "of the global step)."),
+    warmup_steps: int = typer.Option(0, "--warmup-steps",
+                                     help="The learning rate rises linearly over the first N steps."),
+    clip_grad_norm: float = typer.Option(None, "--clip-grad-norm",
+                                         help="Clip the gradient to this L2 norm before each update: the group's "
+                                         "averaged gradient with --topology allreduce, each worker's own before its "
+                                         "push with a PS (which then pushes after backward)."),
     sync: bool = typer.Option(False, "--sync", help="Synchronous training (one aggregated gradient per step)."),
     placement: str = typer.Option("round-robin", help="Parameter placement strategy."),
     checkpoint_every: int = typer.Option(None, help="Checkpoint every N steps (0: never). Default "
@@ -162,7 +171,6 @@ def train_command(
                                   "--topology allreduce (the shards apply SGD)."),
 ) -> None:
     """Train a CNN on Ray, through parameter servers or an elastic all-reduce group, and record measurements."""
-    from cmdare.ps.optimizer_config import OptimizerConfig
     from cmdare.train.cli.progress import ProgressCallback
     from cmdare.train.spec import TrainSpec
 
@@ -199,7 +207,8 @@ def train_command(
                      worker_gpus=worker_gpus,
                      ps=ps, steps=steps, batch_size=batch_size, precision=precision, sync=sync,
                      placement=placement,
-                     optimizer=OptimizerConfig(lr=lr, momentum=momentum, weight_decay=weight_decay),
+                     optimizer=_optimizer_config(lr, momentum, weight_decay, lr_schedule, warmup_steps, steps),
+                     clip_grad_norm=clip_grad_norm,
                      checkpoint_every=checkpoint_every if checkpoint_every is not None else
                      PS_TRANSIENT_CHECKPOINT_EVERY if ps_transient else DEFAULT_CHECKPOINT_EVERY,
                      eval_every=eval_every, seed=seed, ps_transient=ps_transient,
@@ -278,6 +287,20 @@ def train_command(
                       "failed (see the checkpoint_failed events); the previous checkpoints stayed valid")
 
 
+def _optimizer_config(lr: float, momentum: float, weight_decay: float, schedule: str, warmup_steps: int,
+                      steps: int) -> Any:
+    """The optimizer's hyper-parameters and learning-rate schedule from the command line."""
+    from cmdare.ps.optimizer_config import OptimizerConfig
+
+    schedule = schedule.strip().lower()
+    if schedule not in ("constant", "cosine"):
+        raise UserInputError(f"--lr-schedule must be constant or cosine, got {schedule!r}")
+    if warmup_steps < 0:
+        raise UserInputError(f"--warmup-steps must not be negative, got {warmup_steps}")
+    return OptimizerConfig(lr=lr, momentum=momentum, weight_decay=weight_decay, schedule=schedule,
+                           warmup_steps=warmup_steps, total_steps=steps if schedule == "cosine" else 0)
+
+
 def test_line(summary: RunSummary) -> str:
     """``test accuracy 0.953`` (a built-in dataset), or the test loss and metrics of your own task."""
     if summary.final_accuracy is not None:
@@ -332,6 +355,11 @@ class RunNotices(TrainCallback):
                 f"the start of the run (step {d.get('checkpoint_step')}: no checkpoint was stored yet)"
             _warn(f"training diverged ({d.get('why') or 'a non-finite loss'}): rolled back to {back}, learning rate "
                   f"x{d.get('lr_scale', 1.0):g} from now on (rollback {d.get('rollback')} of {d.get('max_rollbacks')})")
+        elif report.kind == "regroup" and report.details.get("from_checkpoint") and report.details.get("reason"):
+            d = report.details
+            back = f"step {d.get('step')}" + (", the newest stored checkpoint" if d.get("checkpoint") is not None
+                                              else " (no checkpoint was stored yet)")
+            _warn(f"the all-reduce group went back to {back}: {d.get('why')}")
         elif report.kind == "async_momentum":
             d = report.details
             Console(stderr=True, soft_wrap=True).print(

@@ -203,7 +203,7 @@ class RayDriver(PsCommands, DriverLoop):
         return [*loads, *started]
 
     def _do_Regroup(self, cmd: C.Regroup) -> None:
-        raise TypeError("the Ray driver trains through a parameter server: an all-reduce group is not formed here")
+        raise TypeError("a parameter-server run forms no all-reduce group: Regroup is the AllReduceDriver's")
 
     # -- commands: the run -------------------------------------------------------------------------------------
     def _probe_servers(self, wall: float) -> list[E.Event]:

@@ -155,9 +155,11 @@ class WarmPool:
     """
 
     def __init__(self, spec: TrainSpec, provider: ServerProvider, emitter: RunEmitter,
-                 detached: DetachedCalls, options: Callable[[Server], dict[str, Any]]):
+                 detached: DetachedCalls, options: Callable[[Server], dict[str, Any]],
+                 launch: Callable[[Server], Any] | None = None):
         self.spec, self.provider, self.emitter = spec, provider, emitter
         self.detached, self.options = detached, options
+        self.launch = launch or self._standby_worker  # a standby process on a server (an all-reduce run's: a member)
         self.standbys: list[Standby] = []
         self.actors: list[Any] = []  # every process the pool started (killed at teardown)
         self.closed = False
@@ -186,11 +188,13 @@ class WarmPool:
     def _launch(self, s: Standby) -> None:
         """Start the standby's server (a node, locally, on the provider's thread) and its process."""
         self.provider.prepare(s.server, background=True)
-        s.actor = actor_class(StandbyWorker).options(**self.options(s.server)).remote(self.spec,
-                                                                                       worker_threads(self.spec))
+        s.actor = self.launch(s.server)
         s.server.actor = s.actor
         s.ready_ref = s.actor.standby_ready.remote()
         self.actors.append(s.actor)
+
+    def _standby_worker(self, server: Server) -> Any:
+        return actor_class(StandbyWorker).options(**self.options(server)).remote(self.spec, worker_threads(self.spec))
 
     def reports(self) -> list[E.Event]:
         """What the controller is to hear since the last call: ``SpareUp``, ``SpareLost``."""

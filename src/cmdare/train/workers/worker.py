@@ -153,7 +153,7 @@ class Worker:
         self.channels, self.same_node = open_channels(self.shards, live, self.layout, self.node_id, memory)
         spans = self.layout.param_spans()
         pieced = [k for k in live if pieced_shard(self.spec, k in self.same_node, self.layout.shard_ranges[k])]
-        if pieced and spans is not None and self.loss_scale is None:
+        if pieced and spans is not None and self.loss_scale is None and self.spec.clip_grad_norm is None:
             self.pieces = GradientPieces(params, spans, self.layout.shard_ranges, pieced, self._announce_piece)
 
     def _announce_piece(self, shard: int, lo: int, hi: int) -> None:
@@ -263,6 +263,8 @@ class Worker:
                 self.pieces.arm()
             self.task.backward(self.model, loss if self.loss_scale is None else self.loss_scale.scaled(loss), self.step)
             announced = self.pieces.finish() if self.pieces is not None else {}
+            if self.spec.clip_grad_norm is not None:  # its own gradient, whole (no piece left before backward ended)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
             self.layout.grads_to_host()
             if self.loss_scale is not None and not self.loss_scale.unscale(self.layout.host_grads_np):
                 if self.loss_scale.exhausted:  # not finite even unscaled: diverged, as a non-finite loss

@@ -28,6 +28,7 @@ from cmdare.train.runtime.emitter import RunEmitter
 from cmdare.train.spec import TrainSpec
 from cmdare.train.workers.lost_nodes import LostNodes
 from cmdare.train.workers.warm_pool import (
+    StandbyWorker,
     WarmPool,
     actor_class,
     measured_start,
@@ -77,13 +78,19 @@ class WorkerExecutor:
         args = self._worker_args(worker_id, server, slot)
         return actor_class(Worker).options(**self._actor_options(server)).remote(*args)
 
+    def _new_standby(self, server: Server) -> Any:
+        """A warm spare's process on ``server``: a worker's, built and idle until a replacement adopts it."""
+        return actor_class(StandbyWorker).options(**self._actor_options(server)).remote(self.spec,
+                                                                                         worker_threads(self.spec))
+
     def _layout_version(self) -> int:
         return self.shards.version
 
     def start_spare(self, cmd: C.StartSpare, wall: float) -> list[E.Event]:
         """Warm spare ``cmd.key``: a standby server and process (:mod:`cmdare.train.workers.warm_pool`)."""
         if self.pool is None:
-            self.pool = WarmPool(self.spec, self.provider, self.emitter, self.detached, self._actor_options)
+            self.pool = WarmPool(self.spec, self.provider, self.emitter, self.detached, self._actor_options,
+                                 self._new_standby)
         return self.pool.request(cmd.key, cmd.spec, first_wave=cmd.first_wave, wall=wall)
 
     def start(self, cmd: C.StartWorker, wall: float) -> list[E.Event]:
@@ -171,6 +178,11 @@ class WorkerExecutor:
         self.detached.add(ref)
         return ref
 
+    def _statistics_source(self) -> Any:
+        """The actor whose batch-norm statistics the warm pool keeps a copy of (None: none that trained yet)."""
+        source = self._buffer_source(None)
+        return source.actor if source is not None and source.server.joined_at else None
+
     def _buffer_source(self, newcomer: WorkerHandle | None) -> WorkerHandle | None:
         """The chief, else another worker that trained and was not revoked."""
         others = [w for w in self.workers.values() if w is not newcomer and w.revoked_at is None and w.is_up]
@@ -185,8 +197,7 @@ class WorkerExecutor:
         the controller is to hear (spares up or lost)."""
         events: list[E.Event] = []
         if self.pool is not None:
-            source = self._buffer_source(None)
-            self.pool.tick(wall, source.actor if source is not None and source.server.joined_at else None)
+            self.pool.tick(wall, self._statistics_source())
             events += self.pool.reports()
         for node_id in self.lost_nodes.settle(wall):
             for w in [w for w in self.workers.values() if node_id in w.avoids and not w.is_up]:
