@@ -8,7 +8,7 @@ copied piece by piece (the MXNet/BytePS placements slice large tensors).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -130,6 +130,16 @@ class FlatLayout:
 def flat_model_params(params: Sequence[torch.Tensor]) -> np.ndarray:
     """All parameters concatenated in model order (the checkpoint layout)."""
     return torch.cat([p.detach().reshape(-1).cpu() for p in params]).numpy().copy()
+
+
+def load_model_flat(params: Iterable[torch.Tensor], values: torch.Tensor) -> None:
+    """Copy the model-order flat ``values`` into ``params`` in place (the inverse of :func:`flat_model_params`;
+    views of the parameters stay valid)."""
+    at = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(values[at:at + p.numel()].view_as(p))
+            at += p.numel()
 
 
 def shard_arrays_from_model_flat(model_flat: np.ndarray, infos: Sequence[ParamInfo],

@@ -54,6 +54,7 @@ from cmdare.train.run.ray_driver import UPLOAD_DRAIN_S, RayDriver
 from cmdare.train.run.ray_session import JoinedCluster, check_joined, ensure_ray
 from cmdare.train.run.run_metrics import RunMetrics
 from cmdare.train.run.run_start import (
+    InitialState,
     gpus_per_worker,
     initial_state,
     joined_storage_warning,
@@ -132,8 +133,7 @@ class Trainer:
         self.ps_servers: PsServerExecutor | None = None
         self.driver: DriverLoop | None = None
         self.rendezvous: Rendezvous | None = None  # where an all-reduce run's members meet
-        self._optimizer_state: dict[str, np.ndarray] = {}  # a resumed all-reduce checkpoint's
-        self._data_position: tuple[int, int] | None = None
+        self._start: InitialState | None = None  # what the run starts from (fresh, or the checkpoint resumed)
         self._stop_why: str | None = None  # a stop was asked for (request_stop)
 
     @property
@@ -179,7 +179,7 @@ class Trainer:
         start = initial_state(self.spec, self.run_id, self.storage, self.resume_from, self.resuming, self.resume_step)
         self.infos, params, momentum, buffers, step = start[:5]
         self._saved_controller = start.controller
-        self._optimizer_state, self._data_position = start.optimizer, start.data_position
+        self._start = start
         write_run_spec(self.storage, self.run_id, self.spec.to_dict())
         source = build_revocation_source(self.plan)
         self._source = source if self.spec.transient or self.spec.ps_transient else NoRevocations()
@@ -198,9 +198,7 @@ class Trainer:
         self.members.num_gpus = gpus_per_worker(spec, joined=not self.provider.emulated)
         if self.provider.emulated and spec.worker_gpus:  # one machine stands in for several GPU types
             self.members.stretch = emulated_step_stretch(spec, self.emitter)
-        meta = {"run_id": self.run_id, "spec": spec.to_dict()}
-        uploads = CheckpointUploads(CheckpointStore(self.storage, spec.keep_checkpoints), self.background_uploads)
-        self.duties = ChiefDuties(uploads, meta, self.infos, self.emitter, self.shard_group)
+        self.duties = ChiefDuties(*self._checkpoint_uploads(), self.infos, self.emitter, self.shard_group)
         if self.decisions is None:
             self.decisions = placement_sources(self.shard_group.placement, psld=spec.placement == "psld",
                                                elastic=spec.elastic_ps, balance_every=spec.balance_every,
@@ -227,19 +225,23 @@ class Trainer:
                                       lambda: self.global_step, self.rendezvous.address,
                                       cloud_now=lambda: self.controller.now if self.controller else time.time())
         self.members.num_gpus = gpus_per_worker(spec, joined=not self.provider.emulated)
-        meta = {"run_id": self.run_id, "spec": spec.to_dict()}
-        uploads = CheckpointUploads(CheckpointStore(self.storage, spec.keep_checkpoints), self.background_uploads)
-        self.duties = GroupDuties(uploads, meta, self.infos, self.emitter)
+        self.duties = GroupDuties(*self._checkpoint_uploads(), self.infos, self.emitter)
         self._first_step = step
         self.controller = build_controller(spec, self.plan, self._source, self.run_id, real=not self.emulated_time,
                                            checkpoints=self.storage.uri, resumed_from=step if self.resuming else None)
         self.controller.restore_state(self._saved_controller)
-        position = {"data_position": list(self._data_position)} if self._data_position else {}
-        initial = Checkpoint(step, params, momentum, buffers or {}, position, self._optimizer_state)
+        start = self._start
+        position = {"data_position": list(start.data_position)} if start and start.data_position else {}
+        initial = Checkpoint(step, params, momentum, buffers or {}, position, start.optimizer if start else {})
         self.driver = AllReduceDriver(self.controller, spec, self.storage, self.members, self.duties, self.emitter,
                                       self.metrics, self.detached, initial, real=not self.emulated_time,
                                       rendezvous=self.rendezvous)
         self.driver.stop_why = self._stop_why
+
+    def _checkpoint_uploads(self) -> tuple[CheckpointUploads, dict[str, Any]]:
+        """The run's checkpoint uploads (in the background unless told) and the metadata each checkpoint holds."""
+        uploads = CheckpointUploads(CheckpointStore(self.storage, self.spec.keep_checkpoints), self.background_uploads)
+        return uploads, {"run_id": self.run_id, "spec": self.spec.to_dict()}
 
     @property
     def emulated_time(self) -> bool:

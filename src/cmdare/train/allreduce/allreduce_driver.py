@@ -23,10 +23,9 @@ from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
 from cmdare.control.allreduce_topology import AllReduceTopology
 from cmdare.control.kinds import ShardAction
-from cmdare.events import StepReport
 from cmdare.storage import Storage
 from cmdare.train.allreduce.group_duties import GroupDuties
-from cmdare.train.allreduce.member_executor import DEADLINE_S, MemberExecutor
+from cmdare.train.allreduce.member_executor import MemberExecutor
 from cmdare.train.allreduce.replica import MemberChunk
 from cmdare.train.duties.checkpoint import Checkpoint, CheckpointStore
 from cmdare.train.run.driver_loop import DriverLoop
@@ -45,7 +44,6 @@ class AllReduceDriver(DriverLoop):
     """Carries out one all-reduce run's controller on Ray (``rendezvous``: where its members meet)."""
 
     topology_class = AllReduceTopology
-    _probe_timeout_s = 2 * DEADLINE_S  # a member waiting in a collective answers: only a frozen one takes this
 
     def __init__(self, controller: RunController, spec: TrainSpec, storage: Storage, workers: MemberExecutor,
                  duties: GroupDuties, emitter: RunEmitter, metrics: RunMetrics, detached: DetachedCalls,
@@ -55,6 +53,11 @@ class AllReduceDriver(DriverLoop):
         self.rendezvous = rendezvous
         self.epoch = 0  # the group formed last
         self._probed = -1  # the epoch whose loss was probed already
+
+    @property
+    def _probe_timeout_s(self) -> float:  # type: ignore[override]
+        """A member waiting in a collective answers at once: only a frozen one takes this long."""
+        return 2 * self.members.deadline_s
 
     # -- chunks ---------------------------------------------------------------------------------------
     def _feed(self, wid: int) -> None:
@@ -70,7 +73,7 @@ class AllReduceDriver(DriverLoop):
         self.global_step = max(self.global_step, res.step)
         if w is None:
             return
-        self._record(w, res)
+        self._record_chunk(w, res.steps, res.duration_s, res.loss)
         done = res.step >= self.fence
         events: list[E.Event] = [E.ChunkDone(wall=wall, worker_id=wid, global_step=res.step, steps=res.steps,
                                              refused=done, loss=res.loss if res.steps else None,
@@ -85,16 +88,6 @@ class AllReduceDriver(DriverLoop):
         if wid not in self.feeding and not self.queued[wid]:
             events.append(E.WorkerStopped(wall=wall, worker_id=wid, global_step=res.step))
         self._event(*map(self._stamp, events))
-
-    def _record(self, w: Any, res: MemberChunk) -> None:
-        now = time.time()
-        self.metrics.start_chunk(now - res.duration_s, self.global_step)
-        if w.server.joined_at is None:
-            self.members.joined(w, now - res.duration_s, self.global_step)
-        if res.steps:
-            speed = self.metrics.window_speed(including=(now, self.global_step))
-            self.emitter.emit("on_step", StepReport(self.emitter.run_id, now, self.global_step, w.worker_id,
-                                                    res.steps, res.duration_s, res.loss, speed))
 
     def _group_lost(self, wid: int, detail: str, wall: float) -> list[E.Event]:
         """Member ``wid``'s collective failed: which members are gone? (once per group)"""

@@ -41,6 +41,6 @@ class GroupDuties(ChiefDuties):
 
     def _checkpoint(self, cmd: C.StartDuty, state: Any, meta: dict[str, Any]) -> tuple[Checkpoint, float]:
         """The chief's state as a checkpoint (its data position in the metadata); nothing stalls but the duty."""
-        meta = dict(meta, data_position=list(state["where"]), optimizer=self.meta["spec"].get("optimizer_name"))
+        meta = dict(meta, data_position=list(state["where"]))
         return Checkpoint(int(state["step"]), state["params"], state["momentum"], state["buffers"], meta,
                           state["optimizer"]), 0.0

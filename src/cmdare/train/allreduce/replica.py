@@ -19,6 +19,7 @@ import torch
 
 from cmdare.collective import ElasticGroup, GradientBuckets, PeerLost
 from cmdare.datasets import GroupBatches
+from cmdare.ps.layout import flat_model_params, load_model_flat
 from cmdare.tasks.seeding import seed_worker
 from cmdare.train.allreduce.optimizer_state import load_optimizer_arrays, optimizer_arrays
 from cmdare.train.allreduce.optimizers import build_optimizer
@@ -187,12 +188,8 @@ class Replica:
         optimizer state but SGD's momentum and no data position, so the group starts the epoch over); returns its
         step."""
         buffers, where = state.get("buffers") or {}, state.get("where")
-        flat = torch.from_numpy(np.array(state["params"], dtype=np.float32))
-        at = 0
+        load_model_flat(self.model.parameters(), torch.from_numpy(np.array(state["params"], dtype=np.float32)))
         with torch.no_grad():
-            for p in self.model.parameters():
-                p.copy_(flat[at:at + p.numel()].view_as(p))
-                at += p.numel()
             for name, b in self.model.named_buffers():
                 if name in buffers:
                     b.copy_(torch.from_numpy(np.array(buffers[name])).to(b))
@@ -213,7 +210,7 @@ class Replica:
     # -- reading the state -----------------------------------------------------------------------
     def params(self) -> np.ndarray:
         """The parameters, flattened in ``model.parameters()`` order."""
-        return torch.cat([p.detach().reshape(-1).cpu() for p in self.model.parameters()]).numpy()
+        return flat_model_params(list(self.model.parameters()))
 
     def position(self) -> tuple[int, int, int]:
         """``(step, epoch, cursor)``: the state's global step and the group's data position."""

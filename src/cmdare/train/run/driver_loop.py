@@ -25,6 +25,7 @@ from cmdare.control import RunController
 from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
 from cmdare.control.dispatch import handler_table
+from cmdare.events import StepReport
 from cmdare.storage import Storage
 from cmdare.train.duties.checkpoint import Checkpoint
 from cmdare.train.duties.chief_duties import ChiefDuties
@@ -223,6 +224,19 @@ class DriverLoop:
             self._event(*map(self._stamp, self._actor_failed(wid, err, wall)))
             return
         self._chunk_result(wid, w, res, wall)
+
+    def _record_chunk(self, w: Any, steps: int, duration_s: float, loss: float, compute_s: float = 0.0,
+                      comm_s: float = 0.0, staleness: tuple[int, ...] = ()) -> None:
+        """A chunk of worker ``w`` ended now: the speed window, a newcomer's first chunk (it joined), the step
+        report."""
+        now = time.time()
+        self.metrics.start_chunk(now - duration_s, self.global_step)
+        if w.server.joined_at is None:
+            self.workers.joined(w, now - duration_s, self.global_step)
+        if steps:
+            speed = self.metrics.window_speed(including=(now, self.global_step))
+            self.emitter.emit("on_step", StepReport(self.emitter.run_id, now, self.global_step, w.worker_id, steps,
+                                                    duration_s, loss, speed, compute_s, comm_s, staleness))
 
     def _heartbeat(self, wall: float) -> list[E.Event]:
         """Checkpoints stored since the last pass; status.json rewritten (the real step, and a sign the run is

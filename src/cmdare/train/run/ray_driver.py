@@ -22,7 +22,6 @@ from cmdare.control import run_commands as C
 from cmdare.control import run_events as E
 from cmdare.control.ps_topology import PsTopology
 from cmdare.errors import ShardLostError
-from cmdare.events import StepReport
 from cmdare.storage import Storage
 from cmdare.train.duties.checkpoint import Checkpoint
 from cmdare.train.duties.chief_duties import ChiefDuties
@@ -136,17 +135,9 @@ class RayDriver(PsCommands, DriverLoop):
         return self._lockstep_feeding(go, res.global_step, res.done)
 
     def _record(self, w: Any, res: ChunkResult) -> None:
-        now = time.time()
-        self.metrics.start_chunk(now - res.duration_s, self.global_step)
-        if w.server.joined_at is None:
-            self.workers.joined(w, now - res.duration_s, self.global_step)
         self.shards.add_waits(res.shard_wait_s)
         self.workers.observe_step_time(w, res.steps, res.duration_s)
-        if res.steps:
-            speed = self.metrics.window_speed(including=(now, self.global_step))
-            self.emitter.emit("on_step", StepReport(self.emitter.run_id, now, self.global_step, res.worker_id,
-                                                    res.steps, res.duration_s, res.loss, speed, res.compute_s,
-                                                    res.comm_s, res.staleness))
+        self._record_chunk(w, res.steps, res.duration_s, res.loss, res.compute_s, res.comm_s, res.staleness)
 
     def _periodic(self, wall: float) -> None:
         """Uploads finished, shard load, ``cmdare ps`` requests and balancers that decide at any time, drains."""

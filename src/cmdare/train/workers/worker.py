@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from cmdare.ps.channel import ChannelClient, ChannelClosed, SharedHostMemory, channels_enabled, receive_all
-from cmdare.ps.layout import FlatLayout
+from cmdare.ps.layout import FlatLayout, load_model_flat
 from cmdare.ps.placement import Placement
 from cmdare.ps.shard_state import complement
 from cmdare.ps.tcp_channel import TcpChannelClient
@@ -345,11 +345,8 @@ class Worker:
             return
         with warnings.catch_warnings():  # Ray's zero-copy arrays are read-only; they are only read here
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            values, at = torch.from_numpy(flat), 0
-        with torch.no_grad():
-            for p in self.model.parameters():  # in place: the layout's views of the parameters stay
-                p.copy_(values[at:at + p.numel()].view_as(p))
-                at += p.numel()
+            values = torch.from_numpy(flat)
+        load_model_flat(self.model.parameters(), values)  # in place: the layout's views of the parameters stay
         self.step = max(self.step, int(step)) if step is not None else self.step
         if self.spec.bn_samples > 0:
             self.task.recompute_statistics(self.model, self.device, self.spec.batch_size, self.spec.seed,
