@@ -21,8 +21,8 @@ import torch
 from cmdare.collective import Rendezvous
 from cmdare.datasets import GroupBatches, load_dataset
 from cmdare.ps.optimizer_config import OptimizerConfig
+from cmdare.ps.torch_optimizer import build_optimizer
 from cmdare.train import TrainSpec
-from cmdare.train.allreduce.optimizers import build_optimizer
 from cmdare.train.allreduce.replica import Replica
 from cmdare.workloads import build_model
 from mean_gradient import set_mean_gradient

@@ -12,8 +12,8 @@ from cli_inprocess import run_cmdare
 from cmdare.collective import Rendezvous
 from cmdare.events import TrainCallback
 from cmdare.ps.optimizer_config import OptimizerConfig
+from cmdare.ps.torch_optimizer import build_optimizer
 from cmdare.train.allreduce.optimizer_state import load_optimizer_arrays, optimizer_arrays
-from cmdare.train.allreduce.optimizers import build_optimizer
 from cmdare.train.allreduce.replica import Replica
 from cmdare.train.duties.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from cmdare.train.spec import TrainSpec
@@ -132,7 +132,8 @@ def test_a_warm_spare_member_replaces_a_lost_one_and_is_healed_into_the_group(lo
     (["--topology", "allreduce", "--ps", "2"], "--topology allreduce has no parameter servers: --ps"),
     (["--topology", "allreduce", "--ps-transient"], "--ps-transient means nothing there"),
     (["--topology", "allreduce", "--sync"], "an all-reduce run is synchronous already"),
-    (["--optimizer", "adamw"], "the parameter shards apply SGD with momentum only"),
+    (["--optimizer", "torch.optim:LBFGS"], "--optimizer torch.optim:LBFGS cannot step on a parameter shard's block"),
+    (["--topology", "allreduce", "--optimizer", "json:JSONDecoder"], "not a torch.optim.Optimizer class"),
     (["--topology", "ring"], "--topology"),
     (["--topology", "allreduce", "--optimizer", "lion"], "--optimizer must be sgd, adamw"),
     (["--lr-schedule", "linear"], "--lr-schedule must be constant or cosine"),

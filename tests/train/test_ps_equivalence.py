@@ -20,6 +20,7 @@ import torch
 from cmdare.datasets import BatchStream, load_dataset
 from cmdare.ps.optimizer import OptimizerConfig
 from cmdare.train import Trainer, TrainSpec
+from cmdare.train.allreduce.optimizer_state import optimizer_arrays
 from cmdare.train.callbacks import RunInfo, TrainCallback
 from cmdare.train.duties.checkpoint import latest_checkpoint, load_checkpoint
 from cmdare.train.workers.worker import Worker
@@ -33,6 +34,8 @@ NESTEROV_STEP = OptimizerConfig(lr=0.05, momentum=0.9, weight_decay=5e-4, nester
 # Nesterov, linear warm-up over 3 steps, then cosine decay over 12 steps of the global step
 WARMUP_COSINE = OptimizerConfig(lr=0.08, momentum=0.8, weight_decay=1e-3, nesterov=True, schedule="cosine",
                                 warmup_steps=3, total_steps=12)
+# AdamW (decoupled weight decay) with a linear warm-up and a cosine decay
+ADAMW = OptimizerConfig(lr=2e-3, weight_decay=1e-2, schedule="cosine", warmup_steps=3, total_steps=12)
 BATCH = 16
 SEED = 3
 
@@ -62,25 +65,26 @@ def _torch_schedule(sgd: torch.optim.Optimizer, cfg: OptimizerConfig) -> torch.o
 
 
 def _reference(steps: int, workers: int = 1, cfg: OptimizerConfig = OPT, seed: int = SEED,
-               clip: float | None = None) -> np.ndarray:
+               clip: float | None = None, adamw: bool = False) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Plain single-process PyTorch SGD; one thread, like a worker with one CPU (thread counts change
     the reduction order in convolutions, and 20 steps amplify that rounding to ~1e-3)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _reference_loop(steps, workers, cfg, seed, clip)
+        return _reference_loop(steps, workers, cfg, seed, clip, adamw)
     finally:
         torch.set_num_threads(threads)
 
 
-def _reference_loop(steps: int, workers: int, cfg: OptimizerConfig, seed: int,
-                    clip: float | None = None) -> np.ndarray:
+def _reference_loop(steps: int, workers: int, cfg: OptimizerConfig, seed: int, clip: float | None = None,
+                    adamw: bool = False) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The parameters after ``steps``, and (AdamW) the optimizer's state as a checkpoint holds it."""
     data = load_dataset("digits", seed=seed)
     torch.manual_seed(seed)
     model = build_model("resnet8", num_classes=data.num_classes, in_channels=data.input_shape[0])
     params = list(model.parameters())
-    sgd = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                          nesterov=cfg.nesterov)
+    sgd = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay) if adamw else \
+        torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
     schedule = _torch_schedule(sgd, cfg)
     streams = [BatchStream(data, w, workers, BATCH, seed) for w in range(workers)]
     model.train()
@@ -90,7 +94,7 @@ def _reference_loop(steps: int, workers: int, cfg: OptimizerConfig, seed: int,
             torch.nn.utils.clip_grad_norm_(params, clip)
         sgd.step()
         schedule.step()
-    return torch.cat([p.detach().reshape(-1) for p in params]).numpy()
+    return torch.cat([p.detach().reshape(-1) for p in params]).numpy(), optimizer_arrays(sgd, params)[1]
 
 
 def _final_params(tmp_path) -> np.ndarray:
@@ -104,8 +108,36 @@ def test_one_worker_clipping_its_gradient_equals_torch_sgd_with_clip_grad_norm(l
     summary = Trainer(_spec(2, steps, clip_grad_norm=0.5, optimizer=WARMUP_COSINE), checkpoint_dir=tmp_path).run()
     assert summary.status == "finished" and summary.global_step == steps
     got = _final_params(tmp_path)
-    np.testing.assert_array_equal(got, _reference(steps, 1, WARMUP_COSINE, clip=0.5))
-    assert not np.array_equal(got, _reference(steps, 1, WARMUP_COSINE))  # the clipping acted
+    np.testing.assert_array_equal(got, _reference(steps, 1, WARMUP_COSINE, clip=0.5)[0])
+    assert not np.array_equal(got, _reference(steps, 1, WARMUP_COSINE)[0])  # the clipping acted
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_one_worker_with_adamw_on_the_shards_equals_torch_adamw(local_ray, tmp_path, sync):
+    """``--optimizer adamw`` with a PS: the shards run torch.optim.AdamW on their blocks (two shards here), its
+    state beside the parameters; with one worker that is plain AdamW with the same warm-up and cosine schedule,
+    bit for bit, and the checkpoint holds AdamW's state as torch's optimizer holds it (exact)."""
+    steps = 12
+    summary = Trainer(_spec(2, steps, optimizer=ADAMW, optimizer_name="adamw", sync=sync),
+                      checkpoint_dir=tmp_path).run()
+    assert summary.status == "finished" and summary.global_step == steps
+    ckpt = load_checkpoint(latest_checkpoint(tmp_path))
+    params, state = _reference(steps, 1, ADAMW, adamw=True)
+    np.testing.assert_array_equal(ckpt.params, params)
+    assert sorted(ckpt.optimizer) == sorted(state) and state["exp_avg_sq"].any()
+    for key, values in state.items():
+        np.testing.assert_array_equal(ckpt.optimizer[key], values, err_msg=key)
+
+
+def test_an_adamw_checkpoint_of_the_shards_resumes_exactly(local_ray, tmp_path):
+    """A PS run with AdamW stopped at step 6 resumes from its checkpoint (AdamW's state gathered from the two
+    shards, and put back on them) to step 12: the same parameters as plain AdamW for 12 steps, bit for bit. (The
+    checkpoint's AdamW state is the very layout an all-reduce member stores and loads: the test above.)"""
+    Trainer(_spec(2, 6, optimizer=ADAMW, optimizer_name="adamw"), checkpoint_dir=tmp_path, run_id="run-a").run()
+    resumed = Trainer(_spec(2, 12, optimizer=ADAMW, optimizer_name="adamw"), checkpoint_dir=tmp_path,
+                      run_id="run-a", resume=True).run()
+    assert resumed.status == "finished" and resumed.global_step == 12
+    np.testing.assert_array_equal(_final_params(tmp_path), _reference(12, 1, ADAMW, adamw=True)[0])
 
 
 @pytest.mark.parametrize("workers, ps, cfg", [
@@ -121,7 +153,7 @@ def test_sync_ps_matches_single_process_sgd(local_ray, tmp_path, workers, ps, cf
     steps = 12
     summary = Trainer(_spec(ps, steps, workers=workers, optimizer=cfg), checkpoint_dir=tmp_path).run()
     assert summary.status == "finished" and summary.global_step == steps
-    np.testing.assert_array_equal(_final_params(tmp_path), _reference(steps, workers, cfg))
+    np.testing.assert_array_equal(_final_params(tmp_path), _reference(steps, workers, cfg)[0])
 
 
 @pytest.mark.parametrize("cfg", [NESTEROV_STEP, WARMUP_COSINE], ids=["step", "warmup-cosine"])
@@ -142,7 +174,7 @@ def test_shard_lr_schedule_matches_the_torch_schedule(cfg):
 
 def test_reference_averages_each_workers_own_batch():
     """The K-worker reference averages K different batches (else the PS comparison proves little)."""
-    one, two = _reference(3, 1, NESTEROV_STEP), _reference(3, 2, NESTEROV_STEP)
+    one, two = _reference(3, 1, NESTEROV_STEP)[0], _reference(3, 2, NESTEROV_STEP)[0]
     assert np.abs(one - two).max() > 1e-3
 
 

@@ -15,6 +15,7 @@ import torch
 
 from cmdare.ps.blocks import Block, ParamInfo, model_offsets
 from cmdare.ps.placement import Placement
+from cmdare.ps.shard_optimizer import HAS_STATE_KEY, OptimizerSlots, ShardOptimizer
 
 
 class FlatLayout:
@@ -165,4 +166,51 @@ def model_flat_from_shard_arrays(shard_blocks: Sequence[Sequence[Block]], arrays
             start = offsets[b.param_index] + b.start
             out[start:start + b.size] = arr[pos:pos + b.size]
             pos += b.size
+    return out
+
+
+def model_optimizer_state(shard_blocks: Sequence[Sequence[Block]], slots: Sequence[OptimizerSlots | None],
+                          infos: Sequence[ParamInfo]) -> dict[str, np.ndarray]:
+    """The shards' optimizer state as a checkpoint holds it (the all-reduce members' layout,
+    :mod:`cmdare.train.allreduce.optimizer_state`): each per-element state flat in model order, each scalar one
+    value per parameter (its first block's), and which parameters have state. Empty with SGD (its momentum is the
+    checkpoint's ``momentum``)."""
+    held = [s for s in slots if s is not None]
+    if not held:
+        return {}
+    out = {k: model_flat_from_shard_arrays(shard_blocks, [s.elements[k] for s in held], infos)
+           for k in held[0].elements}
+    scalars = {k: np.zeros(len(infos), np.float64) for k in held[0].scalars}
+    has = np.zeros(len(infos), dtype=bool)
+    for blocks, state in zip(shard_blocks, held, strict=True):
+        for i, b in enumerate(blocks):
+            if b.start == 0:
+                has[b.param_index] = state.has_state[i]
+                for k, v in scalars.items():
+                    v[b.param_index] = state.scalars[k][i]
+    return {**out, **scalars, HAS_STATE_KEY: has}
+
+
+def shard_optimizer_state(arrays: dict[str, np.ndarray], infos: Sequence[ParamInfo], placement: Placement,
+                          optimizer: ShardOptimizer) -> list[OptimizerSlots | None]:
+    """Each shard's part of a checkpoint's optimizer state (:func:`model_optimizer_state`); None for every shard
+    when the checkpoint holds none (a fresh run, or one trained with SGD: the optimizer starts fresh).
+
+    Raises:
+        ValueError: the checkpoint holds another optimizer's state.
+    """
+    keys = set(arrays) - {HAS_STATE_KEY}
+    if not keys:
+        return [None] * placement.num_shards
+    if keys != set(optimizer.element_keys) | set(optimizer.scalar_dtypes):
+        raise ValueError(f"the checkpoint holds optimizer state {sorted(keys)}, not --optimizer {optimizer.name}'s")
+    has = arrays.get(HAS_STATE_KEY, np.ones(len(infos), dtype=bool))
+    elements = {k: shard_arrays_from_model_flat(arrays[k], infos, placement) for k in optimizer.element_keys}
+    out: list[OptimizerSlots | None] = []
+    for shard in range(placement.num_shards):
+        blocks = placement.blocks_on(shard)
+        index = [b.param_index for b in blocks]
+        out.append(OptimizerSlots({k: v[shard] for k, v in elements.items()},
+                                  {k: np.asarray(arrays[k], np.float64)[index] for k in optimizer.scalar_dtypes},
+                                  np.asarray(has, dtype=bool)[index]))
     return out

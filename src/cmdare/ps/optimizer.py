@@ -14,7 +14,7 @@ import torch
 # The configuration is its own module (no torch: a run's spec is checked before torch is imported).
 from cmdare.ps.optimizer_config import SCHEDULES, OptimizerConfig
 
-__all__ = ["SCHEDULES", "UPDATE_CHUNK_ELEMS", "OptimizerConfig", "sgd_update"]
+__all__ = ["SCHEDULES", "UPDATE_CHUNK_ELEMS", "OptimizerConfig", "sgd_update", "shared_tensor"]
 
 # Elements per chunk of the shard update (1 MiB of float32): the operands of a chunk stay in cache.
 # Measured on 2 cores (bench/ps_datapath.py notes): 25-35% faster than whole-buffer ops at 10-40 MB,
@@ -34,7 +34,7 @@ def sgd_update(param: np.ndarray, grad: np.ndarray, buf: np.ndarray, lr: float, 
     ``out`` (as large as ``param``) receives a copy of the updated parameters, chunk by chunk while the
     chunk is in cache (a same-node worker's parameter memory).
     """
-    p_all, g_all, b_all = torch.from_numpy(param), _as_tensor(grad), torch.from_numpy(buf)
+    p_all, g_all, b_all = torch.from_numpy(param), shared_tensor(grad), torch.from_numpy(buf)
     n = p_all.numel()
     if scratch is None or scratch.size == 0:
         scratch = np.empty(min(n, UPDATE_CHUNK_ELEMS), np.float32)
@@ -56,7 +56,7 @@ def sgd_update(param: np.ndarray, grad: np.ndarray, buf: np.ndarray, lr: float, 
             o_all[a:a + chunk].copy_(p)
 
 
-def _as_tensor(array: np.ndarray) -> torch.Tensor:
+def shared_tensor(array: np.ndarray) -> torch.Tensor:
     """A tensor sharing ``array``'s memory, also when the array is read-only (never written)."""
     if not array.flags.writeable:
         with warnings.catch_warnings():

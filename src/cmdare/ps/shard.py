@@ -171,9 +171,9 @@ class _ShardActorBase:
 class AsyncShardActor(_ShardActorBase):
     """Asynchronous training: each push is applied on arrival, one at a time."""
 
-    def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None):
+    def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None, optimizer: str = "sgd"):
         self._init_base()
-        self.state = ShardState(shard_id, cfg, max_step)
+        self.state = ShardState(shard_id, cfg, max_step, optimizer)
 
     def push_pull(self, grad: np.ndarray, pulled_step: int | None = None,
                   sent_at: float | None = None, sender: int | None = None) -> tuple[np.ndarray, int, bool]:
@@ -233,9 +233,9 @@ class SyncShardActor(_ShardActorBase):
     """
 
     def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None,
-                 num_workers: int = 1):
+                 num_workers: int = 1, optimizer: str = "sgd"):
         self._init_base()
-        self.state = ShardState(shard_id, cfg, max_step)
+        self.state = ShardState(shard_id, cfg, max_step, optimizer)
         self.num_workers = num_workers
         self._size_epoch = -1  # the newest round-size change applied (they may arrive out of order)
         self._grads: list[tuple[int, int, np.ndarray]] = []  # (sender, arrival, gradient) of the round

@@ -1,5 +1,6 @@
-"""A parameter shard's state: its blocks in one flat float32 buffer, the momentum beside it, the
-optimizer applied there, and its load counters. No Ray in here (the actors are in :mod:`cmdare.ps.shard`).
+"""A parameter shard's state: its blocks in one flat float32 buffer, the optimizer's state beside it (SGD's
+momentum, or any other optimizer's :class:`~cmdare.ps.shard_optimizer.OptimizerSlots`), the optimizer applied
+there, and its load counters. No Ray in here (the actors are in :mod:`cmdare.ps.shard`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import numpy as np
 
 from cmdare.ps.blocks import Block
 from cmdare.ps.optimizer import UPDATE_CHUNK_ELEMS, OptimizerConfig, sgd_update
+from cmdare.ps.shard_optimizer import OptimizerSlots, gather_elements, shard_optimizer
 
 
 @dataclass(frozen=True)
@@ -35,12 +37,21 @@ class ShardStats:
 
 @dataclass(frozen=True)
 class BlockData:
-    """Blocks with their parameter and momentum values, as moved between shards or checkpointed."""
+    """Blocks with their parameter values and optimizer state, as moved between shards or checkpointed.
+
+    ``momentum`` is SGD's (zeros with another optimizer); ``optimizer`` is another optimizer's state (None with
+    SGD, or for blocks that optimizer has not updated yet)."""
 
     blocks: tuple[Block, ...]
     params: np.ndarray
     momentum: np.ndarray
     step: int
+    optimizer: OptimizerSlots | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of values and state (what a move carries)."""
+        return self.params.nbytes + self.momentum.nbytes + (self.optimizer.nbytes if self.optimizer else 0)
 
 
 #: Early-applied pieces start and end on multiples of this many elements (of the shard's buffer), so each
@@ -77,9 +88,10 @@ def complement(ranges: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
 class ShardState:
     """A shard's buffers, optimizer and counters; no Ray in here, so it is tested directly."""
 
-    def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None):
+    def __init__(self, shard_id: int, cfg: OptimizerConfig, max_step: int | None = None, optimizer: str = "sgd"):
         self.shard_id = shard_id
         self.cfg = cfg
+        self.optimizer = shard_optimizer(optimizer, cfg)  # None: SGD's fast path on ``momentum``
         self.max_step = max_step
         self.lr_scale = 1.0
         self.staleness_damping = False  # staleness-aware LR: each push's lr divided by (1 + staleness)
@@ -89,6 +101,8 @@ class ShardState:
         self.blocks: list[Block] = []
         self.params = np.zeros(0, np.float32)
         self.momentum = np.zeros(0, np.float32)
+        self.slots = self.optimizer.empty(0, 0) if self.optimizer is not None else None
+        self._spans: list[tuple[int, int]] = []
         self._scratch = np.zeros(0, np.float32)
         self.open_pushes = 0  # pushes whose pieces are being applied (async shards)
         self._reset_counters()
@@ -105,21 +119,26 @@ class ShardState:
             raise ValueError(f"shard {self.shard_id}: {data.params.size} values for {total} block elements")
         self.params = np.array(data.params, dtype=np.float32, copy=True)
         self.momentum = np.array(data.momentum, dtype=np.float32, copy=True)
-        self._scratch = _scratch_for(self.params)
+        self.slots = self._slots_of(data)
+        self._laid_out()
         self.step = data.step
 
     def snapshot(self) -> BlockData:
         """A copy of everything the shard holds."""
-        return BlockData(tuple(self.blocks), self.params.copy(), self.momentum.copy(), self.step)
+        return BlockData(tuple(self.blocks), self.params.copy(), self.momentum.copy(), self.step,
+                         self.slots.copy() if self.slots is not None else None)
 
     def take(self, block_ids: set[int]) -> BlockData:
         """Remove ``block_ids`` and return them with their values and momentum (migration source)."""
         keep, out = self._split(block_ids)
-        taken = BlockData(tuple(self.blocks[i] for i, _ in out),
-                          _gather(self.params, out), _gather(self.momentum, out), self.step)
+        taken = BlockData(tuple(self.blocks[i] for i, _ in out), gather_elements(self.params, out),
+                          gather_elements(self.momentum, out), self.step,
+                          self.slots.gather(out) if self.slots is not None else None)
         self.blocks = [self.blocks[i] for i, _ in keep]
-        self.params, self.momentum = _gather(self.params, keep), _gather(self.momentum, keep)
-        self._scratch = _scratch_for(self.params)
+        self.params, self.momentum = gather_elements(self.params, keep), gather_elements(self.momentum, keep)
+        if self.slots is not None:
+            self.slots = self.slots.gather(keep)
+        self._laid_out()
         return taken
 
     def add(self, data: BlockData) -> None:
@@ -131,9 +150,26 @@ class ShardState:
                            np.concatenate([self.momentum, data.momentum]), self.step)
         order = sorted(range(len(merged.blocks)), key=lambda i: merged.blocks[i].block_id)
         spans = _spans(merged.blocks)
+        picks = [(i, spans[i]) for i in order]
         self.blocks = [merged.blocks[i] for i in order]
-        self.params = _gather(merged.params, [(i, spans[i]) for i in order])
-        self.momentum = _gather(merged.momentum, [(i, spans[i]) for i in order])
+        self.params = gather_elements(merged.params, picks)
+        self.momentum = gather_elements(merged.momentum, picks)
+        if self.slots is not None:
+            self.slots = self.slots.concat(self._slots_of(data)).gather(picks)
+        self._laid_out()
+
+    def _slots_of(self, data: BlockData) -> OptimizerSlots | None:
+        """The optimizer state ``data`` brings (none yet for its blocks: empty), checked against its blocks."""
+        if self.optimizer is None:
+            return None
+        if data.optimizer is None:
+            return self.optimizer.empty(data.params.size, len(data.blocks))
+        data.optimizer.check(data.params.size, len(data.blocks))
+        return data.optimizer.copy()
+
+    def _laid_out(self) -> None:
+        """The blocks changed: the update's block spans and scratch follow."""
+        self._spans = _spans(self.blocks)
         self._scratch = _scratch_for(self.params)
 
     def _split(self, block_ids: set[int]) -> tuple[list, list]:
@@ -180,8 +216,15 @@ class ShardState:
     def _update(self, lo: int, hi: int, grad: np.ndarray, lr: float, out: np.ndarray | None) -> None:
         """The optimizer on elements ``[lo, hi)`` (``out``, if given, receives them), slowdown and time counted."""
         t0 = time.perf_counter()
-        sgd_update(self.params[lo:hi], grad[lo:hi], self.momentum[lo:hi], lr, self.cfg, self._scratch,
-                   None if out is None else out[lo:hi])
+        if self.optimizer is not None and self.slots is not None:
+            if (lo, hi) != (0, self.params.size):
+                raise ValueError(f"--optimizer {self.optimizer.name} updates a shard's blocks whole")
+            self.optimizer.update(self.params, grad, self.slots, self._spans, lr)
+            if out is not None:
+                np.copyto(out, self.params)
+        else:
+            sgd_update(self.params[lo:hi], grad[lo:hi], self.momentum[lo:hi], lr, self.cfg, self._scratch,
+                       None if out is None else out[lo:hi])
         if self.slowdown > 1.0:
             time.sleep((time.perf_counter() - t0) * (self.slowdown - 1.0))
         spent = time.perf_counter() - t0
@@ -209,6 +252,8 @@ class ShardState:
         ``out``; returns how many were updated (the rest waits for the push)."""
         self._check_grad(grad)
         self._check_out(out)
+        if self.optimizer is not None:  # its update takes the shard's blocks whole: all of it waits for the push
+            return 0
         lo = -(-max(0, lo) // PIECE_ALIGN) * PIECE_ALIGN
         hi = min(hi, self.params.size)
         if hi < self.params.size:
@@ -339,8 +384,3 @@ def _spans(blocks) -> list[tuple[int, int]]:
         pos += b.size
     return spans
 
-
-def _gather(array: np.ndarray, picks) -> np.ndarray:
-    if not picks:
-        return np.zeros(0, np.float32)
-    return np.concatenate([array[a:b] for _, (a, b) in picks]).astype(np.float32, copy=False)

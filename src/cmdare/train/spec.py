@@ -136,7 +136,7 @@ class TrainSpec:
     # cmdare.train.allreduce, docs/allreduce.md).
     topology: str = "ps"
     # The optimizer: "sgd" (momentum, weight decay, Nesterov), "adamw", or a torch.optim class by import path
-    # (module:Class). The shards apply SGD only: another optimizer trains with topology "allreduce".
+    # (module:Class): the shards run it on their blocks (cmdare.ps.shard_optimizer), all-reduce members on the model.
     optimizer_name: str = "sgd"
     # Clip the gradient to this L2 norm before each update (None: no clipping). All-reduce: the group's averaged
     # gradient (torch.nn.utils.clip_grad_norm_); a PS: each worker's own gradient before its push (an asynchronous
@@ -294,9 +294,6 @@ class TrainSpec:
             raise UserInputError(f"--optimizer must be sgd, adamw or a torch.optim class's import path "
                                  f"(module:Class), got {self.optimizer_name!r}")
         if self.topology == "ps":
-            if self.optimizer_name != "sgd":
-                raise UserInputError(f"--optimizer {self.optimizer_name}: the parameter shards apply SGD with "
-                                     "momentum only; train with --topology allreduce to use it")
             return
         meaningless = [name for name, given in (
             ("--ps", self.ps != 1), ("--ps-transient", self.ps_transient), ("--elastic-ps", self.elastic_ps),
@@ -313,11 +310,12 @@ class TrainSpec:
 
     def shard_optimizer(self) -> OptimizerConfig:
         """The optimizer the shards apply: the given one, with its momentum reduced for asynchronous workers
-        (``async_momentum="compensate"``: see :func:`~cmdare.ps.optimizer_config.async_momentum`; the planned
+        (SGD with ``async_momentum="compensate"``: see :func:`~cmdare.ps.optimizer_config.async_momentum`; the planned
         number of workers counts)."""
         from cmdare.ps.optimizer_config import async_momentum
 
-        if self.sync or self.topology != "ps" or self.async_momentum != "compensate" or self.workers <= 1:
+        if self.sync or self.topology != "ps" or self.optimizer_name != "sgd" or self.async_momentum != "compensate" \
+                or self.workers <= 1:
             return self.optimizer
         momentum = async_momentum(self.optimizer.momentum, self.workers)
         return replace(self.optimizer, momentum=momentum, nesterov=self.optimizer.nesterov and momentum > 0)

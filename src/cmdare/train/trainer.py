@@ -190,8 +190,9 @@ class Trainer:
             self._setup_group(params, momentum, buffers, step)
             return
         spec = self.spec
+        initial = Checkpoint(step, params, momentum, buffers or {}, {}, self._start.optimizer if self._start else {})
         self.shard_group = ShardGroup(spec, self.provider, self.ps_spec, self.infos, self.emitter, self.detached)
-        self.shard_group.start(params, momentum, step)
+        self.shard_group.start(initial)
         self.members = WorkerExecutor(spec, self.provider, self.shard_group, self.emitter, self.detached,
                                       self.metrics.window_speed, lambda: self.global_step, buffers or None,
                                       cloud_now=lambda: self.controller.now if self.controller else time.time())
@@ -212,7 +213,7 @@ class Trainer:
         self.controller.restore_state(self._saved_controller)  # a resumed run decides on as the run would have
         self.driver = RayDriver(self.controller, spec, self.storage, self.members, self.shard_group, self.duties,
                                 self.placement_changes, self.ps_servers, self.emitter, self.metrics, self.detached,
-                                Checkpoint(step, params, momentum, buffers or {}), real=not self.emulated_time)
+                                initial, real=not self.emulated_time)
         self.driver.stop_why = self._stop_why  # asked for while the run was setting up
 
     def _setup_group(self, params: np.ndarray, momentum: np.ndarray, buffers: dict[str, np.ndarray],
@@ -280,6 +281,10 @@ class Trainer:
         if applied != spec.optimizer.momentum:
             self.emitter.event("async_momentum", details={"momentum": spec.optimizer.momentum, "applied": applied,
                                                           "workers": spec.workers})
+        if self._start is not None and self._start.optimizer_dropped:
+            self.emitter.event("optimizer_changed", details={"warning": (
+                f"the checkpoint was trained with --optimizer {self._start.optimizer_dropped}: its optimizer state "
+                f"is not loaded, --optimizer {spec.optimizer_name} starts with fresh state at step {step}")})
         if spec.topology == "allreduce" and len(set(spec.slot_gpus())) > 1:
             self.emitter.event("mixed_gpus", details={"warning": (
                 f"--workers {spec.worker_gpus} with --topology allreduce: every step waits for the slowest GPU "

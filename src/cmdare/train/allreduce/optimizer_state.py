@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from cmdare.ps.shard_optimizer import HAS_STATE_KEY  # one flag per parameter: the optimizer held state for it
+
 __all__ = ["MOMENTUM_KEY", "load_optimizer_arrays", "optimizer_arrays"]
 
 MOMENTUM_KEY = "momentum_buffer"  # SGD's per-parameter state: the checkpoint's ``momentum``
-_HAS_STATE = "__has_state__"  # one flag per parameter: the optimizer held state for it
 
 
 def optimizer_arrays(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]
@@ -34,7 +35,7 @@ def optimizer_arrays(optimizer: torch.optim.Optimizer, params: list[torch.nn.Par
         values = [_value(optimizer.state.get(p, {}).get(key), p, tensor_like) for p in params]
         others[key] = np.concatenate(values) if tensor_like else np.array(values, dtype=np.float64)
     if others:
-        others[_HAS_STATE] = np.array([p in optimizer.state and bool(optimizer.state[p]) for p in params])
+        others[HAS_STATE_KEY] = np.array([p in optimizer.state and bool(optimizer.state[p]) for p in params])
     at = 0
     for p, n in zip(params, sizes, strict=True):
         buf = optimizer.state.get(p, {}).get(MOMENTUM_KEY)
@@ -58,7 +59,7 @@ def load_optimizer_arrays(optimizer: torch.optim.Optimizer, params: list[torch.n
     optimizer.state.clear()
     uses_momentum = any(g.get("momentum", 0) for g in optimizer.param_groups) and "betas" not in \
         optimizer.param_groups[0]
-    has = others.get(_HAS_STATE)
+    has = others.get(HAS_STATE_KEY)
     at = 0
     for i, p in enumerate(params):
         n = p.numel()
@@ -67,7 +68,7 @@ def load_optimizer_arrays(optimizer: torch.optim.Optimizer, params: list[torch.n
             state[MOMENTUM_KEY] = torch.from_numpy(np.array(momentum[at:at + n], dtype=np.float32)).view_as(p).to(p)
         if has is None or bool(has[i]):
             for key, arr in others.items():
-                if key == _HAS_STATE:
+                if key == HAS_STATE_KEY:
                     continue
                 if arr.size == len(params) and arr.dtype == np.float64:  # one scalar per parameter
                     state[key] = torch.tensor(float(arr[i]), dtype=torch.float32)

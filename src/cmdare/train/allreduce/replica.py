@@ -20,9 +20,9 @@ import torch
 from cmdare.collective import ElasticGroup, GradientBuckets, PeerLost
 from cmdare.datasets import GroupBatches
 from cmdare.ps.layout import flat_model_params, load_model_flat
+from cmdare.ps.torch_optimizer import build_optimizer
 from cmdare.tasks.seeding import seed_worker
 from cmdare.train.allreduce.optimizer_state import load_optimizer_arrays, optimizer_arrays
-from cmdare.train.allreduce.optimizers import build_optimizer
 from cmdare.train.spec import TrainSpec
 from cmdare.train.workers.worker import pick_device, ray_node_id
 

@@ -167,8 +167,8 @@ def train_command(
                                  "(docs/allreduce.md)."),
     optimizer: str = typer.Option("sgd", "--optimizer",
                                   help="sgd (--momentum, --weight-decay), adamw (--lr, --weight-decay) or a "
-                                  "torch.optim class by import path (module:Class); other than sgd needs "
-                                  "--topology allreduce (the shards apply SGD)."),
+                                  "torch.optim class by import path (module:Class), in both topologies: the "
+                                  "shards run it on their blocks, all-reduce workers on the model."),
 ) -> None:
     """Train a CNN on Ray, through parameter servers or an elastic all-reduce group, and record measurements."""
     from cmdare.train.cli.progress import ProgressCallback
@@ -366,7 +366,7 @@ class RunNotices(TrainCallback):
                 f"asynchronous workers: momentum {d['momentum']:g} applied as {d['applied']:.3g} ({d['workers']} "
                 f"workers add about {1 - 1 / d['workers']:.2g} of their own; --async-momentum keep applies it as "
                 "given)", highlight=False, markup=False)
-        elif report.kind in ("storage_warning", "mixed_gpus"):
+        elif report.kind in ("storage_warning", "mixed_gpus", "optimizer_changed"):
             _warn(str(report.details["warning"]))
         elif report.kind == "checkpoint_failed":
             self.failed_uploads += 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from cmdare.control import run_events as E
 from cmdare.control.kinds import DutyKind
 from cmdare.events import CheckpointReport, EvalReport
 from cmdare.ps.blocks import ParamInfo
-from cmdare.ps.layout import model_flat_from_shard_arrays
+from cmdare.ps.layout import model_flat_from_shard_arrays, model_optimizer_state
 from cmdare.train.duties.checkpoint import Checkpoint
 from cmdare.train.duties.checkpoint_uploads import CheckpointUploads, Upload
 from cmdare.train.ps.shard_group import ShardGroup
@@ -38,13 +38,14 @@ SNAPSHOT_TIMEOUT_S = 120.0  # a shard that does not hand over its state within t
 
 @dataclass
 class Snapshot:
-    """The shards' parameters and momentum of one step (model order), and how long taking them stalled."""
+    """The shards' parameters and optimizer state of one step (model order), and how long taking them stalled."""
 
     step: int
     params: np.ndarray
     momentum: np.ndarray
     stall_s: float
     running: int = 0  # duties on it not finished
+    optimizer: dict[str, np.ndarray] = field(default_factory=dict)  # an optimizer other than SGD: its state
 
 
 class ChiefDuties:
@@ -72,8 +73,9 @@ class ChiefDuties:
         blocks = [list(s.blocks) for s in snaps]
         params = model_flat_from_shard_arrays(blocks, [s.params for s in snaps], self.infos)
         momentum = model_flat_from_shard_arrays(blocks, [s.momentum for s in snaps], self.infos)
+        optimizer = model_optimizer_state(blocks, [s.optimizer for s in snaps], self.infos)
         taken = min((s.step for s in snaps if s.blocks), default=step)
-        snap = self.snapshots[step] = Snapshot(taken, params, momentum, time.perf_counter() - t0)
+        snap = self.snapshots[step] = Snapshot(taken, params, momentum, time.perf_counter() - t0, optimizer=optimizer)
         for old in [k for k, s in self.snapshots.items() if k < step and not s.running]:
             del self.snapshots[old]  # a newer step's duties started: nothing re-runs on these
         return snap
@@ -145,7 +147,7 @@ class ChiefDuties:
         snap = self.snapshots.get(cmd.step)
         if snap is None:
             return None
-        return Checkpoint(snap.step, snap.params, snap.momentum, buffers, meta), snap.stall_s
+        return Checkpoint(snap.step, snap.params, snap.momentum, buffers, meta, snap.optimizer), snap.stall_s
 
     def collect(self, wall: float, wait: bool = False, timeout_s: float | None = None) -> list[E.Event]:
         """Checkpoints stored (or failed) since the last call, reported; ``wait``: first wait for the uploads in

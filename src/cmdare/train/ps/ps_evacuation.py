@@ -178,7 +178,7 @@ class PsServerExecutor:
         with contextlib.suppress(Exception):
             ray.kill(server.actor, no_restart=True)
         self.emitter.event("shard_parked", server_id=server.server_id,
-                           details={"shard_id": k, "moved_bytes": int(data.params.nbytes + data.momentum.nbytes),
+                           details={"shard_id": k, "moved_bytes": int(data.nbytes),
                                     "margin_s": cmd.deadline - now})
         return E.ActionDone(wall=wall, action=ShardAction.PARK, num_shards=len(self.shards.shards))
 
@@ -196,7 +196,7 @@ class PsServerExecutor:
         ray.get([w.set_layout.remote(self.shards.placement, self.shards.shards) for w in workers])
         self.emitter.event("shard_evacuated", details={
             "shard_id": k, "onto": "replacement", "parked": True, "parked_s": time.time() - parked_at,
-            "moved_bytes": int(data.params.nbytes + data.momentum.nbytes), "pause_s": time.perf_counter() - t0,
+            "moved_bytes": int(data.nbytes), "pause_s": time.perf_counter() - t0,
             "num_shards": len(self.shards.shards), "global_step": global_step})
         self._replacement_joined()
         return E.ActionDone(wall=wall, action=ShardAction.UNPARK, num_shards=len(self.shards.shards))

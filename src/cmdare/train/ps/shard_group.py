@@ -14,19 +14,18 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from cmdare.cloud.local import Server, ServerProvider
 from cmdare.cloud.servers import ServerSpec
 from cmdare.events import ShardReport
 from cmdare.ps.blocks import ParamInfo
-from cmdare.ps.layout import shard_arrays_from_model_flat
+from cmdare.ps.layout import shard_arrays_from_model_flat, shard_optimizer_state
 from cmdare.ps.migration import MigrationResult
 from cmdare.ps.migration import execute as execute_decisions
 from cmdare.ps.placement import Placement, get_placement
 from cmdare.ps.psld.decisions import Decision
 from cmdare.ps.psld.load import ShardLoad, block_loads
 from cmdare.ps.shard import AsyncShardActor, BlockData, SyncShardActor
+from cmdare.ps.shard_optimizer import shard_optimizer
 from cmdare.train.duties.checkpoint import Checkpoint
 from cmdare.train.runtime.detached import DetachedCalls
 from cmdare.train.runtime.emitter import RunEmitter
@@ -99,10 +98,11 @@ class ShardGroup:
         spec = self.spec
         opts = {"num_cpus": spec.cpus_per_shard, "max_restarts": 0, **self.provider.actor_options(server)}
         if spec.sync:
-            actor = ray.remote(SyncShardActor).options(**opts).remote(k, spec.shard_optimizer(), spec.steps,
-                                                                     max(1, self.num_workers))
+            actor = ray.remote(SyncShardActor).options(**opts).remote(
+                k, spec.shard_optimizer(), spec.steps, max(1, self.num_workers), spec.optimizer_name)
         else:
-            actor = ray.remote(AsyncShardActor).options(**opts).remote(k, spec.shard_optimizer(), spec.steps)
+            actor = ray.remote(AsyncShardActor).options(**opts).remote(k, spec.shard_optimizer(), spec.steps,
+                                                                      spec.optimizer_name)
         server.actor = actor
         if self.lr_scale != 1.0:
             self.detached.add(actor.set_lr_scale.remote(self.lr_scale))
@@ -112,23 +112,28 @@ class ShardGroup:
             self.detached.add(actor.set_link.remote(spec.ps_link_bytes_per_s()))
         return actor
 
-    def _load(self, params: np.ndarray, momentum: np.ndarray, step: int) -> None:
+    def _load(self, state: Checkpoint) -> None:
+        """Load every shard with its blocks of ``state`` (parameters, optimizer state, step)."""
         import ray
 
         assert self.placement is not None
-        values = shard_arrays_from_model_flat(params, self.infos, self.placement)
-        moms = shard_arrays_from_model_flat(momentum, self.infos, self.placement)
-        ray.get([s.load.remote(BlockData(tuple(self.placement.blocks_on(k)), values[k], moms[k], step))
+        values = shard_arrays_from_model_flat(state.params, self.infos, self.placement)
+        moms = shard_arrays_from_model_flat(state.momentum, self.infos, self.placement)
+        optimizer = shard_optimizer(self.spec.optimizer_name, self.spec.shard_optimizer())
+        slots = shard_optimizer_state(state.optimizer or {}, self.infos, self.placement, optimizer) \
+            if optimizer is not None else [None] * len(self.shards)
+        ray.get([s.load.remote(BlockData(tuple(self.placement.blocks_on(k)), values[k], moms[k], state.step, slots[k]))
                  for k, s in enumerate(self.shards)])
 
-    def start(self, params: np.ndarray, momentum: np.ndarray, step: int) -> None:
-        """Place the blocks, start ``spec.ps`` shards and load them with the parameters at ``step``."""
+    def start(self, state: Checkpoint) -> None:
+        """Place the blocks, start ``spec.ps`` shards and load them with ``state`` (parameters, optimizer state
+        and step; no buffers: the workers hold those)."""
         import ray
 
         spec = self.spec
         self.placement = get_placement(spec.placement).place(self.infos, spec.ps)
         self.shards = [self.new_shard(k) for k in range(spec.ps)]
-        self._load(params, momentum, step)
+        self._load(state)
         straggler = spec.straggler_factor()
         if straggler:
             ray.get(self.shards[straggler[0]].set_slowdown.remote(straggler[1]))
@@ -224,7 +229,7 @@ class ShardGroup:
             self.shards[k], self.servers[k] = spare.actor, spare
         self.version += 1
         self.unresponsive.clear()
-        self._load(state.params, state.momentum, state.step)
+        self._load(state)
         straggler = self.spec.straggler_factor()
         if straggler and straggler[0] in replacements:
             ray.get(self.shards[straggler[0]].set_slowdown.remote(straggler[1]))

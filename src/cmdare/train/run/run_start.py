@@ -35,6 +35,7 @@ class InitialState(NamedTuple):
     controller: dict[str, Any]
     optimizer: dict[str, np.ndarray] = {}  # noqa: RUF012 - a NamedTuple's default, never mutated
     data_position: tuple[int, int] | None = None
+    optimizer_dropped: str | None = None  # the checkpoint's other optimizer, whose state was not loaded
 
 
 def training_storage(spec: TrainSpec, run_id: str, checkpoint_dir: str | os.PathLike[str] | Storage | None) -> Storage:
@@ -82,6 +83,7 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
 
     task = spec.task()
     task.check(spec.batch_size, spec.workers, spec.seed)  # a batch too big for a slot, or a failing loss, fails here
+    _check_optimizer(spec)
     torch.manual_seed(spec.seed)
     model = task.build()
     infos = param_infos((n, p.shape) for n, p in model.named_parameters())
@@ -97,6 +99,7 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
     saved: dict[str, Any] = {}
     optimizer: dict[str, np.ndarray] = {}
     position: tuple[int, int] | None = None
+    dropped: str | None = None
     if resuming:
         if resume_from is not None:
             where, ckpt = str(resume_from), load_checkpoint(resume_from)
@@ -112,11 +115,27 @@ def initial_state(spec: TrainSpec, run_id: str, storage: Storage, resume_from: P
         params, momentum, buffers, step = ckpt.params, ckpt.momentum, ckpt.buffers, ckpt.step
         saved = dict((ckpt.meta or {}).get("controller") or {})
         optimizer = dict(ckpt.optimizer)
+        trained_with = str(((ckpt.meta or {}).get("spec") or {}).get("optimizer_name", "sgd"))
+        if trained_with != spec.optimizer_name:  # its state means nothing to this optimizer: it starts fresh
+            optimizer, dropped = {}, trained_with
         where = (ckpt.meta or {}).get("data_position")
         position = (int(where[0]), int(where[1])) if where else None
         if step >= spec.steps:
             raise UserInputError(f"run {run_id} is already at step {step} >= --steps {spec.steps}")
-    return InitialState(infos, params, momentum, buffers, step, saved, optimizer, position)
+    return InitialState(infos, params, momentum, buffers, step, saved, optimizer, position, dropped)
+
+
+def _check_optimizer(spec: TrainSpec) -> None:
+    """``--optimizer`` builds, and a parameter shard can hold its state (a mistake fails here, in one line)."""
+    import torch
+
+    from cmdare.ps.shard_optimizer import shard_optimizer
+    from cmdare.ps.torch_optimizer import build_optimizer
+
+    if spec.topology == "ps":
+        shard_optimizer(spec.optimizer_name, spec.shard_optimizer())
+    else:
+        build_optimizer(spec.optimizer_name, [torch.zeros(1, requires_grad=True)], spec.optimizer)
 
 
 def preflight(spec: TrainSpec) -> tuple[RevocationPlan, list[ServerSpec], ServerSpec]:

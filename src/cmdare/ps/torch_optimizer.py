@@ -1,7 +1,9 @@
-"""The optimizer an all-reduce member runs: ``sgd``, ``adamw``, or any ``torch.optim`` class by import path."""
+"""The optimizer a run trains with by name: ``sgd``, ``adamw``, or any ``torch.optim`` class by import path (an
+all-reduce member runs it on its model; a parameter shard on its blocks, :mod:`cmdare.ps.shard_optimizer`)."""
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from cmdare.errors import UserInputError
@@ -21,10 +23,11 @@ OPTIMIZERS = ("sgd", "adamw")  # or a torch.optim.Optimizer subclass by import p
 
 def build_optimizer(name: str, params: Iterable[torch.Tensor], config: OptimizerConfig) -> torch.optim.Optimizer:
     """``name``'s optimizer over ``params`` with ``config``'s hyper-parameters (SGD: lr, momentum, weight decay,
-    Nesterov; AdamW and a class by import path: lr and weight decay).
+    Nesterov; AdamW and a class by import path: lr, and weight decay where the class takes it).
 
     Raises:
-        UserInputError: an unknown name, or an import path that is no ``torch.optim.Optimizer``.
+        UserInputError: an unknown name, an import path that is no ``torch.optim.Optimizer``, or a class that
+            refuses those hyper-parameters.
     """
     import torch
 
@@ -39,4 +42,12 @@ def build_optimizer(name: str, params: Iterable[torch.Tensor], config: Optimizer
     cls: Any = load_object(name, "--optimizer")
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         raise UserInputError(f"--optimizer {name} is {cls!r}, not a torch.optim.Optimizer class")
-    return cls(params, lr=config.lr, weight_decay=config.weight_decay)
+    given = {"lr": config.lr, "weight_decay": config.weight_decay}
+    takes = inspect.signature(cls).parameters
+    if not any(p.kind == p.VAR_KEYWORD for p in takes.values()):
+        given = {k: v for k, v in given.items() if k in takes}  # e.g. LBFGS has no weight decay
+    try:
+        return cls(params, **given)
+    except (TypeError, ValueError) as err:
+        raise UserInputError(f"--optimizer {name} cannot be built with {given} ({type(err).__name__}: {err})") \
+            from None

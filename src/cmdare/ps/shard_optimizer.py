@@ -1,0 +1,165 @@
+"""Any ``torch.optim`` optimizer on a parameter shard's blocks (``--optimizer adamw`` with a parameter server).
+
+SGD with momentum keeps its fast path (:func:`cmdare.ps.optimizer.sgd_update`: the momentum buffer beside the
+parameters, chunked, pieces applied on arrival). Every other optimizer runs as the ``torch.optim`` class itself,
+with each block of the shard one parameter tensor of it (a view of the shard's flat buffer), so an elementwise
+optimizer (AdamW, Adam, RMSprop, Adagrad, ...) computes what it computes on the model, and with whole-parameter
+blocks (the default) any other one does too. Its state stays in the shard, in the shard's order:
+
+* per-element state (AdamW's ``exp_avg`` and ``exp_avg_sq``): flat arrays beside the parameters;
+* per-block scalars (AdamW's ``step``): one value per block;
+* whether each block has state yet: the optimizer makes a block's state at the block's first update.
+
+:class:`OptimizerSlots` is that state; moves, evacuations, snapshots and restores carry it with the blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cmdare.errors import UserInputError
+
+if TYPE_CHECKING:
+    import torch
+
+    from cmdare.ps.optimizer_config import OptimizerConfig
+
+__all__ = ["HAS_STATE_KEY", "OptimizerSlots", "ShardOptimizer", "gather_elements", "shard_optimizer"]
+
+HAS_STATE_KEY = "__has_state__"  # a checkpoint's optimizer arrays: one flag per parameter, it has state
+
+
+def gather_elements(array: np.ndarray, picks: list[tuple[int, tuple[int, int]]]) -> np.ndarray:
+    """The element ranges of ``picks`` (``(block index, (start, end))``) of ``array``, concatenated (float32)."""
+    if not picks:
+        return np.zeros(0, array.dtype if array.dtype != np.float64 else np.float32)
+    return np.concatenate([array[a:b] for _, (a, b) in picks]).astype(np.float32, copy=False)
+
+
+@dataclass(frozen=True)
+class OptimizerSlots:
+    """An optimizer's state for a shard's blocks, in the shard's order."""
+
+    elements: dict[str, np.ndarray]  # name -> float32, one value per element (parallel to the parameters)
+    scalars: dict[str, np.ndarray]  # name -> float64, one value per block
+    has_state: np.ndarray  # bool, one per block: the optimizer made the block's state (at its first update)
+
+    def copy(self) -> OptimizerSlots:
+        return OptimizerSlots({k: v.copy() for k, v in self.elements.items()},
+                              {k: v.copy() for k, v in self.scalars.items()}, self.has_state.copy())
+
+    def gather(self, picks: list[tuple[int, tuple[int, int]]]) -> OptimizerSlots:
+        """The state of the picked blocks (``(block index, (start, end))``), in the order picked."""
+        index = np.array([i for i, _ in picks], dtype=np.int64)
+        return OptimizerSlots({k: gather_elements(v, picks) for k, v in self.elements.items()},
+                              {k: v[index].astype(np.float64) for k, v in self.scalars.items()},
+                              self.has_state[index].astype(bool))
+
+    def concat(self, other: OptimizerSlots) -> OptimizerSlots:
+        """This shard's blocks' state, then ``other``'s."""
+        if set(self.elements) != set(other.elements) or set(self.scalars) != set(other.scalars):
+            raise ValueError("blocks of two optimizers cannot share a shard")
+        return OptimizerSlots({k: np.concatenate([v, other.elements[k]]) for k, v in self.elements.items()},
+                              {k: np.concatenate([v, other.scalars[k]]) for k, v in self.scalars.items()},
+                              np.concatenate([self.has_state, other.has_state]))
+
+    def check(self, num_elems: int, num_blocks: int) -> None:
+        """Raise ValueError unless the state covers ``num_elems`` elements in ``num_blocks`` blocks."""
+        if any(v.size != num_elems for v in self.elements.values()) or self.has_state.size != num_blocks or \
+                any(v.size != num_blocks for v in self.scalars.values()):
+            raise ValueError(f"optimizer state for other blocks than the shard's {num_blocks} ({num_elems} values)")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(v.nbytes for v in self.elements.values()) + sum(v.nbytes for v in self.scalars.values())
+
+
+class ShardOptimizer:
+    """A ``torch.optim`` class (by :func:`~cmdare.ps.torch_optimizer.build_optimizer`'s name) applied to a shard's
+    blocks, its state kept in :class:`OptimizerSlots`."""
+
+    def __init__(self, name: str, cfg: OptimizerConfig):
+        self.name, self.cfg = name, cfg
+        self.element_keys, self.scalar_dtypes = _state_layout(name, cfg)
+
+    def empty(self, num_elems: int, num_blocks: int) -> OptimizerSlots:
+        """State for blocks the optimizer has not updated yet."""
+        return OptimizerSlots({k: np.zeros(num_elems, np.float32) for k in self.element_keys},
+                              {k: np.zeros(num_blocks, np.float64) for k in self.scalar_dtypes},
+                              np.zeros(num_blocks, dtype=bool))
+
+    def update(self, params: np.ndarray, grad: np.ndarray, state: OptimizerSlots, spans: list[tuple[int, int]],
+               lr: float) -> None:
+        """One step of the optimizer, in place, on ``params`` (blocks at ``spans``) with ``grad`` at ``lr``."""
+        import torch
+
+        from cmdare.ps.optimizer import shared_tensor
+        from cmdare.ps.torch_optimizer import build_optimizer
+
+        if not spans:  # a shard left without blocks (they all moved away)
+            return
+        tensors = [torch.from_numpy(params[a:b]) for a, b in spans]
+        optimizer = build_optimizer(self.name, tensors, self.cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        for i, (t, (a, b)) in enumerate(zip(tensors, spans, strict=True)):
+            t.grad = shared_tensor(grad[a:b])  # read-only from Ray: never written
+            if state.has_state[i]:
+                held: dict[str, object] = {k: torch.from_numpy(state.elements[k][a:b]) for k in self.element_keys}
+                for k, dtype in self.scalar_dtypes.items():
+                    value = float(state.scalars[k][i])
+                    held[k] = value if dtype is None else torch.tensor(value, dtype=dtype)
+                optimizer.state[t] = held
+        optimizer.step()
+        for i, (t, (a, b)) in enumerate(zip(tensors, spans, strict=True)):
+            made = optimizer.state.get(t)
+            if not made:
+                continue
+            for k in self.element_keys:
+                view = state.elements[k][a:b]
+                if made[k].data_ptr() != view.ctypes.data:  # made at this first update, or replaced
+                    view[...] = made[k].detach().reshape(-1).numpy()
+            for k in self.scalar_dtypes:
+                state.scalars[k][i] = float(made[k])
+            state.has_state[i] = True
+
+
+def shard_optimizer(name: str, cfg: OptimizerConfig) -> ShardOptimizer | None:
+    """The shards' optimizer for ``--optimizer name``: None for ``sgd`` (the momentum fast path).
+
+    Raises:
+        UserInputError: an unknown name, or an optimizer whose state a shard cannot hold.
+    """
+    return None if name == "sgd" else ShardOptimizer(name, cfg)
+
+
+def _state_layout(name: str, cfg: OptimizerConfig) -> tuple[tuple[str, ...], dict[str, torch.dtype | None]]:
+    """The optimizer's per-element state names and its per-parameter scalars' dtypes, from one step on a probe."""
+    import torch
+
+    from cmdare.ps.torch_optimizer import build_optimizer
+
+    probe = torch.zeros(3)
+    probe.grad = torch.zeros(3)
+    optimizer = build_optimizer(name, [probe], cfg)
+    try:
+        optimizer.step()
+    except Exception as err:  # noqa: BLE001 - the user's optimizer class: any failure is theirs to read
+        raise UserInputError(f"--optimizer {name} cannot step on a parameter shard's block "
+                             f"({type(err).__name__}: {err})") from None
+    elements, scalars = [], {}
+    for key, value in sorted(optimizer.state.get(probe, {}).items()):
+        if torch.is_tensor(value) and value.shape == probe.shape:
+            elements.append(key)
+        elif torch.is_tensor(value) and value.numel() == 1:
+            scalars[key] = value.dtype
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            scalars[key] = None  # a Python number
+        else:
+            raise UserInputError(f"--optimizer {name} keeps state {key!r} ({type(value).__name__}) that a parameter "
+                                 "shard cannot hold; train it with --topology allreduce")
+    return tuple(elements), scalars
+
