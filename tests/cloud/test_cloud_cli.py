@@ -72,7 +72,7 @@ def test_catalog_override_flag(app, tmp_path):
         (["catalog", "--region", "moon-1"], UnknownNameError, "region 'moon-1'"),
         (["cluster-config", "--cloud", "aws", "--gpu", "p100", "--workers", "4"], UnknownNameError, "P100"),
         (["cluster-config", "--cloud", "gcp", "--gpu", "k80", "--workers", "-3"], UserInputError, "--workers"),
-        (["cluster-config", "--cloud", "gcp", "--gpu", "k80", "--ps", "0"], UserInputError, "--ps"),
+        (["cluster-config", "--cloud", "gcp", "--gpu", "k80", "--ps", "-1"], UserInputError, "--ps must be >= 0"),
         (["cluster-config", "--cloud", "gcp", "--gpu", "k80", "--region", "asia-x9"], UnknownNameError, "asia-x9"),
         (["cluster-config", "--cloud", "oracle", "--gpu", "k80"], UnknownNameError, "oracle"),
         (["cluster-config", "--cloud", "gcp", "--gpu", "k80", "--storage", "/mnt/ckpt"], UserInputError, "local path"),

@@ -322,6 +322,18 @@ def test_one_worker_node_type_per_gpu_type(cat, build, ray_validate):
         assert build("aws", workers=workers)["available_node_types"]["cmdare_worker_t4"]["max_workers"] == 4
 
 
+def test_an_all_reduce_cluster_has_no_ps_nodes(cat, build, ray_validate):
+    """``--ps 0`` (what ``cmdare plan`` prints for an all-reduce choice): the head and the GPU workers only, priced
+    so, and the printed train command trains with all-reduce."""
+    config = build("gcp", workers="t4:2", ps=0, transient=True, region="us-east1")
+    ray_validate(config)
+    assert set(config["available_node_types"]) == {"cmdare_head", "cmdare_worker_t4"}
+    assert config["max_workers"] == 2
+    text = render_yaml(config, cat)
+    assert "1 x CPU" in text and "0 on-demand PS node(s)" in text
+    assert "--workers t4:2 --topology allreduce" in text
+
+
 def test_boot_images_per_gpu_and_the_k80_caveat(cat, build):
     k80 = build("gcp", "k80", workers=1, region="us-east1")
     image = k80["available_node_types"]["cmdare_worker_k80"]["node_config"]["disks"][0]["initializeParams"]
@@ -413,7 +425,7 @@ def test_bad_input_gives_clear_errors(cat, build):
         build("gcp", "t4", workers=4, region="us-nowhere1")
     with pytest.raises(UnknownNameError, match="cloud 'azure'"):
         build("azure", "t4", workers=4)
-    for kwargs in ({"workers": 0}, {"workers": -2}, {"workers": "-2"}, {"workers": 2, "ps": 0}, {"workers": 2.5}):
+    for kwargs in ({"workers": 0}, {"workers": -2}, {"workers": "-2"}, {"workers": 2, "ps": -1}, {"workers": 2.5}):
         with pytest.raises(UserInputError, match="--(workers|ps) must be"):
             build("gcp", "t4", **kwargs)
     for workers, needle in (("k80:x", "--workers: bad GPU count 'k80:x'"), ("k80:-1", "negative"),

@@ -167,7 +167,7 @@ def test_retired_k80s_are_flagged_and_left_out_of_recommendations_unless_asked(m
     assert "K80" not in json.dumps(data["front"]) and "left out of this plan" in data["notes"][0]
     asked = json.loads(run_cli(monkeypatch, capsys, *plan, "--include-retired", "--json")[1])
     assert asked["left_out_retired_gpus"] == [] and asked["retired_gpus"] == ["k80"]
-    code, out, _ = run_cli(monkeypatch, capsys, *plan, "--gpus", "k80")  # named: considered, flagged
+    code, out, _ = run_cli(monkeypatch, capsys, *plan, "--gpus", "k80", "--topologies", "ps")  # named: flagged
     assert code == 0 and "1xK80 spot + no PS @us-east1 (retired: K80)" in out
     assert "note: K80 retired: gcp no longer rents it and current PyTorch CUDA builds do not run on compute " \
            "capability 3.7" in out

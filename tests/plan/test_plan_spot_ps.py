@@ -72,7 +72,7 @@ def test_ps_market_any_offers_spot_ps_and_says_when_it_pays(monkeypatch, capsys)
     assert not any(c.ps_transient for c in clusters if c.ps == 0)
     code, out, _ = run_cli(monkeypatch, capsys, "plan", "--model", "t2t_resnet32", "--steps", "64000", "--batch-size",
                            "128", "--deadline", "3h", "--gpus", "k80", "--max-workers", "4", "--max-ps", "2",
-                           "--no-mixes", "--runs", "20", "--ps-market", "any", "--json")
+                           "--no-mixes", "--runs", "20", "--ps-market", "any", "--topologies", "ps", "--json")
     assert code == 0
     data = json.loads(out)
     assert any("PS spot" in o["config"] for o in data["front"])

@@ -5,6 +5,7 @@ simulator cannot honour is named."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from plan_toys import run_cli
@@ -110,13 +111,22 @@ def test_bad_simulate_options_are_one_line(monkeypatch, capsys, tmp_path, args, 
     assert code == 1 and needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def _steps(command: str, batches: int) -> int:
+    """The steps a plan's train command trains ``batches`` asynchronous PS steps' batches in: as many through a PS,
+    ``batches / n`` group steps of ``n`` all-reduce members."""
+    if "--topology allreduce" not in command:
+        return batches
+    workers = command.split("--workers ", 1)[1].split()[0]
+    return math.ceil(batches / sum(int(part.split(":")[1]) for part in workers.split(",")))
+
+
 def test_plan_prints_the_train_command_of_its_choice_and_that_command_simulates_to_the_plan(monkeypatch, capsys):
     plan = ["plan", "--model", "t2t_resnet32", "--steps", "64000", "--deadline", "20min", "--runs", "10"]
     code, out, err = run_cli(monkeypatch, capsys, *plan, "--json")
     assert code == 0, err
     rec = json.loads(out)
     command = rec["choice"]["train_command"]
-    assert command.startswith("cmdare train --model t2t_resnet32 --steps 64000 --workers ")
+    assert command.startswith(f"cmdare train --model t2t_resnet32 --steps {_steps(command, 64000)} --workers ")
     # every configuration of the front has one, but single-server training (no PS), which `train` does not do
     assert all(bool(o["train_command"]) == ("no PS" not in o["config"]) for o in rec["front"])
     # runnable as printed: on the cluster (--address auto), simulated, it is the plan's choice
@@ -132,7 +142,8 @@ def test_plan_prints_the_train_command_of_its_choice_and_that_command_simulates_
     assert code == 0, err
     rec = json.loads(out)
     command = rec["choice"]["train_command"]
-    assert command.startswith("cmdare train --model t2t_resnet32 --steps 64000 --batch-size 128 --workers ")
+    assert command.startswith(f"cmdare train --model t2t_resnet32 --steps {_steps(command, 64000)} --batch-size 128 "
+                              "--workers ")
     sim = _simulate(monkeypatch, capsys, *command.split()[2:], "--address", "auto")
     assert sim["config"] == rec["choice"]["config"]
     assert sim["time_s"]["mean"] == pytest.approx(rec["choice"]["time_mean_s"], rel=0.01)

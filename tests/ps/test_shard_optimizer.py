@@ -92,6 +92,38 @@ def test_blocks_moved_between_shards_mid_run_train_on_as_torch_does(name, cls):
         np.testing.assert_array_equal(state[key], values, err_msg=key)
 
 
+def test_a_block_that_joins_without_state_steps_on_its_own_as_torch_does():
+    """A block added without optimizer state (a parameter that had no gradient yet) is stepped as its own tensor
+    while the shard's other blocks are at another step: each as torch's AdamW on the model, where that parameter's
+    gradient was None until it joined (exact)."""
+    rng = np.random.default_rng(4)
+    infos = param_infos(SHAPES)
+    flat = rng.standard_normal(sum(i.numel for i in infos)).astype(np.float32)
+    grads = [_grads(rng, flat.size) for _ in range(6)]
+    placement = RoundRobin().place(infos, 1)
+    late = placement.blocks[-1]  # "e": no gradient for the first 3 steps
+    (shard,) = _shards(placement, flat)
+    joined = shard.take({late.block_id})
+    joined = BlockData(joined.blocks, joined.params, joined.momentum, joined.step)  # no optimizer state
+    early = slice(0, flat.size - late.size)
+    for g in grads[:3]:
+        shard.apply(g[early])
+    shard.add(joined)
+    for g in grads[3:]:
+        shard.apply(g)
+    assert list(shard.slots.scalars["step"]) == [6.0] * (len(placement.blocks) - 1) + [3.0]
+    params = [torch.nn.Parameter(torch.from_numpy(flat[a:b].copy())) for a, b in
+              zip(np.cumsum([0] + [i.numel for i in infos])[:-1], np.cumsum([i.numel for i in infos]), strict=True)]
+    opt = torch.optim.AdamW(params, lr=CFG.lr, weight_decay=CFG.weight_decay)
+    for k, g in enumerate(grads):
+        at = 0
+        for i, p in enumerate(params):
+            p.grad = None if (k < 3 and i == len(params) - 1) else torch.from_numpy(g[at:at + p.numel()].copy())
+            at += p.numel()
+        opt.step()
+    np.testing.assert_array_equal(shard.params, torch.cat([p.detach() for p in params]).numpy())
+
+
 def test_the_checkpoint_layout_round_trips_through_blocks_split_over_shards():
     """A checkpoint's optimizer arrays (model order) cut into split blocks on 3 shards and gathered back: exact;
     a block the optimizer never updated keeps no state."""

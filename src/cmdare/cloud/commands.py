@@ -20,7 +20,8 @@ def cluster_config_command(
     workers: str | None = typer.Option(None, "--workers",
                                        help="Training workers (one per GPU): a number of --gpu, or a mix like "
                                             "k80:2,v100:1 (default: 4)."),
-    ps: int = typer.Option(1, "--ps", help="Parameter-server nodes (on-demand, CPU only)."),
+    ps: int = typer.Option(1, "--ps", help="Parameter-server nodes (on-demand, CPU only); 0 for an "
+                               "all-reduce run (cmdare train --topology allreduce)."),
     transient: bool = typer.Option(False, "--transient/--on-demand",
                                    help="Preemptible (GCP) / Spot (AWS) GPU workers; a cloud needs --storage then."),
     storage: str | None = typer.Option(None, "--storage",

@@ -184,7 +184,7 @@ def cluster_config(
         gpu: GPU type (case-insensitive) when ``workers`` is a number (default T4, ``DEFAULT_WORKER_GPU``).
         workers: training workers (one per GPU): a number of ``gpu``, or a mix ``'k80:2,v100:1'`` /
             ``{'k80': 2}``; servers per type = ceil(workers / GPUs per server) (local: one per worker).
-        ps: number of parameter-server nodes (on-demand, CPU only).
+        ps: number of parameter-server nodes (on-demand, CPU only; 0: none, for ``--topology allreduce``).
         transient: preemptible (GCP) / Spot (AWS) GPU workers; needs ``storage`` on a cloud unless ``force``.
         region, zone: cloud region (default ``us-central1`` / ``us-east-1``, or the first region offering every
             GPU type) and zone (GCP: default the first zone offering them all; AWS: Ray chooses).
@@ -208,7 +208,7 @@ def cluster_config(
             unusable storage, no way to install cmdare, or options of another cloud kind.
     """
     warn = warn or _warn
-    ps = _count("ps", ps)
+    ps = _count("ps", ps, 0)  # 0: no PS nodes (an all-reduce run)
     cloud_key = str(cloud).strip().lower()
     if cloud_key not in CLOUDS:
         raise UnknownNameError("cloud", cloud, CLOUDS)
@@ -269,13 +269,10 @@ def cluster_config(
     types: dict[str, Any] = {
         HEAD_TYPE: {"max_workers": 0, "resources": {"CPU": ps_off.vcpus, HEAD_RESOURCE: 1},
                     "labels": {ROLE_LABEL: "head"}, "node_config": cpu_node},
-        PS_TYPE: {
-            "min_workers": ps, "max_workers": ps,
-            "resources": {"CPU": ps_off.vcpus, PS_RESOURCE: 1},
-            "labels": {ROLE_LABEL: "ps"},
-            "node_config": copy.deepcopy(cpu_node),
-        },
     }
+    if ps:
+        types[PS_TYPE] = {"min_workers": ps, "max_workers": ps, "resources": {"CPU": ps_off.vcpus, PS_RESOURCE: 1},
+                          "labels": {ROLE_LABEL: "ps"}, "node_config": copy.deepcopy(cpu_node)}
     for g, count in groups:
         off = offers[g]
         nodes, slots = math.ceil(count / off.gpus_per_server), off.gpus_per_server

@@ -65,8 +65,9 @@ def render_yaml(config: dict[str, Any], catalog: Catalog | None = None, transien
                 for n, t in workers.items()}
     slots = sum(per_type.values())
     mix = ",".join(f"{str(gpu).lower()}:{n}" for gpu, n in per_type.items() if n)  # each worker on its GPU type
-    n_ps = types[PS_TYPE]["min_workers"]
-    train = f"cmdare train --address auto --workers {mix or slots} --ps {n_ps}"
+    n_ps = types[PS_TYPE]["min_workers"] if PS_TYPE in types else 0  # none: an all-reduce cluster
+    train = f"cmdare train --address auto --workers {mix or slots} " + \
+        (f"--ps {n_ps}" if n_ps or PS_TYPE in types else "--topology allreduce")
     stamp = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
     nodes = ", ".join(f"{t['min_workers']} x {labels[n].get(GPU_LABEL)} ({n})" for n, t in workers.items())
     if is_local_config(config):
@@ -151,7 +152,7 @@ def _price_lines(catalog: Catalog | None, config: dict[str, Any], workers: dict[
     c_price = ps_off.server_price_per_hour_usd(False)
     if c_price is None:
         return []
-    n_cpu = config["available_node_types"][PS_TYPE]["max_workers"] + 1
+    n_cpu = config["available_node_types"].get(PS_TYPE, {}).get("max_workers", 0) + 1
     parts.append(f"{n_cpu} x CPU ${c_price:.4g}/h")
     total += n_cpu * c_price
     sources = list(dict.fromkeys([*sources, ps_off.source]))

@@ -147,14 +147,18 @@ class NoRevocations:
 
 
 class _PredictSpeed:
-    """Cluster speed from ``cmdare.predict`` for one workload, cached per membership."""
+    """Cluster speed from ``cmdare.predict`` for one workload, cached per membership; both topologies over
+    ``link_gbps`` links (the PS model's own network by default)."""
 
     def __init__(self, workload: str, model_error: bool = False, batch_size: int | None = None,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", link_gbps: float | None = None):
+        from cmdare.predict import PS_MODEL_LINK_GBPS
+
         self.workload = workload
         self.model_error = model_error
         self.batch_size = batch_size  # per worker; None: train's default
         self.precision = precision
+        self.link_gbps = PS_MODEL_LINK_GBPS if link_gbps is None else float(link_gbps)
         self._cache: dict[tuple, float] = {}
 
     def cluster_steps_per_s(self, gpus: Mapping[str, int], ps: int) -> float:
@@ -168,13 +172,12 @@ class _PredictSpeed:
                 v = self.worker_steps_per_s(gpu)
             else:
                 v = float(predict_cluster_steps_per_s(self.workload, dict(gpus), ps, batch_size=self.batch_size,
-                                                      precision=self.precision))
+                                                      precision=self.precision, link_gbps=self.link_gbps))
             self._cache[key] = v
         return v
 
     def allreduce_steps_per_s(self, gpus: Mapping[str, int]) -> float:
-        """Group steps/s of all-reduce training with ``gpus`` members (:mod:`cmdare.predict.allreduce_speed`, at its
-        default link)."""
+        """Group steps/s of all-reduce training with ``gpus`` members (:mod:`cmdare.predict.allreduce_speed`)."""
         key = ("allreduce", tuple(sorted(gpus.items())))
         v = self._cache.get(key)
         if v is None:
@@ -182,7 +185,8 @@ class _PredictSpeed:
             from cmdare.predict.workloads import workload_features
 
             v = self._cache[key] = allreduce_steps_per_s(workload_features(self.workload), dict(gpus),
-                                                         batch_size=self.batch_size, precision=self.precision)
+                                                         link_gbps=self.link_gbps, batch_size=self.batch_size,
+                                                         precision=self.precision)
         return v
 
     def worker_steps_per_s(self, gpu: str) -> float:
@@ -326,7 +330,7 @@ def resolve_workload(name: str, input_shape: tuple[int, ...] | None = None):
 def load_plan_models(
     workload: str, lifetime: str = "auto", catalog: str | None = None, cloud: str = "gcp",
     interruption_rate: str | None = None, model_error: bool = False, input_shape: tuple[int, ...] | None = None,
-    batch_size: int | None = None, precision: str = "fp32",
+    batch_size: int | None = None, precision: str = "fp32", link_gbps: float | None = None,
 ) -> PlanModels:
     """Speed, lifetime, startup and price models for ``workload``.
 
@@ -346,6 +350,8 @@ def load_plan_models(
         input_shape: one sample's shape, for your own model given by import path (default 3,32,32).
         batch_size: per-worker batch size the speed and accuracy models predict at (None: train's default, 32).
         precision: what the workers train in (``fp32``, ``amp-bf16``, ``amp-fp16``): the speed model's step times.
+        link_gbps: each server's network, for the PS's and the all-reduce ring's transfers (None: 10 Gbit/s, the
+            network CM-DARE's PS runs are taken to have had).
 
     Raises:
         UnknownNameError: unknown workload, lifetime model or cloud.
@@ -376,7 +382,7 @@ def load_plan_models(
 
     yours = is_import_path(workload)  # your own model: the CIFAR classifiers' accuracy points say nothing of it
     return PlanModels(
-        speed=_PredictSpeed(features, model_error, batch, precision),
+        speed=_PredictSpeed(features, model_error, batch, precision, link_gbps),
         lifetimes=lifetimes,
         startup=_Startup(),
         prices=prices,

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -37,13 +37,13 @@ _MODEL_OPTION = typer.Option("--model", help="A model of `cmdare workloads`: t2t
                              "resnet32 (He's, predicted from its profile) ...")
 def _models(model: str, lifetime: str, catalog: str | None, cloud: str, rate: str | None = None,
             model_error: bool = False, input_shape: str | None = None, batch_size: int | None = None,
-            precision: str = "fp32"):
+            precision: str = "fp32", link_gbps: float | None = None):
     from cmdare.plan.adapters import load_plan_models
     from cmdare.workloads.commands import parse_shape
 
     return load_plan_models(model, lifetime, catalog, cloud, rate, model_error=model_error,
                             input_shape=parse_shape(input_shape) if input_shape else None, batch_size=batch_size,
-                            precision=precision)
+                            precision=precision, link_gbps=link_gbps)
 
 
 def _without_precision(gpus: list[str], precision: str) -> list[str]:
@@ -51,6 +51,26 @@ def _without_precision(gpus: list[str], precision: str) -> list[str]:
     from cmdare.predict.generations import supports_precision
 
     return [g for g in gpus if not supports_precision(g, precision)]
+
+
+def _topologies(text: str) -> tuple[str, ...]:
+    """``--topologies``: ``ps``, ``allreduce``, both (a comma list), or ``both``."""
+    from cmdare.option_values import check_topology
+
+    names = ["ps", "allreduce"] if text.strip().lower() == "both" else split_names(text)
+    if not names:
+        raise UserInputError("--topologies needs ps, allreduce or both")
+    return tuple(dict.fromkeys(check_topology(n) for n in names))
+
+
+def _ps_of(rec: Any, chosen: Any) -> int:
+    """The shards a PS run of the chosen workers has: the chosen cluster's, else those of the best PS option on
+    the same workers (1 when none was priced)."""
+    if chosen.topology == "ps":
+        return chosen.ps
+    same = [o for o in rec.options
+            if o.cluster.topology == "ps" and o.cluster.ps and o.cluster.workers == chosen.workers]
+    return min(same, key=lambda o: o.point[0] * o.point[1]).cluster.ps if same else 1
 
 
 _Lifetime = Annotated[str, typer.Option(
@@ -140,8 +160,12 @@ def plan(
         "--ps-market", help="Parameter servers on on-demand servers, spot servers (evacuated within their "
         "notice), or any: both, compared.")] = "on-demand",
     link_gbps: Annotated[float, typer.Option(
-        "--link-gbps", help="Network per server in Gbit/s, for the comparison of a PS with all-reduce on the chosen "
-        "cluster (10: the network CM-DARE's PS runs are taken to have had).")] = 10.0,
+        "--link-gbps", help="Network per server in Gbit/s: a PS's transfers and an all-reduce ring take it (10: the "
+        "network CM-DARE's PS runs are taken to have had).")] = 10.0,
+    topologies: Annotated[str, typer.Option(
+        "--topologies", help="How each candidate cluster may train, all priced: ps (through parameter servers), "
+        "allreduce (every worker holds the model; --steps/n group steps of n members train the same batches), or "
+        "both.")] = "ps,allreduce",
 ) -> None:
     """Recommend a cluster: the cheapest meeting --deadline, or the fastest within --budget; with
     --min-accuracy only among configurations predicted to train accurately enough."""
@@ -158,6 +182,7 @@ def plan(
     if runs < 1:
         raise UserInputError(f"--runs must be at least 1, got {runs}")
     link_gbps = check_number(link_gbps, "--link-gbps", 1e-3, 1e4, "Gbit/s")
+    priced = _topologies(topologies)
     if min_accuracy is not None and not 0 < min_accuracy <= 1:
         raise UserInputError(f"--min-accuracy is a fraction in (0, 1], e.g. 0.91 for 91%; got {min_accuracy}")
     if plot:
@@ -168,7 +193,7 @@ def plan(
                   precision=precision)
     cloud = cloud_name(cloud)
     models = with_evacuation(_models(model, lifetime, catalog, cloud, interruption_rate, model_error, input_shape,
-                                     batch_size, precision), ps_market != "on-demand")
+                                     batch_size, precision, link_gbps), ps_market != "on-demand")
     gpu_list = split_names(gpus) if gpus is not None else models.prices.default_gpus()
     if gpus is not None:
         check_names(models.prices, gpu_list, [])
@@ -193,7 +218,7 @@ def plan(
                      f"{precision}")
     clusters = [
         c for c in enumerate_clusters(gpu_list, region_list, max_workers, max_ps, mixes,
-                                      ps_markets=ps_markets(ps_market))
+                                      ps_markets=ps_markets(ps_market), topologies=priced)
         if all(models.prices.offered(g.gpu, g.region, g.transient) for g in c.workers)
         and models.prices.offered("cpu", c.region, c.ps_transient)
     ]
@@ -201,15 +226,18 @@ def plan(
         raise UserInputError(f"none of {gpus} is offered in {regions} on {cloud}")
     rec = recommend(job, clusters, models, deadline_s, budget, runs, seed, min_accuracy=min_accuracy)
     topology = None
-    if rec.choice is not None and rec.choice.cluster.ps >= 1:
+    if min_accuracy is not None and "allreduce" in priced:
+        notes.append("all-reduce options are predicted no accuracy (the accuracy model is fitted on asynchronous PS "
+                     "runs): --min-accuracy keeps PS runs only")
+    if rec.choice is not None and rec.choice.cluster.n_workers > 1:
         from cmdare.plan.topology_choice import topology_choice
         from cmdare.predict.workloads import workload_features
         from cmdare.workloads.commands import parse_shape
 
         features = workload_features(model, parse_shape(input_shape) if input_shape else None)
-        said, topology = topology_choice(features, rec.choice.cluster.gpu_counts, rec.choice.cluster.ps,
-                                         link_gbps, batch_size,
-                                         precision)
+        chosen = rec.choice.cluster
+        said, topology = topology_choice(features, chosen.gpu_counts, _ps_of(rec, chosen), link_gbps,
+                                         chosen.topology, priced, batch_size, precision)
         notes.append(said)
     if plot:
         from cmdare.plan.plot import plot_pareto

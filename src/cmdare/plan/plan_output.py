@@ -17,16 +17,21 @@ def _retired_in(cluster, retired: Collection[str]) -> list[str]:
 def train_command(cluster, job, cloud: str) -> str | None:
     """The ``cmdare train`` command line that trains ``job`` on ``cluster`` as the plan simulated it (every
     option the simulation rests on: model, steps, batch size, workers, shards, pricing, cloud, region, checkpoint
-    interval, replacement and LR policies); None where ``train`` cannot: single-server training (``--ps 0``), or
-    workers of both pricings."""
+    interval, replacement and LR policies, the topology: an all-reduce group's steps are its group steps); None
+    where ``train`` cannot: single-server training (``--ps 0``), or workers of both pricings."""
+    from cmdare.plan.recommender import job_for
+
     pricing = {g.transient for g in cluster.workers}
-    if cluster.ps < 1 or len(pricing) != 1:
+    allreduce = cluster.topology == "allreduce"
+    if (cluster.ps < 1 and not allreduce) or len(pricing) != 1:
         return None
+    job = job_for(job, cluster)
     workers = ",".join(f"{g.gpu}:{g.count}" for g in cluster.workers)
     parts = ["cmdare train", f"--model {job.workload}", f"--steps {job.total_steps}"]
     parts += [f"--batch-size {job.batch_size}"] if job.batch_size not in (None, DEFAULT_BATCH_SIZE) else []
     parts += [f"--precision {job.precision}"] if getattr(job, "precision", "fp32") != "fp32" else []
-    parts += [f"--workers {workers}", f"--ps {cluster.ps}", "--transient" if pricing.pop() else "--on-demand"]
+    parts += [f"--workers {workers}", "--topology allreduce" if allreduce else f"--ps {cluster.ps}",
+              "--transient" if pricing.pop() else "--on-demand"]
     parts += ["--ps-transient"] if cluster.ps_transient else []
     parts += [f"--cloud {cloud}", f"--region {cluster.region}", f"--checkpoint-every {job.checkpoint_every_steps}"]
     parts += [f"--replacement {cluster.replacement}"] if cluster.replacement != "same" else []
@@ -89,7 +94,8 @@ def print_rec(rec, source: str, plot: str | None, lifetimes, retired: Collection
         mark = "* " if o is rec.choice else ""
         old = _retired_in(o.cluster, retired)
         flag = f" (retired: {', '.join(g.upper() for g in old)})" if old else ""
-        acc = [f"{s.extra['accuracy_mean']:.1%}", f"{s.extra['accuracy_p5']:.1%}"] if with_acc else []
+        acc = ([f"{s.extra['accuracy_mean']:.1%}", f"{s.extra['accuracy_p5']:.1%}"] if "accuracy_mean" in s.extra
+               else ["-", "-"]) if with_acc else []  # all-reduce options: no accuracy model
         table.add_row(
             mark + o.cluster.label() + flag, format_duration(s.time_mean_s), format_duration(s.time_p95_s),
             f"${s.cost_mean_usd:.2f}", f"${s.cost_p95_usd:.2f}", f"{s.revocations_mean:.2f}", *acc,

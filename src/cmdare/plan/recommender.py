@@ -31,7 +31,7 @@ from cmdare.plan.spec import PS_SERVER, ClusterSpec, JobSpec, PlanModels, SimSum
 #: Most workers a plan explores per cluster (its configurations grow with the square of it, mixes included).
 MAX_ENUMERATED_WORKERS = 64
 
-__all__ = ["PlanOption", "Recommendation", "enumerate_clusters", "recommend", "format_duration"]
+__all__ = ["PlanOption", "Recommendation", "enumerate_clusters", "format_duration", "job_for", "recommend"]
 
 
 @dataclass(frozen=True)
@@ -86,13 +86,15 @@ def enumerate_clusters(
     mixes: bool = True,
     replacement: str = "same",
     ps_markets: Sequence[bool] = (False,),
+    topologies: Sequence[str] = ("ps",),
 ) -> list[ClusterSpec]:
     """Every configuration to consider.
 
     Homogeneous clusters of 1..``max_workers`` workers of each GPU type, mixes of two types
-    (any split, at most ``max_workers`` in all), 1..``max_ps`` PS, transient or on-demand workers, in
-    each region; plus single-server training (one worker, no PS). ``ps_markets``: PS servers on
-    on-demand (False) and/or spot (True) servers.
+    (any split, at most ``max_workers`` in all), transient or on-demand workers, in each region, trained
+    through 1..``max_ps`` PS (``"ps"`` in ``topologies``) and with all-reduce (``"allreduce"``, 2 workers or more);
+    plus single-server training (one worker, no PS). ``ps_markets``: PS servers on on-demand (False) and/or spot
+    (True) servers.
     """
     if not 1 <= max_workers <= MAX_ENUMERATED_WORKERS:
         raise UserInputError(f"max workers must be at least 1 and at most {MAX_ENUMERATED_WORKERS}, got {max_workers}")
@@ -111,12 +113,26 @@ def enumerate_clusters(
             for shape in shapes:
                 groups = tuple(WorkerGroup(g, n, transient, region) for g, n in shape)
                 n_workers = sum(n for _, n in shape)
-                ps_choices = ([0] if n_workers == 1 else []) + list(range(1, max_ps + 1))
+                ps_choices = ([0] if n_workers == 1 else []) + \
+                    (list(range(1, max_ps + 1)) if "ps" in topologies else [])
                 for ps in ps_choices:
                     for spot_ps in ps_markets if ps else (False,):
                         out.append(ClusterSpec(groups, ps=ps, region=region, ps_transient=spot_ps,
                                                replacement=replacement))
+                if "allreduce" in topologies and n_workers > 1:
+                    out.append(ClusterSpec(groups, ps=0, region=region, replacement=replacement, topology="allreduce"))
     return out
+
+
+def job_for(job: JobSpec, cluster: ClusterSpec) -> JobSpec:
+    """The job as ``cluster`` trains it. An asynchronous PS step trains one batch; an all-reduce group step trains
+    one per member: so an all-reduce group of ``n`` trains an asynchronous job's batches in ``1/n`` of its steps,
+    checkpointing as often in batches. (A synchronous job's steps are rounds of every worker's batch: the same.)"""
+    if cluster.topology != "allreduce" or job.sync:
+        return job
+    n = cluster.n_workers
+    return dataclasses.replace(job, total_steps=math.ceil(job.total_steps / n),
+                               checkpoint_every_steps=max(1, round(job.checkpoint_every_steps / n)))
 
 
 def evaluate(
@@ -133,7 +149,7 @@ def evaluate(
     With ``min_accuracy`` only options predicted to reach it may prune others (a dominated but more
     accurate configuration may be the only one that qualifies)."""
     t0 = time.perf_counter()
-    sims = [Simulator(job, c, models) for c in clusters]
+    sims = [Simulator(job_for(job, c), c, models) for c in clusters]
     options: list[PlanOption] = []
     pending: list[tuple[float, float, Simulator]] = []
     beyond = 0
@@ -204,7 +220,11 @@ def explain(choice: PlanOption, options: Sequence[PlanOption], models: PlanModel
     c = choice.cluster
     reasons: list[str] = []
     counts = c.gpu_counts
-    if c.ps >= 2:
+    topology = _topology_reason(choice, options)
+    if topology:
+        reasons.append(topology)
+    through_ps = c.topology == "ps"
+    if through_ps and c.ps >= 2:
         fewer = _speed(models, counts, c.ps - 1)
         more = _speed(models, counts, c.ps)
         gpu = max(counts, key=counts.get)
@@ -216,10 +236,10 @@ def explain(choice: PlanOption, options: Sequence[PlanOption], models: PlanModel
             f"a {ordinal} PS: {fewer:.1f} -> {more:.1f} steps/s ({more / fewer - 1:+.0%}) "
             f"for {c.n_workers} workers{where}"
         )
-    elif c.ps == 1 and c.n_workers > 1:
+    elif through_ps and c.ps == 1 and c.n_workers > 1:
         gain = _speed(models, counts, 2) / _speed(models, counts, 1) - 1
         reasons.append(f"one PS suffices: a 2nd would add only {gain:.0%} speed for {c.n_workers} workers")
-    elif c.ps == 0:
+    elif through_ps and c.ps == 0:
         reasons.append("single server: no PS to pay for, and one worker gains nothing from one")
     if any(g.transient for g in c.workers):
         twin = _twin(choice, options, transient=False)
@@ -256,6 +276,8 @@ def explain(choice: PlanOption, options: Sequence[PlanOption], models: PlanModel
 def _ps_market_reasons(choice: PlanOption, options: Sequence[PlanOption], models: PlanModels) -> list[str]:
     """Whether spot PS servers pay, against the same cluster with the other PS market."""
     c = choice.cluster
+    if c.ps == 0:  # no PS servers: single-server or all-reduce training
+        return []
     twin = next((o for o in options if o.cluster == dataclasses.replace(c, ps_transient=not c.ps_transient)), None)
     if twin is None and c.ps_transient:  # the on-demand twin was pruned: price the PS servers alone
         price = models.prices.price_per_hour_usd
@@ -263,7 +285,7 @@ def _ps_market_reasons(choice: PlanOption, options: Sequence[PlanOption], models
         evac = choice.summary.extra.get("evacuations_mean", 0.0)
         return [f"spot PS pays: on-demand PS would cost ${extra * choice.summary.time_mean_s / 3600:.2f} more "
                 f"over the run, with no time to win back ({evac:.1f} shard evacuations expected)"]
-    if twin is None or c.ps == 0:
+    if twin is None:
         return []
     spot, od = (choice, twin) if c.ps_transient else (twin, choice)
     saving = 1 - spot.summary.cost_mean_usd / od.summary.cost_mean_usd
@@ -276,12 +298,30 @@ def _ps_market_reasons(choice: PlanOption, options: Sequence[PlanOption], models
             f"(P95 {format_duration(spot.summary.time_p95_s)}), not worth it under the constraint"]
 
 
+def _topology_reason(choice: PlanOption, options: Sequence[PlanOption]) -> str | None:
+    """The chosen topology against the best option of the other on the same workers (None: the other was not
+    priced, or pruned as dominated)."""
+    c = choice.cluster
+    same = tuple((g.gpu, g.count, g.transient, g.region) for g in c.workers)
+    rivals = [o for o in options if o.cluster.topology != c.topology and o.cluster.n_workers > 1
+              and tuple((g.gpu, g.count, g.transient, g.region) for g in o.cluster.workers) == same]
+    if c.n_workers < 2 or not rivals:
+        return None
+    rival = min(rivals, key=lambda o: o.point[0] * o.point[1])
+    s, r = choice.summary, rival.summary
+    return (f"{'all-reduce' if c.topology == 'allreduce' else 'a PS'} over "
+            f"{'all-reduce' if rival.cluster.topology == 'allreduce' else f'{rival.cluster.ps} PS'} on these "
+            f"workers: {format_duration(s.time_mean_s)} and ${s.cost_mean_usd:.2f} against "
+            f"{format_duration(r.time_mean_s)} and ${r.cost_mean_usd:.2f}")
+
+
 def _twin(choice: PlanOption, options: Sequence[PlanOption], transient: bool) -> PlanOption | None:
     c = choice.cluster
     want = tuple((g.gpu, g.count, transient, g.region) for g in c.workers)
     for o in options:
         oc = o.cluster
-        if oc.ps == c.ps and oc.region == c.region and oc.ps_transient == c.ps_transient and tuple(
+        if oc.ps == c.ps and oc.topology == c.topology and oc.region == c.region and \
+                oc.ps_transient == c.ps_transient and tuple(
             (g.gpu, g.count, g.transient, g.region) for g in oc.workers
         ) == want:
             return o

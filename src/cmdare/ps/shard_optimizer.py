@@ -83,7 +83,10 @@ class ShardOptimizer:
 
     def __init__(self, name: str, cfg: OptimizerConfig):
         self.name, self.cfg = name, cfg
-        self.element_keys, self.scalar_dtypes = _state_layout(name, cfg)
+        self.element_keys, self.scalar_dtypes, cls = _state_layout(name, cfg)
+        #: Updates each element from its own values alone: the shard's blocks may step as one tensor (faster, and
+        #: the same values) while their state is alike.
+        self.elementwise = cls.__module__.startswith("torch.optim") and cls.__name__ in _ELEMENTWISE
 
     def empty(self, num_elems: int, num_blocks: int) -> OptimizerSlots:
         """State for blocks the optimizer has not updated yet."""
@@ -101,20 +104,23 @@ class ShardOptimizer:
 
         if not spans:  # a shard left without blocks (they all moved away)
             return
-        tensors = [torch.from_numpy(params[a:b]) for a, b in spans]
+        # parameter tensors of the step: each block, or (elementwise, state alike) the whole buffer as one
+        groups = [((spans[0][0], spans[-1][1]), list(range(len(spans))))] if self.elementwise and _alike(state) \
+            else [(span, [i]) for i, span in enumerate(spans)]
+        tensors = [torch.from_numpy(params[a:b]) for (a, b), _ in groups]
         optimizer = build_optimizer(self.name, tensors, self.cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        for i, (t, (a, b)) in enumerate(zip(tensors, spans, strict=True)):
+        for t, ((a, b), blocks) in zip(tensors, groups, strict=True):
             t.grad = shared_tensor(grad[a:b])  # read-only from Ray: never written
-            if state.has_state[i]:
+            if state.has_state[blocks[0]]:
                 held: dict[str, object] = {k: torch.from_numpy(state.elements[k][a:b]) for k in self.element_keys}
                 for k, dtype in self.scalar_dtypes.items():
-                    value = float(state.scalars[k][i])
+                    value = float(state.scalars[k][blocks[0]])
                     held[k] = value if dtype is None else torch.tensor(value, dtype=dtype)
                 optimizer.state[t] = held
         optimizer.step()
-        for i, (t, (a, b)) in enumerate(zip(tensors, spans, strict=True)):
+        for t, ((a, b), blocks) in zip(tensors, groups, strict=True):
             made = optimizer.state.get(t)
             if not made:
                 continue
@@ -123,8 +129,8 @@ class ShardOptimizer:
                 if made[k].data_ptr() != view.ctypes.data:  # made at this first update, or replaced
                     view[...] = made[k].detach().reshape(-1).numpy()
             for k in self.scalar_dtypes:
-                state.scalars[k][i] = float(made[k])
-            state.has_state[i] = True
+                state.scalars[k][blocks] = float(made[k])
+            state.has_state[blocks] = True
 
 
 def shard_optimizer(name: str, cfg: OptimizerConfig) -> ShardOptimizer | None:
@@ -136,8 +142,22 @@ def shard_optimizer(name: str, cfg: OptimizerConfig) -> ShardOptimizer | None:
     return None if name == "sgd" else ShardOptimizer(name, cfg)
 
 
-def _state_layout(name: str, cfg: OptimizerConfig) -> tuple[tuple[str, ...], dict[str, torch.dtype | None]]:
-    """The optimizer's per-element state names and its per-parameter scalars' dtypes, from one step on a probe."""
+#: torch.optim classes whose update of an element reads only that element's values (and per-tensor scalars that
+#: depend on the step alone): stepping a shard's blocks as one tensor gives each element what stepping its own
+#: parameter tensor gives it (tests/ps/test_shard_optimizer.py checks AdamW, Adagrad and RMSprop exactly).
+_ELEMENTWISE = frozenset({"SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "NAdam", "RAdam",
+                          "Rprop", "ASGD"})
+
+
+def _alike(state: OptimizerSlots) -> bool:
+    """Whether every block has state, or none has, with the same scalars (the step): they can step as one."""
+    has = state.has_state
+    return bool(has.all() or not has.any()) and all(bool((v == v[0]).all()) for v in state.scalars.values())
+
+
+def _state_layout(name: str, cfg: OptimizerConfig) -> tuple[tuple[str, ...], dict[str, torch.dtype | None], type]:
+    """The optimizer's per-element state names, its per-parameter scalars' dtypes and its class, from one step on
+    a probe."""
     import torch
 
     from cmdare.ps.torch_optimizer import build_optimizer
@@ -161,5 +181,5 @@ def _state_layout(name: str, cfg: OptimizerConfig) -> tuple[tuple[str, ...], dic
         else:
             raise UserInputError(f"--optimizer {name} keeps state {key!r} ({type(value).__name__}) that a parameter "
                                  "shard cannot hold; train it with --topology allreduce")
-    return tuple(elements), scalars
+    return tuple(elements), scalars, type(optimizer)
 
