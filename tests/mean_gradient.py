@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 
 def set_mean_gradient(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-                      weights: list[float] | None = None) -> None:
+                      weights: list[float] | None = None,
+                      forward: Callable[[], Any] = contextlib.nullcontext) -> None:
     """Put into ``model``'s ``.grad`` the mean over ``batches`` of the cross-entropy gradient of each batch
     computed alone (batch norm normalising each batch by itself), summed in the batches' order; with ``weights``,
-    their weighted sum instead (each batch's share of a global batch)."""
+    their weighted sum instead (each batch's share of a global batch). ``forward``: the context of the forward
+    pass and the loss (``torch.autocast`` for mixed precision)."""
     params = list(model.parameters())
     total, count = None, 0
     for i, (x, y) in enumerate(batches):
         for p in params:
             p.grad = None
-        F.cross_entropy(model(x), y).backward()
+        with forward():
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
         g = torch.cat([p.grad.reshape(-1) for p in params])
         if weights is not None:
             g.mul_(weights[i])

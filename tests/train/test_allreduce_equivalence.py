@@ -39,7 +39,7 @@ def _spec(**kw) -> TrainSpec:
 
 
 def _reference(sizes: list[int], optimizer: str = "sgd", cfg: OptimizerConfig = OPT,
-               global_batch: int | None = None, clip: float | None = None) -> np.ndarray:
+               global_batch: int | None = None, clip: float | None = None, bf16: bool = False) -> np.ndarray:
     """One process: ``sizes[t]`` members' gradients averaged at step ``t`` (with a ``global_batch``: each weighed
     by its share of it), then one optimizer step."""
     threads = torch.get_num_threads()
@@ -59,7 +59,8 @@ def _reference(sizes: list[int], optimizer: str = "sgd", cfg: OptimizerConfig = 
                 batches.regroup(rank, size)
                 weights.append(batches.piece()[1] / global_batch if global_batch else 0.0)
                 pieces.append(next(batches))
-            set_mean_gradient(model, pieces, weights if global_batch else None)
+            set_mean_gradient(model, pieces, weights if global_batch else None,
+                              (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext)
             if clip is not None:
                 torch.nn.utils.clip_grad_norm_(params, clip)
             for group in opt.param_groups:
@@ -96,6 +97,21 @@ def test_one_member_with_clipping_warmup_and_cosine_equals_torch_optim_bit_for_b
         assert member.run_steps(8).step == 8
         np.testing.assert_array_equal(member.params(), _reference([1] * 8, cfg=cfg, clip=0.5))
         assert not np.array_equal(member.params(), _reference([1] * 8, cfg=cfg))  # the clipping acted
+    finally:
+        torch.set_num_threads(os.cpu_count() or 1)
+        rendezvous.close()
+
+
+def test_one_member_in_amp_bf16_equals_torch_autocast_bit_for_bit():
+    """``--precision amp-bf16``: the forward pass and the loss under ``torch.autocast`` in bfloat16, the gradient
+    and the optimizer in fp32: exactly torch's, and not fp32's."""
+    rendezvous = Rendezvous()
+    try:
+        member = Replica(_spec(precision="amp-bf16"), rendezvous.address, threads=1)
+        assert member.form(0, 0, 1)
+        assert member.run_steps(8).step == 8
+        np.testing.assert_array_equal(member.params(), _reference([1] * 8, bf16=True))
+        assert not np.array_equal(member.params(), _reference([1] * 8))
     finally:
         torch.set_num_threads(os.cpu_count() or 1)
         rendezvous.close()

@@ -132,6 +132,8 @@ def test_a_warm_spare_member_replaces_a_lost_one_and_is_healed_into_the_group(lo
     (["--topology", "allreduce", "--ps", "2"], "--topology allreduce has no parameter servers: --ps"),
     (["--topology", "allreduce", "--ps-transient"], "--ps-transient means nothing there"),
     (["--topology", "allreduce", "--sync"], "an all-reduce run is synchronous already"),
+    (["--topology", "allreduce", "--precision", "amp-fp16"], "--precision amp-fp16 is not built for --topology "
+                                                             "allreduce yet"),
     (["--optimizer", "torch.optim:LBFGS"], "--optimizer torch.optim:LBFGS cannot step on a parameter shard's block"),
     (["--topology", "allreduce", "--optimizer", "json:JSONDecoder"], "not a torch.optim.Optimizer class"),
     (["--topology", "ring"], "--topology"),

@@ -304,9 +304,10 @@ class TrainSpec:
                                  "nothing there; leave it out")
         if self.sync:
             raise UserInputError("--sync: an all-reduce run is synchronous already; leave it out")
-        if self.precision != "fp32":
-            raise UserInputError(f"--precision {self.precision} is not built for --topology allreduce yet: its "
-                                 "members train in fp32")
+        if self.precision == "amp-fp16":
+            raise UserInputError("--precision amp-fp16 is not built for --topology allreduce yet: its loss scale "
+                                 "would have to skip an overflowing step on every member alike; use amp-bf16 "
+                                 "(no loss scale) or fp32")
 
     def shard_optimizer(self) -> OptimizerConfig:
         """The optimizer the shards apply: the given one, with its momentum reduced for asynchronous workers

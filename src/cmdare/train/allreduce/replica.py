@@ -24,6 +24,7 @@ from cmdare.ps.torch_optimizer import build_optimizer
 from cmdare.tasks.seeding import seed_worker
 from cmdare.train.allreduce.optimizer_state import load_optimizer_arrays, optimizer_arrays
 from cmdare.train.spec import TrainSpec
+from cmdare.train.workers.precision import forward_precision
 from cmdare.train.workers.worker import pick_device, ray_node_id
 
 __all__ = ["MemberChunk", "Replica"]
@@ -68,6 +69,7 @@ class Replica:
         torch.manual_seed(spec.seed)  # every member builds the same initial model
         self.task = spec.task()
         self.model = self.task.build().to(self.device)
+        self.forward_precision = forward_precision(spec.precision, self.device)  # fp32, or amp-bf16's autocast
         self.optimizer = build_optimizer(optimizer, self.model.parameters(), spec.optimizer)
         self.group = ElasticGroup(rendezvous, bind_host or _node_address(), deadline_s)
         self.buckets = GradientBuckets(list(self.model.parameters()), self.group)
@@ -133,7 +135,8 @@ class Replica:
             where = self.batches.where
             buffers = [b.clone() for b in self.model.buffers()] if self.group.size > 1 else None
             self.optimizer.zero_grad()
-            loss = self.task.step_loss(self.model, self.batches, self.device, self.step)
+            with self.forward_precision():  # the forward pass and the loss; backward follows their dtypes
+                loss = self.task.step_loss(self.model, self.batches, self.device, self.step)
             self.buckets.arm()
             self.task.backward(self.model, loss, self.step)
             try:
