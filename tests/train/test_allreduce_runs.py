@@ -127,6 +127,39 @@ def test_a_warm_spare_member_replaces_a_lost_one_and_is_healed_into_the_group(lo
     assert joined and not joined[0]["from_checkpoint"] and len(joined[0]["members"]) == 2, log.of("regroup")
 
 
+def test_a_noticed_member_leaves_at_a_round_boundary_and_nothing_is_lost(local_ray, tmp_path):
+    """A member's server gets a preemption notice (GCE's metadata endpoint, emulated on 127.0.0.1): the member trains
+    to the end of its round and says so; the group stops there, the chief checkpoints, leaves, and the group is
+    re-formed without it from the survivor's state, then with its replacement: no collective fails, no step is
+    lost, nothing is loaded from storage. (Whether the replacement's process is up before the run's end is the
+    machine's pace: its join is checked where it happens.)"""
+    from cmdare.cloud.local import LocalProcessProvider
+    from cmdare.cloud.notices import LocalMetadataServer
+
+    class _Preempt(_Log):
+        def on_step(self, r):
+            if r.global_step >= 60 and not meta.preempted:
+                meta.preempt()
+
+    with LocalMetadataServer() as meta:
+        provider = LocalProcessProvider()
+        provider.notices = {0: (meta.gce_url, "gce")}  # the first member's server (the chief) watches it
+        log = _Preempt()
+        summary = Trainer(_spec(eval_every=0, checkpoint_every=100), [log], checkpoint_dir=tmp_path,
+                          provider=provider).run()
+    assert summary.status == "finished" and summary.global_step == 200
+    (notice,) = log.of("notice")
+    assert notice["provider"] == "gce" and notice["chief"] is True
+    assert not log.of("collective_failed") and not log.of("worker_lost"), log.of("collective_failed")
+    ended = [d for d in log.of("server_ended") if d.get("reason") == "notice"]
+    assert len(ended) == 1 and summary.revocations == 1 and summary.replacements == 1
+    groups = [(tuple(r["members"]), r["from_checkpoint"]) for r in log.of("regroup")]
+    assert groups[:2] == [((0, 1), False), ((1,), False)], groups
+    assert all(g == ((1, 2), False) for g in groups[2:]), groups  # the replacement, if up before the end: healed
+    assert log.of("replacement_requested")
+    assert log.of("chief_change")[0] == {"from": 0, "to": 1}
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["--topology", "allreduce", "--placement", "psld"], "--topology allreduce has no parameter servers: --placement"),
     (["--topology", "allreduce", "--ps", "2"], "--topology allreduce has no parameter servers: --ps"),

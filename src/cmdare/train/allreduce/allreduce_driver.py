@@ -2,9 +2,11 @@
 
 The loop and the workers' commands are every driver's (:class:`~cmdare.train.run.driver_loop.DriverLoop`); this
 adds the group's. Members train in lockstep: each gets one chunk at a time, every chunk of a round stops at the
-same step, and the first member back from a round decides for every member whether the next round goes on (a
-hold waits for the round's end). ``Regroup`` forms the group of the command's epoch on every member and heals
-their state from the root member, or loads the checkpoint the controller names into all of them.
+same step, and once every member is back from a round the next round goes on for all of them or for none (a
+hold, a fence reached, a member's preemption notice). A noticed member trains to the end of its round and says
+so then: the group stops at that step, where the controller re-forms it without the member, nothing lost.
+``Regroup`` forms the group of the command's epoch on every member and heals their state from the root member, or
+loads the checkpoint the controller names into all of them.
 
 A member whose collective failed (a peer died, froze or left) drops the step in flight and comes back with the
 loss; the driver then asks every member of the group whether it lives (within the group's deadline: a member
@@ -53,6 +55,9 @@ class AllReduceDriver(DriverLoop):
         self.rendezvous = rendezvous
         self.epoch = 0  # the group formed last
         self._probed = -1  # the epoch whose loss was probed already
+        self._back: dict[int, tuple[int, bool]] = {}  # members back from the round: (their step, whether to go on)
+        self._noticed: set[int] = set()  # members whose notice was reported
+        self._broken = False  # a member's actor died in this round: it does not go on
 
     @property
     def _probe_timeout_s(self) -> float:  # type: ignore[override]
@@ -78,16 +83,47 @@ class AllReduceDriver(DriverLoop):
         events: list[E.Event] = [E.ChunkDone(wall=wall, worker_id=wid, global_step=res.step, steps=res.steps,
                                              refused=done, loss=res.loss if res.steps else None,
                                              duration_s=res.duration_s)]
+        if res.notice is not None and wid not in self._noticed and w.revoked_at is None:
+            self._noticed.add(wid)
+            self.members.notice(w, res.notice)
+            events.append(E.WorkerNotice(wall=wall, worker_id=wid, provider=str(res.notice.get("provider")),
+                                         deadline=res.notice.get("deadline") if self.real else None))
         if res.lost is not None:
-            self.feeding.discard(wid)
             events += self._group_lost(wid, res.lost, wall)
-        elif self._lockstep_feeding(wid in self.feeding and not done, res.step, done):
-            self._feed(wid)
-        else:
-            self.feeding.discard(wid)
-        if wid not in self.feeding and not self.queued[wid]:
-            events.append(E.WorkerStopped(wall=wall, worker_id=wid, global_step=res.step))
+        self._back[wid] = (res.step, res.lost is None and wid in self.feeding and not done and
+                           wid not in self._noticed)
         self._event(*map(self._stamp, events))
+
+    def _chunk_back(self, ref: Any, wall: float) -> None:
+        super()._chunk_back(ref, wall)
+        if self._back and not any(self.queued[m] for m in self.feeding | set(self._back)):
+            self._event(*map(self._stamp, self._end_round(wall)))
+
+    def _end_round(self, wall: float) -> list[E.Event]:
+        """Every member is back from the round (or gone): the next round goes on for all of them, or for none (a
+        member lost or noticed, a hold, the fence)."""
+        back, self._back = self._back, {}
+        step = max(s for s, _ in back.values())
+        go = all(on for _, on in back.values()) and step < self.fence and not self._broken
+        self._broken = False
+        events: list[E.Event] = []
+        for wid in sorted(back):
+            if go:
+                self._feed(wid)
+            else:
+                self.feeding.discard(wid)
+                events.append(E.WorkerStopped(wall=wall, worker_id=wid, global_step=back[wid][0]))
+        return events
+
+    def _actor_failed(self, wid: int, err: Exception, wall: float) -> list[E.Event]:
+        self._broken = True
+        return super()._actor_failed(wid, err, wall)
+
+    def _do_HoldAll(self, cmd: C.HoldAll) -> list[E.Event]:
+        events = super()._do_HoldAll(cmd)
+        for ev in events:  # stopped, and said so: out of the round
+            self._back.pop(ev.worker_id, None)
+        return events
 
     def _group_lost(self, wid: int, detail: str, wall: float) -> list[E.Event]:
         """Member ``wid``'s collective failed: which members are gone? (once per group)"""
@@ -128,7 +164,8 @@ class AllReduceDriver(DriverLoop):
         if len(members) < len(cmd.members):  # a member went while the command was on its way
             return [E.ActionDone(wall=time.time(), action=ShardAction.REGROUP, ok=False)]
         first, self.epoch = self.epoch == 0, cmd.epoch
-        self._round_feed.clear()  # the steps may come again (a checkpoint loaded)
+        self._back.clear()  # the rounds of the old group are over
+        self._broken = False
         n = len(members)
         failed = self._wait_all({w.worker_id: w.actor.form.remote(cmd.epoch, rank, n, self.members.lr_scale)
                                  for rank, w in enumerate(members)})

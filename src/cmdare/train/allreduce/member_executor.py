@@ -46,7 +46,7 @@ class MemberExecutor(WorkerExecutor):
         options = {**self._actor_options(server), "max_concurrency": 2}
         return actor_class(Replica).options(**options).remote(
             self.spec, self.rendezvous, self.spec.optimizer_name, worker_id, worker_threads(self.spec),
-            self.deadline_s)
+            self.deadline_s, notice=server.notice)
 
     def _new_standby(self, server: Server) -> Any:
         """A warm spare: a member built (torch imported, data read, model built, the rendezvous reached) and idle;

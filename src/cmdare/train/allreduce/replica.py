@@ -39,6 +39,7 @@ class MemberChunk:
     loss: float  # mean training loss of the completed steps (nan: none)
     step: int  # the global step of the state held (steps applied since the start)
     lost: str | None = None  # a peer was lost in the step after `step`: that step was dropped
+    notice: dict[str, Any] | None = None  # the member's server got a preemption notice (provider, deadline)
 
 
 class Replica:
@@ -60,7 +61,8 @@ class Replica:
 
     def __init__(self, spec: TrainSpec, rendezvous: tuple[str, int], optimizer: str = "sgd",
                  member_seed: int = 0, threads: int | None = None, deadline_s: float = 5.0,
-                 bind_host: str | None = None, lr_scale: float = 1.0, global_batch: int | None = None):
+                 bind_host: str | None = None, lr_scale: float = 1.0, global_batch: int | None = None,
+                 notice: tuple[str, str] | None = None):
         self.init_at = time.time()  # torch and cmdare imported (a warm spare's phases of start)
         if threads:
             torch.set_num_threads(threads)
@@ -76,6 +78,14 @@ class Replica:
         self.batches = GroupBatches(self.task.train, spec.batch_size, spec.seed, global_batch=global_batch)
         seed_worker(spec.seed, member_seed)
         self.step = 0
+        from cmdare.cloud.notices import server_watchers
+
+        # what tells the member its server goes away (``notice``: a metadata endpoint's URL and provider; a
+        # cloud node's own; Ray's drain of its node): seen before a step, said when the chunk ends
+        self.watchers = server_watchers(notice, ray_node_id())
+        for watcher in self.watchers:
+            watcher.start()
+        self.noticed: dict[str, Any] | None = None
         self.ready_at = time.time()  # the process is up and the model built
 
     # -- the group ---------------------------------------------------------------------------------
@@ -132,6 +142,7 @@ class Replica:
         t_start = time.perf_counter()
         steps, loss_sum, lost = 0, 0.0, None
         while steps < max_steps and (stop_at is None or self.step < stop_at):
+            self._watch()
             where = self.batches.where
             buffers = [b.clone() for b in self.model.buffers()] if self.group.size > 1 else None
             self.optimizer.zero_grad()
@@ -156,8 +167,17 @@ class Replica:
             self.step += 1
             steps += 1
             loss_sum += float(loss.detach())
+        self._watch()
         return MemberChunk(steps, time.perf_counter() - t_start, loss_sum / steps if steps else float("nan"),
-                           self.step, lost)
+                           self.step, lost, self.noticed)
+
+    def _watch(self) -> None:
+        """Note a preemption notice a watcher saw. The member trains on to the end of its chunk: every member of
+        the round stops at the same step, where the group is re-formed without it (nothing is lost)."""
+        if self.noticed is None:
+            n = next((w.notice for w in self.watchers if w.notice is not None), None)
+            if n is not None:
+                self.noticed = {"provider": n.provider, "detected_at": n.detected_at, "deadline": n.deadline}
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save(self, path: str) -> int:
@@ -240,7 +260,10 @@ class Replica:
         return ray_node_id(), self.ready_at
 
     def leave(self) -> None:
-        """Leave the group (its peers' collectives fail at once, not at the deadline)."""
+        """Stop watching for notices and leave the group (its peers' collectives fail at once, not at the
+        deadline)."""
+        for watcher in self.watchers:
+            watcher.stop()
         self.group.abandon()
 
 
