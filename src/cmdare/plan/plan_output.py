@@ -84,7 +84,7 @@ def print_rec(rec, source: str, plot: str | None, lifetimes, retired: Collection
     console = make_console()
     table = Table(title="Time/cost Pareto front (expected, P95) with predicted final accuracy (mean, P5)")
     cols = ["configuration", "time", "time P95", "cost", "cost P95", "revocations"]
-    with_acc = any("accuracy_mean" in o.summary.extra for o in rec.front)
+    with_acc = any("accuracy_mean" in o.summary.extra for o in rec.options)  # "-": all-reduce, not predicted
     cols += ["accuracy", "accuracy P5"] if with_acc else []
     cols.append("lifetime model")
     for col in cols:
