@@ -27,11 +27,14 @@ class _Events(TrainCallback):
 
 
 def _spec(revocations: str) -> TrainSpec:
-    # step=1, 2 workers: cloud time is the global step / 2. "92@1+97@0": slot 1 revoked at step 184 (its replacement
-    # joins at once), then the chief (slot 0) at step 194: the newcomer, ~5 batches old, is the chief at the end.
+    # Synchronous rounds of both workers, so that both runs are deterministic and their accuracies differ by what
+    # the revocations changed, not by the order asynchronous pushes happened to arrive in (asynchronously the two
+    # differed by 0.004 to 0.014 from run to run of the same code). step=1: cloud time is the global step.
+    # "184@1+194@0": slot 1 revoked at step 184 (its replacement joins at once), then the chief (slot 0) at step
+    # 194: the newcomer, 10 rounds old, is the chief at the end.
     return TrainSpec(model="resnet8", dataset="digits", workers=2, ps=1, steps=STEPS, batch_size=32,
                      optimizer=OptimizerConfig(lr=0.05), checkpoint_every=STEPS, eval_every=0, seed=3,
-                     transient=True, revocations=revocations, replace="same", startup="0", chunk_steps=5)
+                     transient=True, revocations=revocations, replace="same", startup="0", chunk_steps=5, sync=True)
 
 
 def _exported_accuracy(storage_dir, spec: TrainSpec) -> float:
@@ -46,7 +49,7 @@ def _exported_accuracy(storage_dir, spec: TrainSpec) -> float:
 def test_a_chief_that_joined_just_before_the_end_evaluates_and_exports_the_trained_model(local_ray, tmp_path):
     quiet = Trainer(_spec("none"), checkpoint_dir=tmp_path / "quiet").run()
     log = _Events()
-    late = Trainer(_spec("trace=92@1+97@0,step=1"), [log], checkpoint_dir=tmp_path / "late").run()
+    late = Trainer(_spec("trace=184@1+194@0,step=1"), [log], checkpoint_dir=tmp_path / "late").run()
     assert quiet.status == late.status == "finished"
     changes = [e for e in log.events if e.kind == "chief_change"]
     joined = {e.worker_id: e.global_step for e in log.events if e.kind == "replacement_joined"}
