@@ -302,9 +302,8 @@ def _topology_reason(choice: PlanOption, options: Sequence[PlanOption]) -> str |
     """The chosen topology against the best option of the other on the same workers (None: the other was not
     priced, or pruned as dominated)."""
     c = choice.cluster
-    same = tuple((g.gpu, g.count, g.transient, g.region) for g in c.workers)
     rivals = [o for o in options if o.cluster.topology != c.topology and o.cluster.n_workers > 1
-              and tuple((g.gpu, g.count, g.transient, g.region) for g in o.cluster.workers) == same]
+              and o.cluster.workers == c.workers]
     if c.n_workers < 2 or not rivals:
         return None
     rival = min(rivals, key=lambda o: o.point[0] * o.point[1])

@@ -35,7 +35,7 @@ HAS_STATE_KEY = "__has_state__"  # a checkpoint's optimizer arrays: one flag per
 def gather_elements(array: np.ndarray, picks: list[tuple[int, tuple[int, int]]]) -> np.ndarray:
     """The element ranges of ``picks`` (``(block index, (start, end))``) of ``array``, concatenated (float32)."""
     if not picks:
-        return np.zeros(0, array.dtype if array.dtype != np.float64 else np.float32)
+        return np.zeros(0, np.float32)
     return np.concatenate([array[a:b] for _, (a, b) in picks]).astype(np.float32, copy=False)
 
 

@@ -186,11 +186,13 @@ class Trainer:
         return params, momentum, buffers, step
 
     def _setup(self, params: np.ndarray, momentum: np.ndarray, buffers: dict[str, np.ndarray], step: int) -> None:
+        start = self._start  # what the run starts from, as a checkpoint: any optimizer's state, the data position
+        position = {"data_position": list(start.data_position)} if start and start.data_position else {}
+        initial = Checkpoint(step, params, momentum, buffers or {}, position, start.optimizer if start else {})
         if self.spec.topology == "allreduce":
-            self._setup_group(params, momentum, buffers, step)
+            self._setup_group(initial)
             return
         spec = self.spec
-        initial = Checkpoint(step, params, momentum, buffers or {}, {}, self._start.optimizer if self._start else {})
         self.shard_group = ShardGroup(spec, self.provider, self.ps_spec, self.infos, self.emitter, self.detached)
         self.shard_group.start(initial)
         self.members = WorkerExecutor(spec, self.provider, self.shard_group, self.emitter, self.detached,
@@ -216,8 +218,7 @@ class Trainer:
                                 initial, real=not self.emulated_time)
         self.driver.stop_why = self._stop_why  # asked for while the run was setting up
 
-    def _setup_group(self, params: np.ndarray, momentum: np.ndarray, buffers: dict[str, np.ndarray],
-                     step: int) -> None:
+    def _setup_group(self, initial: Checkpoint) -> None:
         """An all-reduce run: the members' rendezvous, their executor and duties, the controller, the driver."""
         spec = self.spec
         host = "127.0.0.1" if not self.address else _own_node_address()
@@ -227,13 +228,10 @@ class Trainer:
                                       cloud_now=lambda: self.controller.now if self.controller else time.time())
         self.members.num_gpus = gpus_per_worker(spec, joined=not self.provider.emulated)
         self.duties = GroupDuties(*self._checkpoint_uploads(), self.infos, self.emitter)
-        self._first_step = step
+        step = self._first_step = initial.step
         self.controller = build_controller(spec, self.plan, self._source, self.run_id, real=not self.emulated_time,
                                            checkpoints=self.storage.uri, resumed_from=step if self.resuming else None)
         self.controller.restore_state(self._saved_controller)
-        start = self._start
-        position = {"data_position": list(start.data_position)} if start and start.data_position else {}
-        initial = Checkpoint(step, params, momentum, buffers or {}, position, start.optimizer if start else {})
         self.driver = AllReduceDriver(self.controller, spec, self.storage, self.members, self.duties, self.emitter,
                                       self.metrics, self.detached, initial, real=not self.emulated_time,
                                       rendezvous=self.rendezvous)
