@@ -140,6 +140,29 @@ def test_an_adamw_checkpoint_of_the_shards_resumes_exactly(local_ray, tmp_path):
     np.testing.assert_array_equal(_final_params(tmp_path), _reference(12, 1, ADAMW, adamw=True)[0])
 
 
+def test_resuming_with_another_optimizer_starts_its_state_fresh_and_says_so(local_ray, tmp_path):
+    """An SGD run's checkpoint resumed with ``--optimizer adamw``: SGD's momentum means nothing to AdamW, so AdamW
+    starts fresh from the checkpoint's parameters (as plain AdamW from them would), and the run says so."""
+
+    class _Events(TrainCallback):
+        def __init__(self):
+            self.events = []
+
+        def on_event(self, r):
+            self.events.append(r)
+
+    Trainer(_spec(2, 6), checkpoint_dir=tmp_path, run_id="run-a").run()
+    log = _Events()
+    resumed = Trainer(_spec(2, 12, optimizer=ADAMW, optimizer_name="adamw"), [log], checkpoint_dir=tmp_path,
+                      run_id="run-a", resume=True).run()
+    assert resumed.status == "finished" and resumed.global_step == 12
+    (changed,) = [e for e in log.events if e.kind == "optimizer_changed"]
+    assert "trained with --optimizer sgd" in changed.details["warning"]
+    assert "--optimizer adamw starts with fresh state at step 6" in changed.details["warning"]
+    ckpt = load_checkpoint(latest_checkpoint(tmp_path))
+    assert ckpt.optimizer["step"].max() == 6  # AdamW's own steps since the resume: none carried from SGD
+
+
 @pytest.mark.parametrize("workers, ps, cfg", [
     pytest.param(1, 1, OPT, id="1worker-1ps-momentum"),
     pytest.param(2, 3, NESTEROV_STEP, id="2workers-3ps-nesterov-step"),
