@@ -92,8 +92,9 @@ CHUNK = 5  # steps per call between the goodput loop's checks (a kill due, a new
 
 
 def _goodput_run(ray, start, form, n: int, duration_s: float, interval_s: float | None, mode: str,
-                 checkpoint: str, checkpoint_every: int) -> float:
-    """Useful batches/s of ``n`` members over ``duration_s`` with a member killed every ``interval_s``."""
+                 checkpoint: str, checkpoint_every: int, restarts: list | None = None) -> float:
+    """Useful batches/s of ``n`` members over ``duration_s`` with a member killed every ``interval_s``
+    (``restarts``: gets ``(seconds, steps lost)`` of each restart in ``restart`` mode)."""
     members = start(n)
     ray.get([m.ping.remote() for m in members])
     form(members)
@@ -109,14 +110,17 @@ def _goodput_run(ray, start, form, n: int, duration_s: float, interval_s: float 
             victim = members.pop(rng.randrange(len(members)))
             os.kill(_pid(ray, victim), signal.SIGKILL)
             if mode == "restart":  # stop the group, start a new one, reload the newest checkpoint
+                t_restart = time.perf_counter()
                 for m in members:
                     ray.kill(m)
                 members = start(n)
                 ray.get([m.ping.remote() for m in members])
                 if stored[0]:
                     ray.get([m.load.remote(checkpoint) for m in members])
-                step, batches = stored
                 form(members)
+                if restarts is not None:
+                    restarts.append((time.perf_counter() - t_restart, step - stored[0]))
+                step, batches = stored
             else:  # the survivors' next collective fails: re-form, heal from the furthest, ask for a replacement
                 lost = ray.get([m.run_steps.remote(1) for m in members])
                 root = max(range(len(members)), key=lambda i: lost[i].step)
@@ -162,6 +166,54 @@ def _train_rates(args: argparse.Namespace) -> dict[str, float]:
             summary = Trainer(spec, checkpoint_dir=tmp).run()
         rates[topology] = summary.steps_per_s
     return rates
+
+
+def _trainer_goodput(args: argparse.Namespace, intervals: list[int], n: int = 3) -> dict[str, float | None]:
+    """Goodput through whole ``cmdare train`` runs of ``n`` workers, PS and all-reduce: useful batches/s with a
+    worker revoked every ``interval`` s of training, over the same run without revocations.
+
+    The trainer's revocations are emulated in cloud time, which advances with training
+    (:mod:`cmdare.control.emulated_clock`); ``step=`` is set from the revocation-free run's measured rate so
+    that a cloud second is a second of that run, and ``--startup 0``: a replacement joins when its real process
+    is up, as in the member loop above. Each run trains ``max(2 * interval, 60)`` s worth of steps."""
+    from cmdare.events import TrainCallback
+    from cmdare.ps.optimizer_config import OptimizerConfig
+    from cmdare.train import TrainSpec
+    from cmdare.train.trainer import Trainer
+
+    class Events(TrainCallback):
+        def __init__(self) -> None:
+            self.kinds: list[str] = []
+
+        def on_event(self, report) -> None:  # noqa: ANN001
+            self.kinds.append(report.kind)
+
+    def run(topology: str, steps: int, revocations: str) -> tuple[float, int, int]:
+        spec = TrainSpec(model=args.model, dataset="digits", workers=n, steps=steps, batch_size=args.batch, seed=0,
+                         topology=topology, transient=revocations != "none", revocations=revocations, startup="0",
+                         checkpoint_every=args.checkpoint_every, eval_every=0,
+                         optimizer=OptimizerConfig(lr=0.05, momentum=0.9, weight_decay=0.0))
+        events = Events()
+        with tempfile.TemporaryDirectory() as tmp:
+            summary = Trainer(spec, checkpoint_dir=tmp, callbacks=[events]).run()
+        assert summary.status == "finished", summary
+        per_step = 1 if topology == "ps" else n  # batches per global step (an all-reduce step: one per member)
+        return summary.steps_per_s * per_step, events.kinds.count("revocation"), events.kinds.count("regroup")
+
+    out: dict[str, float | None] = {}
+    for topology in ("ps", "allreduce"):
+        per_step = 1 if topology == "ps" else n
+        probe, _, _ = run(topology, 2000 // per_step, "none")
+        free, _, _ = run(topology, int(30 * probe / per_step), "none")  # about 30 s
+        out[f"batches_per_s_free_train_{topology}"] = round(free, 2)
+        step_s = n / free  # cloud seconds of a worker step: n workers' steps make one second of this run
+        key = "ps" if topology == "ps" else "allreduce_train"
+        for interval in intervals:
+            duration = max(2.0 * interval, 60.0)
+            rate, revoked, _ = run(topology, int(duration * free / per_step), f"every={interval},step={step_s:.6g}")
+            out[f"goodput_{key}_{interval}s"] = round(rate / free, 3)
+            out[f"revocations_{key}_{interval}s"] = revoked
+    return out
 
 
 def _free_port() -> int:
@@ -266,12 +318,17 @@ def main() -> None:
             checkpoint = os.path.join(tmp, "state.pt")
             free = _goodput_run(ray, start, form, 3, 30.0, None, "allreduce", checkpoint, args.checkpoint_every)
             goodput["batches_per_s_free"] = round(free, 2)
+            restarts: list[tuple[float, int]] = []
             for interval in intervals:
                 for mode in ("allreduce", "restart"):
                     duration = max(2.0 * interval, 60.0)  # 60 s: one kill in 120 s; 15 s: three in 60 s
                     rate = _goodput_run(ray, start, form, 3, duration, interval, mode, checkpoint,
-                                        args.checkpoint_every)
+                                        args.checkpoint_every, restarts)
                     goodput[f"goodput_{mode}_{interval}s"] = round(rate / free, 3)
+            if restarts:  # a restart: the group stopped, started, reloaded; the steps since the checkpoint
+                goodput["restart_s"] = round(statistics.median(s for s, _ in restarts), 3)
+                goodput["restart_lost_steps"] = statistics.median(lost for _, lost in restarts)
+        goodput.update(_trainer_goodput(args, intervals))
     rendezvous.close()
     ray.shutdown()
 

@@ -117,6 +117,68 @@ def test_one_member_in_amp_bf16_equals_torch_autocast_bit_for_bit():
         rendezvous.close()
 
 
+def _fp16_reference(size: int, steps: int, scale: float) -> tuple[np.ndarray, float, int]:
+    """One process, ``size`` members' float16 gradients of the loss times ``scale`` averaged, then
+    ``torch.amp.GradScaler``'s policy on that average: an overflow skips the step (its batches taken) and halves
+    the scale. Returns the parameters after ``steps`` steps taken, the scale, and the steps skipped."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        data = load_dataset("digits", seed=SEED)
+        torch.manual_seed(SEED)
+        model = build_model("resnet8", num_classes=data.num_classes, in_channels=data.input_shape[0])
+        params = list(model.parameters())
+        opt = build_optimizer("sgd", params, OPT)
+        scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+        batches = GroupBatches((data.train_x, data.train_y), BATCH, SEED)
+        model.train()
+        taken = skipped = 0
+        while taken < steps:
+            where, pieces = batches.where, []
+            for rank in range(size):
+                batches.seek(*where)
+                batches.regroup(rank, size)
+                pieces.append(next(batches))
+            set_mean_gradient(model, pieces, None, lambda: torch.autocast("cpu", dtype=torch.float16),
+                              scale=scaler.scale)
+            for group in opt.param_groups:
+                group["lr"] = OPT.lr_at(taken)
+            before = scaler.get_scale()
+            scaler.step(opt)
+            scaler.update()
+            if scaler.get_scale() < before:
+                skipped += 1
+            else:
+                taken += 1
+        return torch.cat([p.detach().reshape(-1) for p in params]).numpy(), scaler.get_scale(), skipped
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_one_member_in_amp_fp16_equals_torch_grad_scaler_bit_for_bit():
+    """``--precision amp-fp16``: autocast in float16, the loss scaled before backward, the gradient unscaled and
+    checked after it. From a scale of 2^40 the first backward passes overflow: those steps are skipped, their
+    batches taken, the scale halved each time, exactly as ``torch.amp.GradScaler`` does; then 8 steps are taken.
+    A member that heals from this one takes its scale."""
+    rendezvous = Rendezvous()
+    try:
+        spec = _spec(precision="amp-fp16")
+        member = Replica(spec, rendezvous.address, threads=1)
+        member.loss_scale.scale = 2.0**40
+        assert member.form(0, 0, 1)
+        chunk = member.run_steps(8)
+        params, scale, skipped = _fp16_reference(1, 8, 2.0**40)
+        assert chunk.step == 8 and chunk.overflow_skips == skipped >= 10
+        assert chunk.loss_scale == scale == 2.0 ** (40 - skipped)
+        np.testing.assert_array_equal(member.params(), params)
+        newcomer = Replica(spec, rendezvous.address, threads=1)
+        newcomer._load_state(member._state_bytes())
+        assert newcomer.loss_scale.state_dict() == member.loss_scale.state_dict()
+    finally:
+        torch.set_num_threads(os.cpu_count() or 1)
+        rendezvous.close()
+
+
 @contextlib.contextmanager
 def _group(ray) -> Iterator[Callable[..., list]]:
     """``start(n, **replica_options)`` starts ``n`` members meeting at one rendezvous; every member it started is
@@ -125,8 +187,8 @@ def _group(ray) -> Iterator[Callable[..., list]]:
     actor = ray.remote(num_cpus=1)(Replica)
     started: list = []
 
-    def start(n: int, **kw) -> list:
-        new = [actor.remote(_spec(), rendezvous.address, threads=1, member_seed=len(started) + r, **kw)
+    def start(n: int, spec: TrainSpec | None = None, **kw) -> list:
+        new = [actor.remote(spec or _spec(), rendezvous.address, threads=1, member_seed=len(started) + r, **kw)
                for r in range(n)]
         started.extend(new)
         return new
@@ -203,6 +265,24 @@ def test_a_newcomer_heals_from_a_peer_and_the_data_goes_on_without_a_gap(local_r
         params = ray.get([m.params.remote() for m in members])
         np.testing.assert_array_equal(params[2], params[0])
         np.testing.assert_allclose(params[0], _reference([2] * 3 + [3] * 3, "adamw"), rtol=0, atol=TOLERANCE)
+
+
+def test_members_in_amp_fp16_skip_the_same_overflowing_steps_and_equal_one_process(local_ray):
+    """2 members from a loss scale of 2^40: an overflow in either makes the averaged gradient non-finite on both,
+    so both skip the same steps and halve the same scale; the group equals one process applying GradScaler's
+    policy to the averaged float16 gradient (within the tolerance of the sum's order)."""
+    ray = local_ray
+    with _group(ray) as start:
+        members = start(2, spec=_spec(precision="amp-fp16"))
+        ray.get([m.__ray_call__.remote(lambda self: setattr(self.loss_scale, "scale", 2.0**40)) for m in members])
+        _form(ray, members, 0)
+        chunks = ray.get([m.run_steps.remote(8) for m in members], timeout=120)
+        params, scale, skipped = _fp16_reference(2, 8, 2.0**40)
+        assert [(c.step, c.overflow_skips, c.loss_scale) for c in chunks] == [(8, skipped, scale)] * 2
+        assert skipped >= 10
+        held = ray.get([m.params.remote() for m in members])
+        np.testing.assert_array_equal(held[1], held[0])
+        np.testing.assert_allclose(held[0], params, rtol=0, atol=TOLERANCE)
 
 
 def test_group_batches_take_every_sample_of_an_epoch_once_across_sizes():

@@ -127,6 +127,44 @@ def test_a_warm_spare_member_replaces_a_lost_one_and_is_healed_into_the_group(lo
     assert joined and not joined[0]["from_checkpoint"] and len(joined[0]["members"]) == 2, log.of("regroup")
 
 
+def test_an_amp_fp16_group_with_clipping_trains_through_a_loss(local_ray, tmp_path):
+    """``--precision amp-fp16 --clip-grad-norm 1`` (the gradient unscaled before its norm is taken): a member lost
+    at step 60, the survivor goes on alone and its replacement heals from it, scale included; the group learns."""
+    class Losses(_Log):
+        def __init__(self):
+            super().__init__()
+            self.losses = []
+
+        def on_step(self, r):
+            self.losses.append(r.loss)
+
+    log = Losses()
+    spec = _spec(precision="amp-fp16", clip_grad_norm=1.0, revocations="trace=60@1,step=1", steps=150,
+                 eval_every=0)
+    summary = Trainer(spec, [log], checkpoint_dir=tmp_path).run()
+    assert summary.status == "finished" and summary.global_step == 150 and summary.revocations == 1
+    assert not any(r["from_checkpoint"] for r in log.of("regroup")), log.of("regroup")
+    losses = [v for v in log.losses if v is not None]
+    assert all(np.isfinite(losses)) and np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4])
+
+
+def test_an_amp_fp16_member_whose_gradient_overflows_at_the_smallest_scale_reports_divergence():
+    """Non-finite parameters make every gradient non-finite: the scale halves to 1, then the member stops and
+    says at which step it diverged (the run's ``--on-diverge`` acts on it), its loss not a number."""
+    rendezvous = Rendezvous()
+    try:
+        member = Replica(_spec(precision="amp-fp16"), rendezvous.address)
+        member.form(1, 0, 1)
+        assert member.run_steps(3).step == 3
+        with torch.no_grad():
+            next(member.model.parameters()).fill_(float("nan"))
+        chunk = member.run_steps(5)
+        assert (chunk.steps, chunk.step, chunk.diverged_at) == (0, 3, 3)
+        assert chunk.overflow_skips == 17 and chunk.loss_scale == 1.0 and np.isnan(chunk.loss)
+    finally:
+        rendezvous.close()
+
+
 def test_a_noticed_member_leaves_at_a_round_boundary_and_nothing_is_lost(local_ray, tmp_path):
     """A member's server gets a preemption notice (GCE's metadata endpoint, emulated on 127.0.0.1): the member trains
     to the end of its round and says so; the group stops there, the chief checkpoints, leaves, and the group is
@@ -165,8 +203,8 @@ def test_a_noticed_member_leaves_at_a_round_boundary_and_nothing_is_lost(local_r
     (["--topology", "allreduce", "--ps", "2"], "--topology allreduce has no parameter servers: --ps"),
     (["--topology", "allreduce", "--ps-transient"], "--ps-transient means nothing there"),
     (["--topology", "allreduce", "--sync"], "an all-reduce run is synchronous already"),
-    (["--topology", "allreduce", "--precision", "amp-fp16"], "--precision amp-fp16 is not built for --topology "
-                                                             "allreduce yet"),
+    (["--precision", "amp-fp16", "--clip-grad-norm", "1"], "--clip-grad-norm with --precision amp-fp16 is not built "
+                                                           "for a PS run"),
     (["--optimizer", "torch.optim:LBFGS"], "--optimizer torch.optim:LBFGS cannot step on a parameter shard's block"),
     (["--topology", "allreduce", "--optimizer", "json:JSONDecoder"], "not a torch.optim.Optimizer class"),
     (["--topology", "ring"], "--topology"),

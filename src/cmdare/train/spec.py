@@ -207,9 +207,10 @@ class TrainSpec:
             if isinstance(self.clip_grad_norm, bool) or not self.clip_grad_norm > 0 or \
                     not math.isfinite(self.clip_grad_norm):
                 raise UserInputError(f"--clip-grad-norm must be a positive number, got {self.clip_grad_norm!r}")
-            if self.precision == "amp-fp16":
-                raise UserInputError("--clip-grad-norm with --precision amp-fp16 is not built: the loss scale is "
-                                     "undone on the pushed gradient, after the norm would be taken")
+            if self.precision == "amp-fp16" and self.topology != "allreduce":
+                raise UserInputError("--clip-grad-norm with --precision amp-fp16 is not built for a PS run: the loss "
+                                     "scale is undone on the pushed gradient, after the norm would be taken (with "
+                                     "--topology allreduce it is undone first)")
         if str(self.startup) != "model":
             from cmdare.option_values import check_number
 
@@ -304,10 +305,6 @@ class TrainSpec:
                                  "nothing there; leave it out")
         if self.sync:
             raise UserInputError("--sync: an all-reduce run is synchronous already; leave it out")
-        if self.precision == "amp-fp16":
-            raise UserInputError("--precision amp-fp16 is not built for --topology allreduce yet: its loss scale "
-                                 "would have to skip an overflowing step on every member alike; use amp-bf16 "
-                                 "(no loss scale) or fp32")
 
     def shard_optimizer(self) -> OptimizerConfig:
         """The optimizer the shards apply: the given one, with its momentum reduced for asynchronous workers

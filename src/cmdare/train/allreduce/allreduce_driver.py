@@ -80,9 +80,13 @@ class AllReduceDriver(DriverLoop):
             return
         self._record_chunk(w, res.steps, res.duration_s, res.loss)
         done = res.step >= self.fence
+        diverged = res.diverged_at is not None  # amp-fp16: an overflow at the smallest loss scale
         events: list[E.Event] = [E.ChunkDone(wall=wall, worker_id=wid, global_step=res.step, steps=res.steps,
-                                             refused=done, loss=res.loss if res.steps else None,
-                                             duration_s=res.duration_s)]
+                                             refused=done, loss=res.loss if res.steps or diverged else None,
+                                             duration_s=res.duration_s, diverged_at=res.diverged_at)]
+        if res.overflow_skips:  # amp-fp16: the group skipped steps whose averaged gradient overflowed
+            self.emitter.event("loss_scale_overflow", worker_id=wid,
+                               details={"skipped": res.overflow_skips, "loss_scale": res.loss_scale})
         if res.notice is not None and wid not in self._noticed and w.revoked_at is None:
             self._noticed.add(wid)
             self.members.notice(w, res.notice)

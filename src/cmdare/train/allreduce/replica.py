@@ -24,7 +24,7 @@ from cmdare.ps.torch_optimizer import build_optimizer
 from cmdare.tasks.seeding import seed_worker
 from cmdare.train.allreduce.optimizer_state import load_optimizer_arrays, optimizer_arrays
 from cmdare.train.spec import TrainSpec
-from cmdare.train.workers.precision import forward_precision
+from cmdare.train.workers.precision import forward_precision, loss_scale_for
 from cmdare.train.workers.worker import pick_device, ray_node_id
 
 __all__ = ["MemberChunk", "Replica"]
@@ -40,6 +40,9 @@ class MemberChunk:
     step: int  # the global step of the state held (steps applied since the start)
     lost: str | None = None  # a peer was lost in the step after `step`: that step was dropped
     notice: dict[str, Any] | None = None  # the member's server got a preemption notice (provider, deadline)
+    overflow_skips: int = 0  # amp-fp16: batches whose averaged gradient overflowed in this chunk (no step taken)
+    loss_scale: float | None = None  # amp-fp16: the group's loss scale at the chunk's end
+    diverged_at: int | None = None  # amp-fp16: the gradient overflowed at the smallest scale, at this step
 
 
 class Replica:
@@ -71,7 +74,11 @@ class Replica:
         torch.manual_seed(spec.seed)  # every member builds the same initial model
         self.task = spec.task()
         self.model = self.task.build().to(self.device)
-        self.forward_precision = forward_precision(spec.precision, self.device)  # fp32, or amp-bf16's autocast
+        self.forward_precision = forward_precision(spec.precision, self.device)  # fp32, or amp's autocast
+        # amp-fp16: the loss is scaled before backward and the group's averaged gradient checked after it. A peer's
+        # overflow makes the average non-finite on every member, so every member skips the same steps, halving
+        # the same scale: the group's scale is one, and a newcomer takes it with the rest of the state (heal)
+        self.loss_scale = loss_scale_for(spec.precision)
         self.optimizer = build_optimizer(optimizer, self.model.parameters(), spec.optimizer)
         self.group = ElasticGroup(rendezvous, bind_host or _node_address(), deadline_s)
         self.buckets = GradientBuckets(list(self.model.parameters()), self.group)
@@ -124,7 +131,8 @@ class Replica:
     def _state_bytes(self) -> bytes:
         out = io.BytesIO()
         torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
-                    "where": self.batches.where}, out)
+                    "where": self.batches.where,
+                    "loss_scale": self.loss_scale.state_dict() if self.loss_scale is not None else None}, out)
         return out.getvalue()
 
     def _load_state(self, data: bytes) -> None:
@@ -133,6 +141,8 @@ class Replica:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
         self.batches.seek(*state["where"])
+        if self.loss_scale is not None and state.get("loss_scale") is not None:
+            self.loss_scale.load_state_dict(state["loss_scale"])
 
     # -- training -------------------------------------------------------------------------------
     def run_steps(self, max_steps: int, stop_at: int | None = None) -> MemberChunk:
@@ -140,7 +150,8 @@ class Replica:
         chunk with the step in flight dropped."""
         self.model.train()
         t_start = time.perf_counter()
-        steps, loss_sum, lost = 0, 0.0, None
+        steps, loss_sum, lost, diverged_at = 0, 0.0, None, None
+        skipped_before = self.loss_scale.skipped if self.loss_scale is not None else 0
         while steps < max_steps and (stop_at is None or self.step < stop_at):
             self._watch()
             where = self.batches.where
@@ -149,7 +160,7 @@ class Replica:
             with self.forward_precision():  # the forward pass and the loss; backward follows their dtypes
                 loss = self.task.step_loss(self.model, self.batches, self.device, self.step)
             self.buckets.arm()
-            self.task.backward(self.model, loss, self.step)
+            self.task.backward(self.model, loss if self.loss_scale is None else self.loss_scale.scaled(loss), self.step)
             try:
                 self.buckets.finish()
             except PeerLost as err:
@@ -158,6 +169,11 @@ class Replica:
                     b.copy_(saved)
                 lost = err.detail
                 break
+            if self.loss_scale is not None and not self._unscale():
+                if self.loss_scale.exhausted:  # not finite even unscaled: diverged, as a non-finite loss
+                    diverged_at, loss_sum = self.step, float("nan")
+                    break
+                continue  # an overflow on some member: every member skips this step, the scale halved
             if self.spec.clip_grad_norm is not None:  # the group's averaged gradient: every member clips alike
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
             lr = self.spec.optimizer.lr_at(self.step, self.lr_scale)
@@ -168,8 +184,22 @@ class Replica:
             steps += 1
             loss_sum += float(loss.detach())
         self._watch()
-        return MemberChunk(steps, time.perf_counter() - t_start, loss_sum / steps if steps else float("nan"),
-                           self.step, lost, self.noticed)
+        scale = self.loss_scale
+        return MemberChunk(steps, time.perf_counter() - t_start,
+                           loss_sum / steps if steps else float("nan"), self.step, lost,
+                           self.noticed, scale.skipped - skipped_before if scale is not None else 0,
+                           scale.scale if scale is not None else None, diverged_at)
+
+    def _unscale(self) -> bool:
+        """amp-fp16: divide the group's averaged gradient by the loss scale (``torch.amp.GradScaler.unscale_``'s
+        arithmetic) and take the step (True), or on an overflow leave it and skip (False, the scale halved)."""
+        assert self.loss_scale is not None
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        inverse = 1.0 / self.loss_scale.scale
+        if not self.loss_scale.update(all(bool(torch.isfinite(g).all()) for g in grads)):
+            return False
+        torch._foreach_mul_(grads, inverse)
+        return True
 
     def _watch(self) -> None:
         """Note a preemption notice a watcher saw. The member trains on to the end of its chunk: every member of

@@ -59,8 +59,9 @@ def train_command(
     batch_size: int = typer.Option(DEFAULT_BATCH_SIZE, help="Per-worker batch size."),
     precision: str = typer.Option("fp32", "--precision", help="fp32; amp-bf16: the forward pass and the loss "
                                   "in bfloat16 (torch.autocast; GPUs from Ampere on, and CPUs); amp-fp16: the same "
-                                  "in float16 with dynamic loss scaling (GPUs from Pascal on; pushes after backward, "
-                                  "a gradient with an overflow skipped). Parameters and gradients stay float32."),
+                                  "in float16 with dynamic loss scaling (GPUs from Pascal on; a PS worker pushes after "
+                                  "backward; a gradient with an overflow is skipped, with all-reduce by every "
+                                  "member alike). Parameters and gradients stay float32."),
     lr: float = typer.Option(0.05, help="Learning rate."),
     momentum: float = typer.Option(0.9, help="SGD momentum."),
     weight_decay: float = typer.Option(1e-4, help="Weight decay."),

@@ -6,7 +6,9 @@ bfloat16 or float16; the parameters, their gradients and everything the shards h
 with :class:`LossScale`, the policy of ``torch.amp.GradScaler``: the worker brings the whole gradient to host memory,
 checks it, and pushes it unscaled; a gradient with an overflow is not pushed, the scale halves and the worker takes
 the next batch. So an ``amp-fp16`` worker pushes after its backward pass, never in pieces during it (``--overlap``
-applies to ``fp32`` and ``amp-bf16``). bfloat16 has float32's range and needs no scaling.
+applies to ``fp32`` and ``amp-bf16``). An all-reduce member checks the group's averaged gradient instead, so every
+member skips the same steps (:class:`~cmdare.train.allreduce.replica.Replica`). bfloat16 has float32's range and
+needs no scaling.
 """
 
 from __future__ import annotations
@@ -78,18 +80,36 @@ class LossScale:
         it, halve the scale (not below ``min_scale``: then :attr:`exhausted`) and return False."""
         import numpy as np
 
-        if not np.isfinite(grads).all():
+        inverse = np.float32(1.0 / self.scale)
+        if not self.update(bool(np.isfinite(grads).all())):
+            return False
+        grads *= inverse
+        return True
+
+    def update(self, finite: bool) -> bool:
+        """The policy alone, for a gradient unscaled elsewhere: a finite one counts towards growth (True: take the
+        step); an overflow halves the scale (not below ``min_scale``: then :attr:`exhausted`; False: skip it).
+        Divide the gradient by the scale *before* this call: a growth changes it."""
+        if not finite:
             self.exhausted = self.scale <= self.min_scale
             self.scale = max(self.scale / 2.0, self.min_scale)
             self.skipped += 1
             self._finite_run = 0
             return False
-        grads *= np.float32(1.0 / self.scale)
         self._finite_run += 1
         if self._finite_run >= self.growth_interval:
             self.scale *= 2.0
             self._finite_run = 0
         return True
+
+    def state_dict(self) -> dict[str, float | int]:
+        """The scale and its growth count (what a member joining an ``amp-fp16`` group takes from a peer)."""
+        return {"scale": self.scale, "finite_run": self._finite_run, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        """Take :meth:`state_dict`'s values."""
+        self.scale, self._finite_run = float(state["scale"]), int(state["finite_run"])
+        self.skipped, self.exhausted = int(state["skipped"]), False
 
 
     def chunk_report(self, skipped_before: int) -> dict[str, float | int]:
