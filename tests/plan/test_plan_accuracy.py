@@ -17,10 +17,11 @@ from cmdare.plan.spec import AccuracyPredictor, ClusterSpec, JobSpec, WorkerGrou
 
 
 class ToyAccuracy:
-    """0.95 with one worker, -1 point per extra worker, -2 points per revocation."""
+    """0.95 with one worker, -1 point per extra asynchronous worker, -2 points per revocation."""
 
-    def final_accuracy(self, workers: int, steps: int, revocations: np.ndarray) -> np.ndarray:
-        return 0.95 - 0.01 * (workers - 1) - 0.02 * np.asarray(revocations, float)
+    def final_accuracy(self, workers: int, steps: int, revocations: np.ndarray, topology: str = "ps") -> np.ndarray:
+        stale = workers - 1 if topology == "ps" else 0
+        return 0.95 - 0.01 * stale - 0.02 * np.asarray(revocations, float)
 
 
 def _models():
@@ -41,6 +42,18 @@ def test_protocol_and_adapter():
     assert acc.shape == (3,) and acc[0] == acc[1] > acc[2] and one[0] > acc[0]
     lin = PredictedAccuracy(lr_policy="linear").final_accuracy(8, 64000, np.array([2]))
     assert lin[0] > acc[2]  # scaling the learning rate with the workers costs less per revocation
+
+
+def test_an_allreduce_run_is_predicted_as_synchronous_training_of_the_same_samples():
+    """8 members for 8,000 steps train the batches 8 asynchronous workers train in 64,000: no staleness, so the
+    accuracy of one worker at 8x the batch for 8,000 steps, above the asynchronous run's; revocations cost alike."""
+    real = PredictedAccuracy(batch_size=128)
+    group = real.final_accuracy(8, 8000, np.array([0, 2]), topology="allreduce")
+    large_batch = PredictedAccuracy(batch_size=8 * 128).final_accuracy(1, 8000, np.array([0, 2]))
+    np.testing.assert_array_equal(group, large_batch)
+    np.testing.assert_allclose(group, real.final_accuracy(1, 64000, np.array([0, 2])), rtol=0, atol=1e-12)
+    asynchronous = real.final_accuracy(8, 64000, np.array([0, 2]))
+    assert (group > asynchronous).all() and group[0] - group[1] == pytest.approx(asynchronous[0] - asynchronous[1])
 
 
 def test_simulated_runs_differ_in_revocations_and_accuracy():
@@ -107,6 +120,8 @@ def test_cli_min_accuracy(monkeypatch, capsys):
     code, out, _ = run_cli(monkeypatch, capsys, *PLAN, "--min-accuracy", "0.97", "--json")
     data = json.loads(out)
     assert code == 0 and not data["constraint_met"]
-    assert data["message"].startswith("no configuration is predicted to reach 97.0% accuracy; the most accurate is 1x")
+    # synchronous all-reduce is predicted one worker's accuracy (the same samples, no staleness), and is faster
+    assert data["message"].startswith("no configuration is predicted to reach 97.0% accuracy; the most accurate is ")
+    assert "+ all-reduce" in data["message"].split(":")[0], data["message"]
     code, _, err = run_cli(monkeypatch, capsys, *PLAN, "--min-accuracy", "91")
     assert code == 1 and "fraction" in err and "Traceback" not in err

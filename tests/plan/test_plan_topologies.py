@@ -71,13 +71,21 @@ def test_plan_chooses_all_reduce_for_a_large_model_whose_ps_link_chokes(tmp_path
     assert any("(all-reduce was not priced: --topologies)" in n for n in data["notes"])
 
 
-def test_min_accuracy_keeps_ps_runs_and_says_so(tmp_path):
-    code, out, err = run_cmdare(tmp_path, "plan", "--model", "t2t_resnet32", "--steps", "64000", "--max-workers", "2",
+def test_all_reduce_options_are_predicted_an_accuracy_and_the_note_says_how(tmp_path):
+    """With the published accuracy model, an all-reduce option is predicted as synchronous training of the same
+    samples: more accurate than the asynchronous PS run of its workers; --min-accuracy weighs both topologies."""
+    code, out, err = run_cmdare(tmp_path, "plan", "--model", "t2t_resnet32", "--steps", "64000", "--max-workers", "4",
                                 "--runs", "3", "--min-accuracy", "0.5", "--json")
     assert code == 0, err
     data = json.loads(out)
-    assert data["choice"] is not None and "all-reduce" not in data["choice"]["config"]
-    assert any("--min-accuracy keeps PS runs only" in n for n in data["notes"])
+    assert data["choice"] is not None
+    front = {o["config"]: o for o in data["front"]}
+    allreduce = [o for c, o in front.items() if "all-reduce" in c]
+    assert allreduce and all(o["accuracy_mean"] > 0.5 for o in allreduce), list(front)
+    # the same 4 T4s: synchronous all-reduce is predicted above the asynchronous PS run (no stale gradients)
+    ps, ar = front["4xT4 spot + 2 PS @us-east1"], front["4xT4 spot + all-reduce @us-east1"]
+    assert ar["accuracy_mean"] > ps["accuracy_mean"]
+    assert any(n.startswith("all-reduce accuracy: predicted as synchronous training") for n in data["notes"])
 
 
 @pytest.mark.parametrize(("value", "says"), [("mesh", "unknown --topology 'mesh'"), (",", "--topologies needs")])

@@ -288,7 +288,10 @@ class PredictedAccuracy:
     """Final accuracy from :mod:`cmdare.predict.accuracy` (fitted on the published ResNet-32/CIFAR-10
     points unless ``model`` is given), as the planner's ``AccuracyPredictor``.
 
-    Staleness is not known before the run: the model uses its proxy, ``workers - 1``.
+    Staleness is not known before a PS run: the model uses its proxy, ``workers - 1``. An all-reduce run is
+    synchronous: staleness 0, and a step of ``workers`` batches (the model's samples seen are the same for the
+    same batches trained). The model has no large-batch data: the accuracy a large global batch loses (without
+    a learning-rate warm-up and scaling to match) is not predicted.
 
     Args:
         batch_size: per-worker batch size (train's default, 32; the published points ran at Tensor2Tensor's 128).
@@ -303,12 +306,15 @@ class PredictedAccuracy:
         self.lr_code = policy_code(lr_policy)
         self.model = model if model is not None else accuracy_model()
 
-    def final_accuracy(self, workers: int, steps: int, revocations: np.ndarray) -> np.ndarray:
+    def final_accuracy(self, workers: int, steps: int, revocations: np.ndarray,
+                       topology: str = "ps") -> np.ndarray:
         revs = np.asarray(revocations, dtype=float).ravel()
         levels, back = np.unique(revs, return_inverse=True)
+        synchronous = topology == "allreduce"  # no stale gradient; a step trains every member's batch
         X = np.column_stack([
-            np.full(len(levels), float(workers)), np.full(len(levels), np.nan),
-            np.full(len(levels), float(self.batch_size)), np.full(len(levels), float(steps)),
+            np.full(len(levels), float(workers)), np.full(len(levels), 0.0 if synchronous else np.nan),
+            np.full(len(levels), float(self.batch_size * (workers if synchronous else 1))),
+            np.full(len(levels), float(steps)),
             np.full(len(levels), float(self.lr_code)), levels,
         ])
         return self.model.predict(X)[back]

@@ -26,6 +26,11 @@ from cmdare.plan.options import (
 )
 from cmdare.plan.plan_output import print_rec, rec_json
 
+ALLREDUCE_ACCURACY_NOTE = (
+    "all-reduce accuracy: predicted as synchronous training (no stale gradients, a step of one batch per member, "
+    "the same samples seen as the PS run); the accuracy model has no large-batch data, so what a large global "
+    "batch loses is not predicted")
+
 plan_app = typer.Typer(
     name="plan",
     help="Which cluster to rent: simulate configurations under revocations and recommend one.",
@@ -226,9 +231,8 @@ def plan(
         raise UserInputError(f"none of {gpus} is offered in {regions} on {cloud}")
     rec = recommend(job, clusters, models, deadline_s, budget, runs, seed, min_accuracy=min_accuracy)
     topology = None
-    if min_accuracy is not None and "allreduce" in priced:
-        notes.append("all-reduce options are predicted no accuracy (the accuracy model is fitted on asynchronous PS "
-                     "runs): --min-accuracy keeps PS runs only")
+    if models.accuracy is not None and any(o.cluster.topology == "allreduce" for o in rec.front):
+        notes.append(ALLREDUCE_ACCURACY_NOTE)
     if rec.choice is not None and rec.choice.cluster.n_workers > 1:
         from cmdare.plan.topology_choice import topology_choice
         from cmdare.predict.workloads import workload_features
@@ -335,8 +339,8 @@ def simulate_cmd(
     if topology == "allreduce":
         notes.append(f"all-reduce: a step trains one batch per member ({cluster.n_workers} batches with every member "
                      "up; a smaller group covers a step's samples in more of its own steps); a lost member costs a "
-                     "re-formation and a heal from a peer; no accuracy is predicted (the accuracy model is fitted on "
-                     "asynchronous PS runs); cmdare train --topology allreduce trains it")
+                     "re-formation and a heal from a peer; cmdare train --topology allreduce trains it")
+        notes += [ALLREDUCE_ACCURACY_NOTE] if models.accuracy is not None else []
     result, _ = simulate_configuration(job, cluster, models, lambda: revocation_source(revocations, lifetime, seed)[1:],
                                        runs, seed)
     out = {"model": model, "steps": steps, **result, "transient": transient, "cloud": cloud,

@@ -84,7 +84,7 @@ def print_rec(rec, source: str, plot: str | None, lifetimes, retired: Collection
     console = make_console()
     table = Table(title="Time/cost Pareto front (expected, P95) with predicted final accuracy (mean, P5)")
     cols = ["configuration", "time", "time P95", "cost", "cost P95", "revocations"]
-    with_acc = any("accuracy_mean" in o.summary.extra for o in rec.options)  # "-": all-reduce, not predicted
+    with_acc = any("accuracy_mean" in o.summary.extra for o in rec.options)  # the workload has an accuracy model
     cols += ["accuracy", "accuracy P5"] if with_acc else []
     cols.append("lifetime model")
     for col in cols:
@@ -94,8 +94,7 @@ def print_rec(rec, source: str, plot: str | None, lifetimes, retired: Collection
         mark = "* " if o is rec.choice else ""
         old = _retired_in(o.cluster, retired)
         flag = f" (retired: {', '.join(g.upper() for g in old)})" if old else ""
-        acc = ([f"{s.extra['accuracy_mean']:.1%}", f"{s.extra['accuracy_p5']:.1%}"] if "accuracy_mean" in s.extra
-               else ["-", "-"]) if with_acc else []  # all-reduce options: no accuracy model
+        acc = [f"{s.extra['accuracy_mean']:.1%}", f"{s.extra['accuracy_p5']:.1%}"] if with_acc else []
         table.add_row(
             mark + o.cluster.label() + flag, format_duration(s.time_mean_s), format_duration(s.time_p95_s),
             f"${s.cost_mean_usd:.2f}", f"${s.cost_p95_usd:.2f}", f"{s.revocations_mean:.2f}", *acc,

@@ -283,7 +283,7 @@ class Simulator:
         results = self.run_many(runs, seed)
         summary = SimSummary.from_runs(results)
         summary.extra["deterministic_time_s"] = self.base_time_s
-        if self.models.accuracy is not None and self.cluster.topology == "ps":  # fitted on asynchronous PS runs
+        if self.models.accuracy is not None:
             acc = self._accuracy(np.array([r.revocations for r in results], dtype=float))
             summary.extra["accuracy_mean"] = float(acc.mean())
             summary.extra["accuracy_p5"] = float(np.percentile(acc, 5))
@@ -292,7 +292,8 @@ class Simulator:
     def _accuracy(self, revocations: np.ndarray) -> np.ndarray:
         assert self.models.accuracy is not None
         return np.asarray(
-            self.models.accuracy.final_accuracy(self.cluster.n_workers, self.job.total_steps, revocations), float
+            self.models.accuracy.final_accuracy(self.cluster.n_workers, self.job.total_steps, revocations,
+                                                self.cluster.topology), float
         )
 
     def _static_cost_per_s(self) -> float:

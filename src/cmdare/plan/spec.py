@@ -111,9 +111,11 @@ class PriceBook(Protocol):
 class AccuracyPredictor(Protocol):
     """Predicted final test accuracy of the workload (the third objective beside time and cost)."""
 
-    def final_accuracy(self, workers: int, steps: int, revocations: np.ndarray) -> np.ndarray:
-        """Accuracy (a fraction) of a run of ``steps`` global steps that started with ``workers``
-        asynchronous workers, for each run's number of revocations."""
+    def final_accuracy(self, workers: int, steps: int, revocations: np.ndarray,
+                       topology: str = "ps") -> np.ndarray:
+        """Accuracy (a fraction) of a run of ``steps`` global steps that started with ``workers`` workers
+        (asynchronous PS workers, or the members of an all-reduce group with ``topology="allreduce"``: a
+        step then trains one batch per member), for each run's number of revocations."""
         ...
 
 
