@@ -21,9 +21,17 @@
   every member loads the newest checkpoint (the steps since are lost). Both store a checkpoint every
   ``--checkpoint-every`` steps from member 0.
 
-Everything is measured in this run on this machine. ``goodput_ps_*`` needs a PS run under the same wall-clock
-revocations, which the trainer's emulation (revocations in emulated cloud time, replacements with sampled
-start-ups) does not give: it prints null.
+``restart_s`` and ``restart_lost_steps``: what one restart cost there (medians): the group stopped, started and
+reloaded, and the steps since the newest checkpoint.
+
+* ``goodput_ps_{60s,15s}`` and ``goodput_allreduce_train_{60s,15s}``: the same question through whole ``cmdare
+  train`` runs of 3 workers, PS and all-reduce (the controller, the drivers, the store): useful batches/s with a
+  worker revoked every 60 s and 15 s of training over the same run without revocations. The trainer's
+  revocations are emulated in cloud time, which advances with training; ``step=`` is calibrated from the
+  revocation-free run so that a cloud second is a second of it, and ``--startup 0``: a replacement joins once its
+  real process is up, as above. ``revocations_*`` counts the revocations each run had.
+
+Everything is measured in this run on this machine.
 
 Usage: .venv/bin/python bench/allreduce.py [--model resnet8] [--batch 32] [--steps 40] [--rounds 3] [--trials 10]
                                           [--goodput 60,15] [--checkpoint-every 100] [--train-steps 600]

@@ -16,6 +16,7 @@ blocks (the default) any other one does too. Its state stays in the shard, in th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,6 +24,8 @@ import numpy as np
 from cmdare.errors import UserInputError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
     from cmdare.ps.optimizer_config import OptimizerConfig
@@ -82,8 +85,11 @@ class ShardOptimizer:
     blocks, its state kept in :class:`OptimizerSlots`."""
 
     def __init__(self, name: str, cfg: OptimizerConfig):
+        from cmdare.ps.torch_optimizer import optimizer_factory
+
         self.name, self.cfg = name, cfg
-        self.element_keys, self.scalar_dtypes, cls = _state_layout(name, cfg)
+        self._build = optimizer_factory(name, cfg)  # the class resolved once: built anew on every push
+        self.element_keys, self.scalar_dtypes, cls = _state_layout(name, self._build)
         #: Updates each element from its own values alone: the shard's blocks may step as one tensor (faster, and
         #: the same values) while their state is alike.
         self.elementwise = cls.__module__.startswith("torch.optim") and cls.__name__ in _ELEMENTWISE
@@ -100,7 +106,6 @@ class ShardOptimizer:
         import torch
 
         from cmdare.ps.optimizer import shared_tensor
-        from cmdare.ps.torch_optimizer import build_optimizer
 
         if not spans:  # a shard left without blocks (they all moved away)
             return
@@ -108,7 +113,7 @@ class ShardOptimizer:
         groups = [((spans[0][0], spans[-1][1]), list(range(len(spans))))] if self.elementwise and _alike(state) \
             else [(span, [i]) for i, span in enumerate(spans)]
         tensors = [torch.from_numpy(params[a:b]) for (a, b), _ in groups]
-        optimizer = build_optimizer(self.name, tensors, self.cfg)
+        optimizer = self._build(tensors)
         for group in optimizer.param_groups:
             group["lr"] = lr
         for t, ((a, b), blocks) in zip(tensors, groups, strict=True):
@@ -133,8 +138,10 @@ class ShardOptimizer:
             state.has_state[blocks] = True
 
 
+@lru_cache(maxsize=8)
 def shard_optimizer(name: str, cfg: OptimizerConfig) -> ShardOptimizer | None:
-    """The shards' optimizer for ``--optimizer name``: None for ``sgd`` (the momentum fast path).
+    """The shards' optimizer for ``--optimizer name``: None for ``sgd`` (the momentum fast path). Made once per
+    process for a name and configuration (its probe step, its class's import): it holds no state of its own.
 
     Raises:
         UserInputError: an unknown name, or an optimizer whose state a shard cannot hold.
@@ -155,16 +162,15 @@ def _alike(state: OptimizerSlots) -> bool:
     return bool(has.all() or not has.any()) and all(bool((v == v[0]).all()) for v in state.scalars.values())
 
 
-def _state_layout(name: str, cfg: OptimizerConfig) -> tuple[tuple[str, ...], dict[str, torch.dtype | None], type]:
+def _state_layout(name: str, build: Callable[[list[torch.Tensor]], torch.optim.Optimizer]
+                  ) -> tuple[tuple[str, ...], dict[str, torch.dtype | None], type]:
     """The optimizer's per-element state names, its per-parameter scalars' dtypes and its class, from one step on
-    a probe."""
+    a probe (``build``: the optimizer named ``name`` over the given tensors)."""
     import torch
-
-    from cmdare.ps.torch_optimizer import build_optimizer
 
     probe = torch.zeros(3)
     probe.grad = torch.zeros(3)
-    optimizer = build_optimizer(name, [probe], cfg)
+    optimizer = build([probe])
     try:
         optimizer.step()
     except Exception as err:  # noqa: BLE001 - the user's optimizer class: any failure is theirs to read
