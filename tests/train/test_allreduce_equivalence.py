@@ -38,37 +38,53 @@ def _spec(**kw) -> TrainSpec:
                         "seed": SEED, "optimizer": OPT, **kw})
 
 
-def _reference(sizes: list[int], optimizer: str = "sgd", cfg: OptimizerConfig = OPT,
-               global_batch: int | None = None, clip: float | None = None, bf16: bool = False) -> np.ndarray:
-    """One process: ``sizes[t]`` members' gradients averaged at step ``t`` (with a ``global_batch``: each weighed
-    by its share of it), then one optimizer step."""
+@contextlib.contextmanager
+def _one_process(optimizer: str = "sgd", cfg: OptimizerConfig = OPT, global_batch: int | None = None
+                 ) -> Iterator[tuple[torch.nn.Module, torch.optim.Optimizer, GroupBatches]]:
+    """The reference's set-up, on one thread: the members' initial model, its optimizer and the group's batches."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         data = load_dataset("digits", seed=SEED)
         torch.manual_seed(SEED)
         model = build_model("resnet8", num_classes=data.num_classes, in_channels=data.input_shape[0])
-        params = list(model.parameters())
-        opt = build_optimizer(optimizer, params, cfg)
-        batches = GroupBatches((data.train_x, data.train_y), BATCH, SEED, global_batch=global_batch)
+        opt = build_optimizer(optimizer, model.parameters(), cfg)
         model.train()
+        yield model, opt, GroupBatches((data.train_x, data.train_y), BATCH, SEED, global_batch=global_batch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _pieces(batches: GroupBatches, size: int) -> tuple[list, list[float]]:
+    """Each of ``size`` members' batch of the group's next step, and its share of a global batch (0 without)."""
+    where, pieces, weights = batches.where, [], []
+    for rank in range(size):
+        batches.seek(*where)
+        batches.regroup(rank, size)
+        weights.append(batches.piece()[1] / batches.global_batch if batches.global_batch else 0.0)
+        pieces.append(next(batches))
+    return pieces, weights
+
+
+def _flat(model: torch.nn.Module) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+
+
+def _reference(sizes: list[int], optimizer: str = "sgd", cfg: OptimizerConfig = OPT,
+               global_batch: int | None = None, clip: float | None = None, bf16: bool = False) -> np.ndarray:
+    """One process: ``sizes[t]`` members' gradients averaged at step ``t`` (with a ``global_batch``: each weighed
+    by its share of it), then one optimizer step."""
+    with _one_process(optimizer, cfg, global_batch) as (model, opt, batches):
         for t, size in enumerate(sizes):
-            where, pieces, weights = batches.where, [], []
-            for rank in range(size):  # each member's own piece of the group's step
-                batches.seek(*where)
-                batches.regroup(rank, size)
-                weights.append(batches.piece()[1] / global_batch if global_batch else 0.0)
-                pieces.append(next(batches))
+            pieces, weights = _pieces(batches, size)
             set_mean_gradient(model, pieces, weights if global_batch else None,
                               (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext)
             if clip is not None:
-                torch.nn.utils.clip_grad_norm_(params, clip)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             for group in opt.param_groups:
                 group["lr"] = cfg.lr_at(t)
             opt.step()
-        return torch.cat([p.detach().reshape(-1) for p in params]).numpy()
-    finally:
-        torch.set_num_threads(threads)
+        return _flat(model)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
@@ -121,26 +137,12 @@ def _fp16_reference(size: int, steps: int, scale: float) -> tuple[np.ndarray, fl
     """One process, ``size`` members' float16 gradients of the loss times ``scale`` averaged, then
     ``torch.amp.GradScaler``'s policy on that average: an overflow skips the step (its batches taken) and halves
     the scale. Returns the parameters after ``steps`` steps taken, the scale, and the steps skipped."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        data = load_dataset("digits", seed=SEED)
-        torch.manual_seed(SEED)
-        model = build_model("resnet8", num_classes=data.num_classes, in_channels=data.input_shape[0])
-        params = list(model.parameters())
-        opt = build_optimizer("sgd", params, OPT)
+    with _one_process() as (model, opt, batches):
         scaler = torch.amp.GradScaler("cpu", init_scale=scale)
-        batches = GroupBatches((data.train_x, data.train_y), BATCH, SEED)
-        model.train()
         taken = skipped = 0
         while taken < steps:
-            where, pieces = batches.where, []
-            for rank in range(size):
-                batches.seek(*where)
-                batches.regroup(rank, size)
-                pieces.append(next(batches))
-            set_mean_gradient(model, pieces, None, lambda: torch.autocast("cpu", dtype=torch.float16),
-                              scale=scaler.scale)
+            set_mean_gradient(model, _pieces(batches, size)[0], None,
+                              lambda: torch.autocast("cpu", dtype=torch.float16), scale=scaler.scale)
             for group in opt.param_groups:
                 group["lr"] = OPT.lr_at(taken)
             before = scaler.get_scale()
@@ -150,9 +152,7 @@ def _fp16_reference(size: int, steps: int, scale: float) -> tuple[np.ndarray, fl
                 skipped += 1
             else:
                 taken += 1
-        return torch.cat([p.detach().reshape(-1) for p in params]).numpy(), scaler.get_scale(), skipped
-    finally:
-        torch.set_num_threads(threads)
+        return _flat(model), scaler.get_scale(), skipped
 
 
 def test_one_member_in_amp_fp16_equals_torch_grad_scaler_bit_for_bit():
