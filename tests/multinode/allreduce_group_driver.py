@@ -39,9 +39,10 @@ def main() -> None:
     members = [start() for _ in range(3)]
     nodes = ray.get([m.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for m in members])
     form(members, 1, 0)
-    ray.get([m.run_steps.remote(3) for m in members], timeout=120)
+    first = ray.get([m.run_steps.remote(3) for m in members], timeout=120)
     (control / "phase1").write_text(json.dumps(nodes))
-    t_loss, survivors, steps_before = None, [], 0
+    # the step before the loss: the kill may come during the very next chunk, so it starts where this one ended
+    t_loss, survivors, steps_before = None, [], first[0].step
     for _ in range(600):  # chunks until the killed node's member is lost
         refs = [m.run_steps.remote(2) for m in members]
         results = []
