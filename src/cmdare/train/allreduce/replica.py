@@ -184,11 +184,9 @@ class Replica:
             steps += 1
             loss_sum += float(loss.detach())
         self._watch()
-        scale = self.loss_scale
-        return MemberChunk(steps, time.perf_counter() - t_start,
-                           loss_sum / steps if steps else float("nan"), self.step, lost,
-                           self.noticed, scale.skipped - skipped_before if scale is not None else 0,
-                           scale.scale if scale is not None else None, diverged_at)
+        return MemberChunk(steps, time.perf_counter() - t_start, loss_sum / steps if steps else float("nan"),
+                           self.step, lost, self.noticed, diverged_at=diverged_at,
+                           **(self.loss_scale.chunk_report(skipped_before) if self.loss_scale is not None else {}))
 
     def _unscale(self) -> bool:
         """amp-fp16: divide the group's averaged gradient by the loss scale (``torch.amp.GradScaler.unscale_``'s
@@ -196,7 +194,8 @@ class Replica:
         assert self.loss_scale is not None
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         inverse = 1.0 / self.loss_scale.scale
-        if not self.loss_scale.update(all(bool(torch.isfinite(g).all()) for g in grads)):
+        finite = bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())  # one read back from a GPU
+        if not self.loss_scale.update(finite):
             return False
         torch._foreach_mul_(grads, inverse)
         return True

@@ -89,7 +89,7 @@ class LossScale:
     def update(self, finite: bool) -> bool:
         """The policy alone, for a gradient unscaled elsewhere: a finite one counts towards growth (True: take the
         step); an overflow halves the scale (not below ``min_scale``: then :attr:`exhausted`; False: skip it).
-        Divide the gradient by the scale *before* this call: a growth changes it."""
+        Read the scale to divide the gradient by *before* this call: a growth changes it."""
         if not finite:
             self.exhausted = self.scale <= self.min_scale
             self.scale = max(self.scale / 2.0, self.min_scale)
